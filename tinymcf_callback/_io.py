@@ -1,0 +1,100 @@
+"""Small file helpers: every file the probe writes appears whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``.
+
+    A reader (or a crash) never sees a half-written file: either the old content or
+    the new one. Raises ``OSError`` with the path when the folder cannot be written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=_jsonable) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, obj: Any) -> None:
+    """Append one JSON line with a single ``write`` on an O_APPEND descriptor, then fsync.
+
+    One short line is written by one system call, so concurrent appenders do not
+    interleave and a crash leaves at most an unterminated last line, which the
+    readers in this package skip (see :func:`read_jsonl`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(obj, ensure_ascii=False, default=_jsonable) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        # Heal a torn last line left by a killed writer, so the new record starts on its own line.
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """Read a JSON Lines file as ``[(line_number, object), ...]``.
+
+    Blank lines are ignored. An unterminated final line that does not parse is the
+    trace of an interrupted append and is skipped; any other line that is not a JSON
+    object raises ``ValueError`` naming the file and line number.
+    """
+    path = Path(path)
+    raw = path.read_text(encoding="utf-8")
+    lines = raw.split("\n")
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not raw.endswith("\n"):
+                continue  # torn tail of an interrupted append
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")
+        out.append((i, obj))
+    return out
+
+
+def _jsonable(o: Any):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
