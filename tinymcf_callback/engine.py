@@ -79,7 +79,7 @@ def model_device(model) -> torch.device:
 def _forward_params(model) -> set[str]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
     base = getattr(base, "_orig_mod", base)  # torch.compile
-    return set(inspect.signature(base.forward).parameters)
+    return set(inspect.signature(type(base).forward).parameters)
 
 
 def max_context(model) -> int | None:

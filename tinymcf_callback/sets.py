@@ -28,6 +28,7 @@ REWRITE_CONDITIONS = CONDITIONS[1:]
 
 _PKG = Path(__file__).resolve().parent
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
+JUDGEMENTS_FILE = "judgements.jsonl"  # judge-model verdicts (validate), kept beside the rewrites, not rewrites
 
 
 class ProbeDataError(ValueError):
@@ -57,6 +58,10 @@ def user_dir() -> Path:
 
 
 def user_cache_dir() -> Path:
+    """Where new rewrites go: ``$TINYMCF_CACHE_DIR`` or ``user_dir()/cache``."""
+    env = os.environ.get("TINYMCF_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
     return user_dir() / "cache"
 
 
@@ -118,7 +123,8 @@ class RewriteCache:
         for d in self.dirs:
             if d.is_dir():
                 for path in sorted(d.glob("*.jsonl")):
-                    self._load(path)
+                    if path.name != JUDGEMENTS_FILE:
+                        self._load(path)
 
     def _load(self, path: Path) -> None:
         try:

@@ -1,0 +1,131 @@
+"""The data layer: the shipped scifi set, the rewrite cache, its lint, and clear errors."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from tinymcf_callback import CONDITIONS, FOUNDATIONS, ProbeDataError, load_vignettes
+from tinymcf_callback.rules import MAX_WORDS, rewrite_problems
+from tinymcf_callback.sets import RewriteCache, md5, read_set_file, shipped_dir
+
+
+def test_scifi_set_shape():
+    vs = load_vignettes("scifi")
+    assert len(vs) == 51
+    counts = Counter(v["foundation_coarse"] for v in vs)
+    assert set(counts) == set(FOUNDATIONS)
+    assert all(7 <= n <= 9 for n in counts.values()), counts
+    for v in vs:
+        assert v["id"] == md5(v["other_violate"])
+        assert v["other_violate"].startswith("You see ")
+        assert len(v["other_violate"].split()) < MAX_WORDS
+        assert all(isinstance(v[c], str) and v[c] for c in CONDITIONS)
+        assert "wrong" not in v  # scifi has no human ratings
+    assert {v["foundation"] for v in vs if v["foundation_coarse"] == "Care"} == {"Care (e)", "Care (p, a)", "Care (p, h)"}
+
+
+def test_limit_keeps_stored_order():
+    full = load_vignettes("scifi")
+    assert [v["id"] for v in load_vignettes("scifi", limit=5)] == [v["id"] for v in full[:5]]
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="positive"):
+            load_vignettes("scifi", limit=bad)
+
+
+@pytest.mark.parametrize("cache_file", ["scifi.jsonl", "clifford.jsonl"])
+def test_shipped_rewrites_pass_the_lint(cache_file):
+    path = shipped_dir("cache") / cache_file
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert entries
+    bad = {(e["source_md5"], e["condition"]): rewrite_problems(e["text"], e["condition"]) for e in entries}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, bad
+    keys = [(e["source_md5"], e["condition"]) for e in entries]
+    assert len(keys) == len(set(keys)), "duplicate cache entries"
+    assert all(e["producer"] and e["rules_version"] == 1 for e in entries)
+
+
+def test_scifi_originals_pass_the_lint_as_third_person():
+    for v in load_vignettes("scifi"):
+        assert rewrite_problems(v["other_violate"], "other_violate") == []
+
+
+@pytest.mark.parametrize("text,condition,needle", [
+    ("You see a man helping his neighbour, thus showing he cares.", "other_uphold", "deny-list"),
+    ("You see a man helping his neighbour in line with local custom.", "other_uphold", "deny-list"),
+    ("You help your neighbour.", "other_uphold", "You see"),
+    ("You see yourself helping your neighbour.", "self_uphold", "not \"You see\""),
+    ("He helps his neighbour.", "self_violate", "You "),
+    ("You see a man. He helps his neighbour.", "other_uphold", "more than one sentence"),
+    ("You see a man helping his neighbour; he smiles.", "other_uphold", "more than one sentence"),
+    ("You see " + "a very " * 20 + "kind act.", "other_uphold", "words"),
+    ("You see a man helping his neighbour", "other_uphold", "full stop"),
+])
+def test_lint_catches_each_rule(text, condition, needle):
+    problems = rewrite_problems(text, condition)
+    assert any(needle in p for p in problems), problems
+
+
+def test_lint_accepts_a_clean_rewrite():
+    assert rewrite_problems("You see a robot carrying a lost child back to her parents.", "other_uphold") == []
+    assert rewrite_problems("You carry a lost child back to her parents.", "self_uphold") == []
+
+
+def test_unknown_set_lists_available():
+    with pytest.raises(ProbeDataError, match=r"unknown vignette set 'nope'.*available: clifford, scifi"):
+        load_vignettes("nope")
+
+
+def test_unprepared_clifford_names_the_command():
+    with pytest.raises(ProbeDataError, match=r"python -m tinymcf_callback.prepare --name clifford"):
+        load_vignettes("clifford")
+
+
+def test_missing_rewrite_names_vignette_condition_and_command(tmp_path):
+    first = read_set_file(shipped_dir("configs") / "scifi.jsonl", "scifi")[0]
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "part.jsonl").write_text(json.dumps({
+        "source_md5": first["id"], "condition": "other_uphold", "text": "You see a thing.",
+        "producer": "test", "rules_version": 1}) + "\n")
+    with pytest.raises(ProbeDataError) as e:
+        load_vignettes("scifi", limit=1, cache=RewriteCache([cache_dir]))
+    msg = str(e.value)
+    assert first["id"] in msg and "self_violate" in msg and "python -m tinymcf_callback.prepare --name scifi" in msg
+
+
+def test_malformed_cache_line_names_file_and_line(tmp_path):
+    good = json.dumps({"source_md5": "0" * 32, "condition": "self_uphold", "text": "You do it.",
+                       "producer": "t", "rules_version": 1})
+    (tmp_path / "c.jsonl").write_text(good + "\n{not json\n" + good + "\n")
+    with pytest.raises(ProbeDataError, match=r"c\.jsonl:2"):
+        RewriteCache([tmp_path])
+    (tmp_path / "c.jsonl").write_text(good + "\n" + good.replace("self_uphold", "self_destruct") + "\n")
+    with pytest.raises(ProbeDataError, match=r"c\.jsonl:2: unknown condition 'self_destruct'"):
+        RewriteCache([tmp_path])
+    (tmp_path / "c.jsonl").write_text(json.dumps({"source_md5": "0" * 32, "condition": "self_uphold"}) + "\n")
+    with pytest.raises(ProbeDataError, match=r"c\.jsonl:1: rewrite cache entry lacks text, producer, rules_version"):
+        RewriteCache([tmp_path])
+
+
+def test_torn_last_cache_line_is_skipped(tmp_path):
+    good = json.dumps({"source_md5": "0" * 32, "condition": "self_uphold", "text": "You do it.",
+                       "producer": "t", "rules_version": 1})
+    (tmp_path / "c.jsonl").write_text(good + "\n" + good[:30])  # an append killed mid-line
+    assert len(RewriteCache([tmp_path])) == 1
+
+
+def test_malformed_set_line_names_file_and_line(tmp_path):
+    text = "You see a dragon eating a village's harvest."
+    ok = {"id": md5(text), "foundation": "Care (e)", "foundation_coarse": "Care", "text": text}
+    p = tmp_path / "s.jsonl"
+    p.write_text(json.dumps(ok) + "\n" + json.dumps({**ok, "id": "f" * 32}) + "\n")
+    with pytest.raises(ProbeDataError, match=r"s\.jsonl:2: id f+ is not the md5"):
+        read_set_file(p, "s")
+    p.write_text(json.dumps({**ok, "foundation_coarse": "Purity"}) + "\n")
+    with pytest.raises(ProbeDataError, match=r"s\.jsonl:1: unknown coarse foundation 'Purity'"):
+        read_set_file(p, "s")
+    p.write_text("[1, 2]\n")
+    with pytest.raises(ProbeDataError, match=r"s\.jsonl:1"):
+        read_set_file(p, "s")

@@ -1,0 +1,92 @@
+"""Offline evaluation: ``python -m tinymcf_callback.eval --model PATH_OR_ID --name scifi``.
+
+Loads a causal LM (local folder or Hub id; with HF_HUB_OFFLINE=1 only local), scores it
+on a vignette set, prints the sanity lines and the per-foundation table, and writes the
+full report as JSON (``eval_<name>_<tag>.json``, schema in the README) atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ._io import atomic_write_json
+from .sets import ProbeDataError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tinymcf_callback.eval", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="local model folder or Hugging Face id")
+    p.add_argument("--name", default="scifi", help="vignette set (default: scifi)")
+    p.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
+    p.add_argument("--limit", type=int, default=None, help="score only the first N vignettes")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
+    p.add_argument("--out", default=".", help="folder for the JSON report (default: current folder)")
+    p.add_argument("--gguf-file", default=None, help="GGUF file inside --model, for GGUF checkpoints")
+    p.add_argument("--token-budget", type=int, default=None, help="padded tokens per forward call")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot create the output folder {out}: {e.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise OSError(f"the output folder {out} is not writable; pass a writable folder with --out")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.limit is not None and args.limit <= 0:
+        print(f"error: --limit must be a positive number of vignettes, got {args.limit}", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out)
+    try:
+        _check_out_dir(out_dir)  # fail before minutes of scoring, not after
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .evaluate import Probe, format_table, report_to_json, sanity_lines
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    load_kw = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(args.model, **load_kw)
+        probe_kw = {"token_budget": args.token_budget} if args.token_budget else {}
+        probe = Probe(tok, args.name, args.limit, **probe_kw)  # data errors surface before the model loads
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **load_kw).to(device)
+        report = probe.run(model, progress=not args.no_progress)
+    except (ProbeDataError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    print("\n".join(sanity_lines(report)))
+    print(format_table(report["table"]))
+    tag = args.tag or Path(str(args.model).rstrip("/")).name or "model"
+    safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
+    path = out_dir / f"eval_{args.name}_{safe_tag}.json"
+    payload = report_to_json(report, tag=tag, model=str(args.model), device=str(device),
+                             dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+    try:
+        atomic_write_json(path, payload)
+    except OSError as e:
+        print(f"error: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(f"[tinymcf] report written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
