@@ -1,0 +1,388 @@
+#!/usr/bin/env python
+"""Speed and memory of the tinymcf scoring engine against two common peers, measured in one run.
+
+Every method scores the same prompts (the ``scifi`` set: 51 vignettes x 4 conditions x
+2 frames = 408 prompts) on the same model and turns the answer position into
+P(Yes vs No) with the same tokenizer's Yes/No ids (``prompts.answer_token_ids``):
+
+- ``tinymcf``: ``Probe(tok, "scifi").score(model)``: length-sorted, left-padded batches
+  under a token budget, ``logits_to_keep=1`` (only the last position's logits);
+- ``naive-full-logits``: the lm-evaluation-harness style: batches of 16 in the original
+  order, right padding, a full forward returning ``[batch, seq, vocab]`` logits,
+  ``log_softmax`` over the whole tensor, then a gather at each row's last real token;
+- ``one-at-a-time``: each prompt alone, ``model(ids).logits[0, -1]``, no batching
+  (timed on an evenly spaced subset and extrapolated to the whole set).
+
+Each (model, method) pair runs in its own subprocess: load the model and the prompts,
+reset the process's peak-RSS mark, one warm-up batch, then the timed runs (best wall
+time kept). Memory is ``ru_maxrss`` at the end minus ``ru_maxrss`` after the load, and
+a forward hook records the largest logits tensor the model hands back. Only ratios
+between methods of the same run are meant to be compared; nothing is hard-coded.
+
+    python benchmarks/bench_scoring.py                  # both models, ~5 min on 2 cores
+    python benchmarks/bench_scoring.py --quick          # smoke run, fewer prompts
+    python benchmarks/bench_scoring.py --models tiny-qwen3 --out /tmp/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "examples"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct, fp32 (real model)",
+    "tiny-qwen3": "tiny random Qwen3, ~10M params, 151,936-token vocab, fp32 (vocabulary-dominated)",
+}
+METHODS = ("tinymcf", "naive-full-logits", "one-at-a-time")
+NAIVE_BATCH = 16
+TOLERANCE = 1e-4
+QUICK_VIGNETTES = 6  # 6 x 4 x 2 = 48 prompts
+QUICK_SINGLE = 16
+
+
+# --------------------------------------------------------------------------- worker side
+
+def load_model(key: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    import offline_assets
+
+    hf_logging.disable_progress_bar()
+    if key == "smollm2":
+        path = offline_assets.smollm2_dir()
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    elif key == "tiny-qwen3":
+        tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())
+        model = offline_assets.tiny_qwen3(seed=0)
+    else:
+        raise ValueError(f"unknown model {key!r}; choose from {', '.join(MODELS)}")
+    return tok, model.float().eval()
+
+
+def _pad_id(tok) -> int:
+    if tok.pad_token_id is not None:
+        return tok.pad_token_id
+    return tok.eos_token_id if tok.eos_token_id is not None else 0
+
+
+def _p_yes_from_logp(logp, yes: list[int], no: list[int]):
+    """P(Yes vs No) from rows of log-probabilities ``[n, vocab]``."""
+    import torch
+
+    lyes = torch.logsumexp(logp[:, yes], dim=-1)
+    lno = torch.logsumexp(logp[:, no], dim=-1)
+    return torch.sigmoid(lyes - lno).double().numpy()
+
+
+def naive_full_logits(model, tok, encoded, idx, yes, no):
+    """lm-evaluation-harness style: fixed batches in the given order, right padding, full logits."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    pad, out = _pad_id(tok), np.empty(len(idx))
+    with torch.no_grad():
+        for start in range(0, len(idx), NAIVE_BATCH):
+            seqs = [encoded[i] for i in idx[start:start + NAIVE_BATCH]]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for row, seq in enumerate(seqs):
+                ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+                mask[row, :len(seq)] = 1
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [b, seq, vocab]
+            logp = F.log_softmax(logits.float(), dim=-1)  # over the whole tensor, as the harness does
+            last = mask.sum(dim=1) - 1
+            out[start:start + len(seqs)] = _p_yes_from_logp(logp[torch.arange(len(seqs)), last], yes, no)
+    return out
+
+
+def one_at_a_time(model, tok, encoded, idx, yes, no):
+    """Each prompt alone, full logits, no padding and no batching."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    out = np.empty(len(idx))
+    with torch.no_grad():
+        for k, i in enumerate(idx):
+            logits = model(torch.tensor([encoded[i]], dtype=torch.long)).logits[0, -1]
+            out[k] = _p_yes_from_logp(F.log_softmax(logits.float(), dim=-1)[None], yes, no)[0]
+    return out
+
+
+class LogitsMeter:
+    """Forward hook on the whole model: the largest ``logits`` tensor it returned."""
+
+    def __init__(self, model):
+        self.bytes, self.shape = 0, None
+        self.handle = model.register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        t = output.logits
+        size = t.numel() * t.element_size()
+        if size > self.bytes:
+            self.bytes, self.shape = size, list(t.shape)
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (what ``ru_maxrss`` reports) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _maxrss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20  # macOS reports bytes
+
+
+def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: int, out_path: str) -> None:
+    import numpy as np
+    import torch
+
+    from tinymcf_callback.evaluate import Probe
+    from tinymcf_callback.prompts import answer_token_ids
+
+    tok, model = load_model(model_key)
+    probe = Probe(tok, "scifi", limit)  # prompt texts, token ids and batch plan: built once, not timed
+    yes, no = answer_token_ids(tok)
+    encoded, n = probe.encoded, len(probe)
+    if method == "one-at-a-time" and n_single < n:
+        idx = sorted(set(np.linspace(0, n - 1, n_single).round().astype(int).tolist()))
+    else:
+        idx = list(range(n))
+
+    if method == "tinymcf":
+        def run():
+            return probe.score(model).p_yes
+
+        def warm():
+            probe.score(model, batches=[list(range(min(NAIVE_BATCH, n)))])
+    elif method == "naive-full-logits":
+        def run():
+            return naive_full_logits(model, tok, encoded, idx, yes, no)
+
+        def warm():
+            naive_full_logits(model, tok, encoded, idx[:NAIVE_BATCH], yes, no)
+    elif method == "one-at-a-time":
+        def run():
+            return one_at_a_time(model, tok, encoded, idx, yes, no)
+
+        def warm():
+            one_at_a_time(model, tok, encoded, idx[:1], yes, no)
+    else:
+        raise ValueError(f"unknown method {method!r}")
+
+    gc.collect()
+    reset = _reset_peak_rss()
+    base_mb = _maxrss_mb()
+    meter = LogitsMeter(model)
+    warm()
+    times, p_yes = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        p_yes = run()
+        times.append(time.perf_counter() - start)
+    peak_mb = _maxrss_mb()
+    meter.handle.remove()
+
+    result = {
+        "model": model_key, "method": method, "n_prompts": n, "n_timed": len(idx), "indices": idx,
+        "p_yes": [float(x) for x in p_yes], "times_s": times, "best_s": min(times),
+        "peak_rss_mb": peak_mb, "baseline_rss_mb": base_mb, "peak_delta_mb": peak_mb - base_mb,
+        "peak_mark_reset": reset, "logits_mb": meter.bytes / 2**20, "logits_shape": meter.shape,
+        "n_params": sum(p.numel() for p in model.parameters()), "vocab": int(model.config.vocab_size),
+        "torch_threads": torch.get_num_threads(), "prompt_tokens": sum(len(encoded[i]) for i in idx),
+    }
+    Path(out_path).write_text(json.dumps(result))
+
+
+# --------------------------------------------------------------------------- driver side
+
+def run_worker(model_key: str, method: str, args, tmp: Path) -> dict:
+    out = tmp / f"{model_key}-{method}.json"
+    limit = QUICK_VIGNETTES if args.quick else None
+    n_single = QUICK_SINGLE if args.quick else args.single_prompts
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", model_key, method,
+           "--_limit", str(limit or 0), "--_single", str(n_single), "--runs", str(args.runs), "--_result", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"worker {model_key}/{method} failed (exit {proc.returncode})")
+    res = json.loads(out.read_text())
+    res["process_wall_s"] = time.perf_counter() - start
+    return res
+
+
+def summarise(model_key: str, results: dict) -> list[dict]:
+    import numpy as np
+
+    ref = results["tinymcf"]
+    ref_p = np.asarray(ref["p_yes"])
+    ref_s = ref["best_s"]
+    rows = []
+    for method in METHODS:
+        if method not in results:
+            continue
+        r = results[method]
+        full_s = r["best_s"] * r["n_prompts"] / r["n_timed"]  # extrapolated when a subset was timed
+        diff = float(np.max(np.abs(np.asarray(r["p_yes"]) - ref_p[r["indices"]])))
+        rows.append({
+            "model": model_key, "method": method, "n_prompts": r["n_prompts"], "n_timed": r["n_timed"],
+            "extrapolated": r["n_timed"] < r["n_prompts"], "wall_s": full_s, "timed_s": r["best_s"],
+            "runs_s": r["times_s"], "prompts_per_s": r["n_prompts"] / full_s,
+            "tinymcf_speedup": full_s / ref_s, "peak_delta_mb": r["peak_delta_mb"],
+            "mem_ratio_vs_tinymcf": r["peak_delta_mb"] / ref["peak_delta_mb"] if ref["peak_delta_mb"] > 0 else None,
+            "logits_mb": r["logits_mb"], "logits_shape": r["logits_shape"],
+            "logits_ratio_vs_tinymcf": r["logits_mb"] / ref["logits_mb"] if ref["logits_mb"] > 0 else None,
+            "max_abs_dp_yes": diff, "agree": diff <= TOLERANCE, "peak_mark_reset": r["peak_mark_reset"],
+            "n_params": r["n_params"], "vocab": r["vocab"], "torch_threads": r["torch_threads"],
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("model", "method", "wall s", "prompts/s", "tinymcf x", "peak +MB", "mem x", "logits MB", "max|dp|", "check")
+    lines = []
+    for r in rows:
+        star = "*" if r["extrapolated"] else ""
+        tiny = r["method"] == "tinymcf"
+        lines.append((
+            r["model"], r["method"], f"{r['wall_s']:.2f}{star}", f"{r['prompts_per_s']:.1f}",
+            "1.00" if tiny else f"{r['tinymcf_speedup']:.2f}",
+            f"{r['peak_delta_mb']:.0f}",
+            "1.00" if tiny else ("n/a" if r["mem_ratio_vs_tinymcf"] is None else f"{r['mem_ratio_vs_tinymcf']:.1f}"),
+            f"{r['logits_mb']:.1f}", "-" if tiny else f"{r['max_abs_dp_yes']:.1e}",
+            "ref" if tiny else ("PASS" if r["agree"] else "FAIL"),
+        ))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    fmt = lambda row: "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)  # noqa: E731
+                                for i, (x, w) in enumerate(zip(row, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
+
+
+def machine_info() -> dict:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2,tiny-qwen3", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke run: {QUICK_VIGNETTES} vignettes ({QUICK_VIGNETTES * 8} prompts), "
+                         f"one-at-a-time on {QUICK_SINGLE}")
+    ap.add_argument("--runs", type=int, default=2, help="timed runs per method, best kept (default 2)")
+    ap.add_argument("--single-prompts", type=int, default=96,
+                    help="prompts the one-at-a-time peer is timed on, extrapolated to the set (default 96)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="JSON results file")
+    ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--_limit", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--_single", type=int, default=96, help=argparse.SUPPRESS)
+    ap.add_argument("--_result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+
+    if args._worker:
+        worker(*args._worker, limit=args._limit or None, n_single=args._single, runs=args.runs,
+               out_path=args._result)
+        return 0
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+
+    started = time.perf_counter()
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    machine = machine_info()
+    print(f"[bench] {date}  {machine['cpu']} ({machine['cpu_count']} CPUs), torch {machine['torch']}, "
+          f"transformers {machine['transformers']}")
+    print(f"[bench] each method in its own subprocess: 1 warm-up batch, best of {args.runs} run(s)"
+          + (" [--quick]" if args.quick else ""))
+    rows, per_model = [], {}
+    with tempfile.TemporaryDirectory(prefix="tinymcf-bench-") as tmp:
+        for key in models:
+            results = {}
+            for method in METHODS:
+                print(f"[bench] {key} / {method} ...", end=" ", flush=True)
+                r = results[method] = run_worker(key, method, args, Path(tmp))
+                sub = f" on {r['n_timed']} of {r['n_prompts']} prompts" if r["n_timed"] < r["n_prompts"] else ""
+                print(f"best {r['best_s']:.2f}s{sub}, peak +{r['peak_delta_mb']:.0f} MB "
+                      f"(process {r['process_wall_s']:.0f}s)", flush=True)
+            model_rows = summarise(key, results)
+            rows += model_rows
+            first = results["tinymcf"]
+            per_model[key] = {"label": MODELS[key], "n_prompts": first["n_prompts"], "n_params": first["n_params"],
+                              "vocab": first["vocab"], "prompt_tokens": first["prompt_tokens"]}
+    total = time.perf_counter() - started
+
+    print()
+    for key, info in per_model.items():
+        print(f"{key}: {info['label']}; {info['n_params'] / 1e6:.1f}M params; {info['n_prompts']} prompts, "
+              f"{info['prompt_tokens']} tokens")
+    print(format_table(rows))
+    single = [r for r in rows if r["extrapolated"]]
+    if single:
+        r = single[0]
+        print(f"* timed on {r['n_timed']} of {r['n_prompts']} evenly spaced prompts and extrapolated to all "
+              f"{r['n_prompts']}; its max|dp| is over those {r['n_timed']}.")
+    print(f"wall s: best of {args.runs}, scoring only (prompts pre-tokenised, model loaded); "
+          "tinymcf x: peer wall / tinymcf wall; peak +MB: ru_maxrss after the runs minus after the load "
+          "(own subprocess); mem x: peer / tinymcf; logits MB: largest logits tensor the model returned "
+          "(the naive peer's log_softmax makes a second one of the same size); max|dp|: max |p_yes - "
+          f"tinymcf p_yes|, PASS if <= {TOLERANCE:g}.")
+    if not all(r["peak_mark_reset"] for r in rows):
+        print("note: /proc/self/clear_refs was not writable, so the peak may include the model load's own peak.")
+    print(f"[bench] total run time {total:.0f}s")
+
+    payload = {"date": date, "machine": machine, "quick": args.quick, "runs": args.runs,
+               "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,
+               "all_agree": all(r["agree"] for r in rows), "total_wall_s": total}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"[bench] wrote {out}")
+    return 0 if payload["all_agree"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
