@@ -56,6 +56,7 @@ NAIVE_BATCH = 16
 TOLERANCE = 1e-4
 QUICK_VIGNETTES = 6  # 6 x 4 x 2 = 48 prompts
 QUICK_SINGLE = 16
+FOREIGN_LOAD_WARN = 0.2  # CPUs kept busy by other processes during the timed runs
 
 
 # --------------------------------------------------------------------------- worker side
@@ -161,6 +162,18 @@ def _maxrss_mb() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / 2**20  # macOS reports bytes
 
 
+def _cpu_snapshot() -> tuple[float, float]:
+    """(seconds of CPU the whole machine spent busy, seconds this process used) since boot/start."""
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / hz  # all but idle and iowait (guest is in user)
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return busy, own.ru_utime + own.ru_stime
+
+
 def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: int, out_path: str) -> None:
     import numpy as np
     import torch
@@ -204,10 +217,14 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
     meter = LogitsMeter(model)
     warm()
     times, p_yes = [], None
+    busy0, own0 = _cpu_snapshot()
+    t0 = time.perf_counter()
     for _ in range(runs):
         start = time.perf_counter()
         p_yes = run()
         times.append(time.perf_counter() - start)
+    busy1, own1 = _cpu_snapshot()
+    foreign = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - t0))
     peak_mb = _maxrss_mb()
     meter.handle.remove()
 
@@ -217,7 +234,8 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
         "peak_rss_mb": peak_mb, "baseline_rss_mb": base_mb, "peak_delta_mb": peak_mb - base_mb,
         "peak_mark_reset": reset, "logits_mb": meter.bytes / 2**20, "logits_shape": meter.shape,
         "n_params": sum(p.numel() for p in model.parameters()), "vocab": int(model.config.vocab_size),
-        "torch_threads": torch.get_num_threads(), "prompt_tokens": sum(len(encoded[i]) for i in idx),
+        "torch_threads": torch.get_num_threads(), "foreign_cpu_cores": foreign,
+        "prompt_tokens": sum(len(encoded[i]) for i in idx),
     }
     Path(out_path).write_text(json.dumps(result))
 
@@ -263,6 +281,7 @@ def summarise(model_key: str, results: dict) -> list[dict]:
             "logits_ratio_vs_tinymcf": r["logits_mb"] / ref["logits_mb"] if ref["logits_mb"] > 0 else None,
             "max_abs_dp_yes": diff, "agree": diff <= TOLERANCE, "peak_mark_reset": r["peak_mark_reset"],
             "n_params": r["n_params"], "vocab": r["vocab"], "torch_threads": r["torch_threads"],
+            "foreign_cpu_cores": r["foreign_cpu_cores"],
         })
     return rows
 
@@ -346,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] {key} / {method} ...", end=" ", flush=True)
                 r = results[method] = run_worker(key, method, args, Path(tmp))
                 sub = f" on {r['n_timed']} of {r['n_prompts']} prompts" if r["n_timed"] < r["n_prompts"] else ""
-                print(f"best {r['best_s']:.2f}s{sub}, peak +{r['peak_delta_mb']:.0f} MB "
-                      f"(process {r['process_wall_s']:.0f}s)", flush=True)
+                print(f"best {r['best_s']:.2f}s{sub}, peak +{r['peak_delta_mb']:.0f} MB, other processes "
+                      f"{r['foreign_cpu_cores']:.2f} CPUs busy (process {r['process_wall_s']:.0f}s)", flush=True)
             model_rows = summarise(key, results)
             rows += model_rows
             first = results["tinymcf"]
@@ -370,13 +389,17 @@ def main(argv: list[str] | None = None) -> int:
           "(own subprocess); mem x: peer / tinymcf; logits MB: largest logits tensor the model returned "
           "(the naive peer's log_softmax makes a second one of the same size); max|dp|: max |p_yes - "
           f"tinymcf p_yes|, PASS if <= {TOLERANCE:g}.")
+    busy = max(r["foreign_cpu_cores"] for r in rows)
+    if busy > FOREIGN_LOAD_WARN:
+        print(f"WARNING: other processes kept up to {busy:.2f} CPUs busy while methods were timed; the speed "
+              "figures are disturbed (small ops stall when torch's threads are descheduled). Rerun on an idle machine.")
     if not all(r["peak_mark_reset"] for r in rows):
         print("note: /proc/self/clear_refs was not writable, so the peak may include the model load's own peak.")
     print(f"[bench] total run time {total:.0f}s")
 
     payload = {"date": date, "machine": machine, "quick": args.quick, "runs": args.runs,
                "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,
-               "all_agree": all(r["agree"] for r in rows), "total_wall_s": total}
+               "all_agree": all(r["agree"] for r in rows), "max_foreign_cpu_cores": busy, "total_wall_s": total}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n")

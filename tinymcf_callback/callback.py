@@ -110,6 +110,7 @@ class MoralProbeCallback(TrainerCallback):
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
         self._event_count = 0
+        self._attempted_step: int | None = None
         if tokenizer is not None:
             self._build_probe(tokenizer)
 
@@ -151,7 +152,7 @@ class MoralProbeCallback(TrainerCallback):
         if self.probe is None:
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
         self._find_trainer()
-        if self.baseline and self.last_step != state.global_step:
+        if self.baseline and self._attempted_step != state.global_step:
             self._probe(args, state, kwargs.get("model"), "train_begin")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
@@ -167,8 +168,8 @@ class MoralProbeCallback(TrainerCallback):
             self._write_checkpoint_report(args, state)
 
     def _maybe_probe(self, args, state, kwargs, event):
-        if self.last_step == state.global_step:
-            return  # at most once per global step (evaluate and save both fire)
+        if self._attempted_step == state.global_step:
+            return  # at most once per global step (evaluate and save both fire), failed attempts included
         self._event_count += 1
         if self._event_count % self.every:
             return
@@ -180,6 +181,7 @@ class MoralProbeCallback(TrainerCallback):
     def _probe(self, args, state, model, event):
         if model is None:
             return
+        self._attempted_step = state.global_step
         try:
             report = self._score(model)
         except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes

@@ -239,6 +239,9 @@ def _read_user_csv(path: Path, delimiter: str) -> list[dict]:
     for i, obj in enumerate(reader, start=1):
         if not any((v or "").strip() for v in obj.values() if isinstance(v, str)):
             continue
+        if None in obj or None in obj.values():
+            raise PrepareError(f"{path}: row {i} (line {reader.line_num}): the number of fields differs from "
+                               f"the header's {len(fields)} (a comma inside an unquoted field?)")
         out.append(_user_row(obj, f"{path}: row {i} (line {reader.line_num})", text_key, label_key, wrong_key))
     return out
 

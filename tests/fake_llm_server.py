@@ -1,0 +1,216 @@
+"""A real OpenAI-compatible HTTP server for the prepare/validate tests (stdlib only).
+
+``FakeLLM`` listens on 127.0.0.1 (random port) in a thread and serves
+``POST /v1/chat/completions`` and ``GET /v1/models``. What it answers depends on the
+requested model and on a queue of one-shot faults:
+
+models
+    ``good-model``       a valid rewrite built from the request (or a judgement)
+    ``refuse-model``     "I'm sorry, but I can't help with that." (plain text)
+    ``refusal-field``    content null, ``message.refusal`` set (the OpenAI refusal field)
+    ``malformed-model``  a truncated JSON object
+    ``rulebreak-model``  two sentences with an editorial word (breaks rules.rewrite_problems)
+    ``fixes-on-retry``   breaks the rules first, answers correctly once told what was wrong
+    anything else        404 model_not_found
+faults (``server.faults``, consumed one per request, before the model's answer)
+    ``"429"`` rate limit, ``"500"`` server error, ``"slow"`` sleeps ``slow_seconds`` first.
+
+``delay`` slows every request. A wrong ``Authorization`` header gets a 401 that echoes the
+key it received (as some servers do), to check that clients scrub it. Every request is
+recorded in ``requests`` as ``{"model", "kind", "condition", "text", "status"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FOUNDATIONS = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Social Norms")
+MODELS = ("good-model", "refuse-model", "refusal-field", "malformed-model", "rulebreak-model", "fixes-on-retry")
+
+
+def _field(messages, name):
+    for m in messages:
+        if m.get("role") == "user":
+            hit = re.search(rf"^{re.escape(name)}: (.*)$", m.get("content") or "", re.M)
+            if hit:
+                return hit.group(1)
+    return None
+
+
+def _coarse(label):
+    for f in FOUNDATIONS:
+        if (label or "").startswith(f):
+            return f
+    return "Care"
+
+
+def good_rewrite(condition, original, label):
+    """A rewrite that passes the rules, deterministic in its inputs."""
+    tag = hashlib.md5(f"{original}|{condition}".encode()).hexdigest()[:8]
+    f = _coarse(label)
+    if condition == "other_uphold":
+        return f"You see the same person keeping to the {f} rule instead, case {tag}."
+    if condition == "self_violate":
+        return f"You break the {f} rule yourself, case {tag}."
+    return f"You keep to the {f} rule yourself, case {tag}."
+
+
+def good_judgement(text):
+    low = text.lower()
+    f = next((x for x in FOUNDATIONS if x.lower() in low), "Care")
+    return {"foundation": f, "valence": "uphold" if "keep" in low else "violate"}
+
+
+class FakeLLM:
+    def __init__(self, key: str = "sk-test-SECRET-123"):
+        self.key = key
+        self.faults: deque[str] = deque()
+        self.delay = 0.0
+        self.slow_seconds = 3.0
+        self.judge_overrides: dict[str, dict] = {}
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def count(self, **match) -> int:
+        with self.lock:
+            return sum(all(r.get(k) == v for k, v in match.items()) for r in self.requests)
+
+    # ------------------------------------------------------------------ answers
+
+    def answer(self, body: dict) -> tuple[int, dict, dict]:
+        """``(status, json body, extra headers)`` for one chat request."""
+        model = body.get("model")
+        messages = body.get("messages") or []
+        kind = "judge" if _field(messages, "Task") == "classify" else "rewrite"
+        cond = _field(messages, "Condition")
+        original = _field(messages, "Original (other_violate)")
+        label = _field(messages, "Foundation")
+        scenario = _field(messages, "Scenario")
+        rec = {"model": model, "kind": kind, "condition": cond, "text": original or scenario}
+        with self.lock:
+            fault = self.faults.popleft() if self.faults else None
+            self.requests.append(rec)
+        if self.delay:
+            time.sleep(self.delay)
+        if fault == "429":
+            rec["status"] = 429
+            return 429, _error("Rate limit exceeded, slow down", "rate_limit_exceeded"), {"retry-after": "0"}
+        if fault == "500":
+            rec["status"] = 500
+            return 500, _error("Internal server error", "server_error"), {}
+        if fault == "slow":
+            time.sleep(self.slow_seconds)
+        if model not in MODELS:
+            rec["status"] = 404
+            return 404, _error(f"The model `{model}` does not exist or you do not have access to it.",
+                               "model_not_found"), {}
+        rec["status"] = 200
+        if model in ("refuse-model",):
+            return 200, _completion(model, "I'm sorry, but I can't help with that."), {}
+        if model == "refusal-field":
+            return 200, _completion(model, None, refusal="I can't assist with this request."), {}
+        if model == "malformed-model":
+            return 200, _completion(model, '{"rewrite": "You see a man'), {}
+        if kind == "judge":
+            verdict = self.judge_overrides.get(scenario) or good_judgement(scenario or "")
+            return 200, _completion(model, json.dumps(verdict)), {}
+        text = good_rewrite(cond, original, label)
+        told = len(messages) > 2  # feedback about an earlier answer is present
+        if model == "rulebreak-model" or (model == "fixes-on-retry" and not told):
+            text = text[:-1] + ", thus showing who they are. It was a big day."
+        return 200, _completion(model, json.dumps({"rewrite": text})), {}
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _send(self, status, obj, headers=None):
+                data = json.dumps(obj).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+
+            def _authorized(self):
+                got = self.headers.get("Authorization", "")
+                if got == f"Bearer {server.key}":
+                    return True
+                sent = got.removeprefix("Bearer ")
+                self._send(401, _error(f"Incorrect API key provided: {sent}", "invalid_api_key"))
+                return False
+
+            def do_GET(self):
+                if self.path.rstrip("/") != "/v1/models":
+                    return self._send(404, _error("not found", "not_found"))
+                if self._authorized():
+                    self._send(200, {"object": "list", "data": [
+                        {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    return self._send(404, _error("not found", "not_found"))
+                if not self._authorized():
+                    return
+                try:
+                    body = json.loads(raw)
+                except json.JSONDecodeError:
+                    return self._send(400, _error("request body is not JSON", "invalid_json"))
+                status, obj, headers = server.answer(body)
+                self._send(status, obj, headers)
+
+        return Handler
+
+
+def _error(message, code):
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code, "param": None}}
+
+
+def _completion(model, content, refusal=None):
+    return {
+        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content, "refusal": refusal}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+    }
+
+
+if __name__ == "__main__":  # a manual check: python tests/fake_llm_server.py
+    with FakeLLM() as s:
+        print(s.base_url, "key", s.key)
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,572 @@
+"""``python -m tinymcf_callback.prepare`` and ``--validate``: real Clifford data, a real local
+download server, and a real OpenAI-compatible fake LLM server driven through the ``openai`` client."""
+
+from __future__ import annotations
+
+import csv
+import http.server
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fake_llm_server import FakeLLM
+from tinymcf_callback import evaluate, load_vignettes, rules
+from tinymcf_callback._io import read_jsonl
+from tinymcf_callback.llm import Answer, find_api_key, parse_json_answer, read_dotenv, scrub
+from tinymcf_callback.prepare import PrepareError, main, normalize_clifford, read_user_source
+from tinymcf_callback.sets import RewriteCache, md5, registry, shipped_dir, user_cache_dir, user_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-test-SECRET-123"
+CLIFFORD_SHA = "b69a0589517a7b1cc7ab1d8a5034721f468c172d888d765bc81d4dc5e920f0c1"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No real key, no .env from the checkout, no cache override; run in an empty folder."""
+    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "TINYMCF_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+@pytest.fixture
+def llm(monkeypatch):
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        yield server
+
+
+def cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def api(server, model="good-model", *extra):
+    return ["--base-url", server.base_url, "--model", model, "--backoff", "0.01", "--timeout", "5",
+            "--no-progress", *extra]
+
+
+def write_csv(path: Path, rows, header=("Scenario", "Foundation", "Wrong")) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    path.write_text(buf.getvalue(), encoding="utf-8")
+    return path
+
+
+MY_ROWS = [
+    ("You see a man kicking a stray dog in the park.", "Care (p, a)", "3.2"),
+    ("You see a girl cheating at cards against her grandmother.", "Fairness", "2.5"),
+    ("You see a soldier mocking his own unit to a rival army.", "Loyalty", "2.9"),
+    ("You see a man eating soup with a fork at a diner.", "Social Norms", "0.3"),
+]
+
+
+def my_csv(tmp_path, rows=MY_ROWS, name="my.csv") -> Path:
+    return write_csv(tmp_path / name, rows)
+
+
+def cache_lines(path: Path) -> list[dict]:
+    return [obj for _, obj in read_jsonl(path)] if path.exists() else []
+
+
+def snapshot(*dirs) -> dict:
+    out = {}
+    for d in dirs:
+        d = Path(d)
+        if d.exists():
+            for p in d.rglob("*"):
+                if p.is_file():
+                    out[str(p)] = p.read_bytes()
+    return out
+
+
+# --------------------------------------------------------------------------- the real Clifford file
+
+
+def test_clifford_parse_counts_and_fields(clifford_csv):
+    rows = normalize_clifford(clifford_csv.read_bytes(), str(clifford_csv))
+    assert len(rows) == 132 and len({r["id"] for r in rows}) == 132
+    coarse = Counter(r["foundation_coarse"] for r in rows)
+    assert coarse == {"Care": 32, "Fairness": 17, "Loyalty": 16, "Authority": 17, "Sanctity": 17,
+                      "Liberty": 17, "Social Norms": 16}
+    fine = Counter(r["foundation"] for r in rows)
+    assert (fine["Care (e)"], fine["Care (p, a)"], fine["Care (p, h)"]) == (16, 9, 7)
+    first = rows[0]
+    assert first["id"] == md5(first["text"]) and first["text"].startswith("You see ")
+    assert first["reasons"]["Care"] == pytest.approx(0.83) and first["reasons"]["Not Wrong"] == 0.0
+    assert set(first["reasons"]) == {"Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Not Wrong"}
+    assert all(0.0 <= r["wrong"] <= 4.0 for r in rows)
+    # scenarios are verbatim (the known quirks are kept, not "fixed")
+    assert any(not r["text"].rstrip().endswith((".", '"', "!", "?")) for r in rows)
+
+
+def test_shipped_clifford_rewrites_match_and_pass_rules(clifford_csv):
+    rows = normalize_clifford(clifford_csv.read_bytes(), str(clifford_csv))
+    shipped = cache_lines(shipped_dir("cache") / "clifford.jsonl")
+    assert len(shipped) == 396
+    cache = RewriteCache([shipped_dir("cache")])
+    for r in rows:
+        for cond in ("other_uphold", "self_violate", "self_uphold"):
+            assert cache.get(r["id"], cond) is not None, (r["id"], cond)
+    ids = {r["id"] for r in rows}
+    keys = Counter((e["source_md5"], e["condition"]) for e in shipped)
+    assert set(k[0] for k in keys) == ids and max(keys.values()) == 1
+    bad = [(e["source_md5"], e["condition"], p) for e in shipped if (p := rules.rewrite_problems(e["text"], e["condition"]))]
+    assert bad == []
+
+
+def test_prepare_clifford_without_key_then_evaluate(clifford_csv, tiny_qwen, qwen_tok, capsys, monkeypatch):
+    rc, out, err = cli(capsys, "--name", "clifford", "--source", clifford_csv)
+    assert rc == 0, err
+    assert "nothing to request" in out
+    assert (user_dir() / "raw" / "clifford.csv").read_bytes() == clifford_csv.read_bytes()
+    stored = cache_lines(user_dir() / "sets" / "clifford.jsonl")
+    assert len(stored) == 132 and stored[0]["foundation_coarse"] == "Care" and isinstance(stored[0]["wrong"], float)
+    assert not (ROOT / "sets").exists() and not user_cache_dir().exists()  # nothing new cached or in the repo
+
+    # A rerun needs neither the network nor --source: the verified raw copy is reused.
+    import tinymcf_callback.prepare as prep
+
+    monkeypatch.setattr(prep, "download", lambda *a, **k: pytest.fail("must not download again"))
+    assert cli(capsys, "--name", "clifford")[0] == 0
+
+    report = evaluate(tiny_qwen, qwen_tok, name="clifford", verbose=False)
+    assert report["info"]["n_vignettes"] == 132
+    assert isinstance(report["info"]["human_corr"], float)
+
+
+# --------------------------------------------------------------------------- the download
+
+
+class _Site:
+    """A local web server: /vignettes.csv, /short.csv, /nocol.csv, /changed.csv, /page.html; else 404."""
+
+    def __init__(self, files: dict[str, tuple[bytes, str]]):
+        files = files
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if self.path not in files:
+                    self.send_error(404, "Not Found")
+                    return
+                data, ctype = files[self.path]
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def site(clifford_csv):
+    raw = clifford_csv.read_bytes()
+    text = raw.decode("utf-8")
+    lines = text.splitlines(keepends=True)
+    rows = list(csv.reader(io.StringIO(text)))
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([r[:-1] for r in rows])
+    changed = text.replace('"3.4"\n', '"3.5"\n', 1)
+    assert changed != text
+    s = _Site({
+        "/vignettes.csv": (raw, "text/plain; charset=utf-8"),
+        "/short.csv": ("".join(lines[:101]).encode(), "text/plain"),
+        "/nocol.csv": (buf.getvalue().encode(), "text/plain"),
+        "/changed.csv": (changed.encode(), "text/plain"),
+        "/page.html": (b"<!DOCTYPE html><html><body>Sign in</body></html>", "text/html"),
+        "/disguised.csv": (b"<!doctype html>\n<html><p>rate limited</p></html>", "text/plain"),
+    })
+    yield s
+    s.close()
+
+
+def test_download_from_url(site, capsys, clifford_csv):
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/vignettes.csv")
+    assert rc == 0, err
+    assert (user_dir() / "raw" / "clifford.csv").read_bytes() == clifford_csv.read_bytes()
+    assert len(load_vignettes("clifford")) == 132
+
+
+def test_download_uses_configured_url(monkeypatch, capsys, clifford_csv):
+    import tinymcf_callback.prepare as prep
+
+    seen = []
+    monkeypatch.setattr(prep, "download", lambda url, timeout: seen.append(url) or clifford_csv.read_bytes())
+    assert cli(capsys, "--name", "clifford")[0] == 0
+    spec = json.loads((ROOT / "configs" / "sets.json").read_text())["clifford"]
+    assert seen == [spec["url"]] and spec["sha256"] == CLIFFORD_SHA
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/page.html", "HTML"),
+    ("/disguised.csv", "HTML"),
+    ("/missing.csv", "HTTP 404"),
+    ("/short.csv", "100 vignette rows, expected 132"),
+    ("/nocol.csv", "missing columns Wrong"),
+])
+def test_bad_downloads_are_refused(site, capsys, path, message):
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", site.url + path)
+    assert rc == 2 and err.startswith("error: ") and message in err
+    assert "--source" in err or path in ("/short.csv", "/nocol.csv")
+    assert not (user_dir() / "sets").exists() and not (user_dir() / "raw").exists()
+
+
+def test_unreachable_download(capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"http://127.0.0.1:{port}/x.csv", "--timeout", "5")
+    assert rc == 2 and "download of" in err and "failed" in err
+
+
+def test_checksum_change(site, capsys):
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv")
+    assert rc == 2 and "sha256" in err and CLIFFORD_SHA in err and "--allow-checksum-change" in err
+    assert not (user_dir() / "sets").exists()
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv", "--allow-checksum-change")
+    assert rc == 0, err
+    assert "warning" in out and load_vignettes("clifford")[0]["wrong"] == 3.5
+
+
+def test_clifford_name_with_wrong_file(tmp_path, capsys):
+    rc, out, err = cli(capsys, "--name", "clifford", "--source", my_csv(tmp_path))
+    assert rc == 2 and "missing columns" in err
+
+
+# --------------------------------------------------------------------------- users' own sets
+
+
+def test_user_set_end_to_end(tmp_path, llm, capsys, tiny_qwen, qwen_tok):
+    src = my_csv(tmp_path)
+    rc, out, err = cli(capsys, "--name", "myset", "--source", src, *api(llm), "--description", "four of mine")
+    assert rc == 0, out + err
+    meta = registry()["myset"]
+    assert meta["source"] == "user" and meta["human_ratings"] is True and meta["description"] == "four of mine"
+    assert meta["created_from"] == str(src.resolve())
+    entries = cache_lines(user_cache_dir() / "myset.jsonl")
+    assert len(entries) == 12 and all(list(e) == ["source_md5", "condition", "text", "producer", "rules_version"]
+                                      for e in entries)
+    assert {e["producer"] for e in entries} == {"llm:good-model"} and {e["rules_version"] for e in entries} == {1}
+    assert all(rules.rewrite_problems(e["text"], e["condition"]) == [] for e in entries)
+    vs = load_vignettes("myset")
+    assert [v["foundation"] for v in vs] == ["Care (p, a)", "Fairness", "Loyalty", "Social Norms"]
+    assert vs[0]["wrong"] == 3.2 and vs[0]["self_violate"].startswith("You break")
+    # each request carried the rules and the vignette
+    assert llm.count(kind="rewrite") == 12
+
+    # rerun: nothing is requested again
+    rc, out, err = cli(capsys, "--name", "myset", "--source", src, *api(llm))
+    assert rc == 0 and "nothing to request" in out and llm.count(kind="rewrite") == 12
+
+    report = evaluate(tiny_qwen, qwen_tok, name="myset", verbose=False)
+    assert report["info"]["n_vignettes"] == 4 and isinstance(report["info"]["human_corr"], float)
+
+
+def test_user_set_from_jsonl(tmp_path, llm, capsys):
+    src = tmp_path / "mine.jsonl"
+    src.write_text("".join(json.dumps({"text": t, "foundation": f}) + "\n" for t, f, _ in MY_ROWS[:2]))
+    rc, out, err = cli(capsys, "--name", "mine", "--source", src, *api(llm), "--concurrency", "1")
+    assert rc == 0, err
+    assert registry()["mine"]["human_ratings"] is False
+    assert "wrong" not in load_vignettes("mine")[0]
+
+
+@pytest.mark.parametrize("rows, header, message", [
+    ([("You see a man kicking a dog.", "Kindness", "1")], None, "row 1 (line 2): unknown foundation label 'Kindness'"),
+    ([("You see a man kicking a dog.", "Care", "1"), ("You see x.", "Purity", "1")], None, "row 2 (line 3)"),
+    ([("You see a man kicking a dog.", "Care")], ("Scenario", "Label"), "missing column(s) Foundation"),
+    ([("You see a man kicking a dog.", "Care", "1"), ("You see y.", "Care", "")], None, "row 2 (line 3): no human rating"),
+    ([("You see a man kicking a dog.", "Care", "lots")], None, "'lots' is not a number"),
+    ([("You see a.", "Care", "1"), ("You see a.", "Care", "1")], None, "the same scenario as"),
+    ([], None, "no vignettes"),
+])
+def test_bad_user_files(tmp_path, capsys, rows, header, message):
+    src = write_csv(tmp_path / "bad.csv", rows, header or ("Scenario", "Foundation", "Wrong"))
+    rc, out, err = cli(capsys, "--name", "bad", "--source", src)
+    assert rc == 2 and message in err and str(src) in err, err
+    assert "bad" not in registry()
+
+
+def test_bad_jsonl_names_the_line(tmp_path):
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"text": "You see a.", "foundation": "Care"}\n{"text": "You see b.", "foundation": "Hope"}\n')
+    with pytest.raises(PrepareError, match=r"x\.jsonl: line 2: unknown foundation label 'Hope'"):
+        read_user_source(src)
+
+
+def test_builtin_names_are_protected(tmp_path, capsys):
+    rc, out, err = cli(capsys, "--name", "scifi", "--source", my_csv(tmp_path))
+    assert rc == 2 and "built-in" in err
+    rc, out, err = cli(capsys, "--name", "nosuchset")
+    assert rc == 2 and "--source" in err
+    rc, out, err = cli(capsys, "--name", "../evil", "--source", my_csv(tmp_path))
+    assert rc == 2 and "bad set name" in err
+    # the bundled set needs nothing
+    rc, out, err = cli(capsys, "--name", "scifi")
+    assert rc == 0 and "nothing to request" in out
+
+
+def test_no_key_is_a_clear_error_and_changes_no_cache(tmp_path, capsys):
+    before = snapshot(user_cache_dir())
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path))
+    assert rc == 2
+    assert "OPENROUTER_API_KEY" in err and "OPENAI_API_KEY" in err and "shipped cache" in err
+    assert snapshot(user_cache_dir()) == before
+
+
+def test_key_from_dotenv(tmp_path, clean_env, capsys, monkeypatch):
+    with FakeLLM(KEY) as server:
+        (clean_env / ".env").write_text(f"# comment\nexport OPENROUTER_API_KEY='{KEY}'\n")
+        assert find_api_key() == (KEY, f"OPENROUTER_API_KEY in {clean_env / '.env'}")
+        rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1", *api(server))
+        assert rc == 0, err
+
+
+def test_dry_run_needs_no_key_and_writes_nothing(tmp_path, capsys):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--dry-run", "--limit", "2")
+    assert rc == 0, err
+    assert "would request 6 of the 6 rewrites" in out and out.count("self_uphold") == 2
+    assert not user_dir().exists() or not any(user_dir().iterdir())
+
+
+def test_limit(tmp_path, llm, capsys):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "2", *api(llm))
+    assert rc == 0 and llm.count() == 6 and len(cache_lines(user_cache_dir() / "myset.jsonl")) == 6
+    assert len(load_vignettes("myset", limit=2)) == 2
+    rc, out, err = cli(capsys, "--name", "myset", *api(llm))  # the rest, from the registered set
+    assert rc == 0 and llm.count() == 12
+
+
+def test_cache_dir_option_and_env(tmp_path, llm, capsys, monkeypatch):
+    extra = tmp_path / "mycache"
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--cache-dir", extra, *api(llm))
+    assert rc == 0, err
+    assert len(cache_lines(extra / "myset.jsonl")) == 12 and not user_cache_dir().exists()
+    rc, out, err = cli(capsys, "--name", "myset", "--cache-dir", extra, "--dry-run")
+    assert rc == 0 and "nothing to request" in out
+    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(extra))
+    assert len(load_vignettes("myset")) == 4
+
+
+def test_unwritable_cache_dir(tmp_path, llm, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--cache-dir", blocker / "cache",
+                       *api(llm))
+    assert rc == 2 and "not writable" in err and llm.count() == 0
+    assert blocker.read_text() == "not a folder"
+
+
+def test_unknown_model_404(tmp_path, llm, capsys):
+    before = snapshot(user_cache_dir())
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm, "no/such-model"))
+    assert rc == 2 and "'no/such-model'" in err and "404" in err
+    assert snapshot(user_cache_dir()) == before
+
+
+def test_rate_limits_and_server_errors_are_retried(tmp_path, llm, capsys):
+    llm.faults.extend(["429", "500", "429", "500", "429"])
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm), "--concurrency", "2")
+    assert rc == 0, out + err
+    assert llm.count(status=429) == 3 and llm.count(status=500) == 2 and llm.count(status=200) == 12
+    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 12
+
+
+def test_timeouts_are_retried(tmp_path, llm, capsys):
+    llm.faults.append("slow")
+    llm.slow_seconds = 3
+    t0 = time.time()
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm), "--limit", "1",
+                       "--concurrency", "1", "--timeout", "0.5")
+    assert rc == 0, out + err
+    assert llm.count() == 4 and time.time() - t0 < 3  # one timed out, then three answers
+    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 3
+
+
+def test_exhausted_retries_are_reported_not_cached(tmp_path, llm, capsys):
+    llm.faults.extend(["500"] * 3)
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm), "--limit", "1",
+                       "--concurrency", "1", "--retries", "2")
+    assert rc == 1
+    assert "2 done, 1 failed" in out and "server error (500), gave up after 3 tries" in out
+    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 2
+
+
+@pytest.mark.parametrize("primary", ["refuse-model", "refusal-field", "malformed-model"])
+def test_refusals_and_bad_json_go_to_the_fallback(tmp_path, llm, capsys, primary):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "2",
+                       *api(llm, primary, "--fallback-model", "good-model"))
+    assert rc == 0, out + err
+    assert llm.count(model=primary) == 6 and llm.count(model="good-model") == 6  # no retry of the refuser
+    entries = cache_lines(user_cache_dir() / "myset.jsonl")
+    assert len(entries) == 6 and {e["producer"] for e in entries} == {"llm:good-model"}
+
+
+def test_refusal_without_fallback_fails_with_reason(tmp_path, llm, capsys):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1",
+                       *api(llm, "refuse-model"))
+    assert rc == 1 and "3 failed" in out and "refused" in out
+    assert not (user_cache_dir() / "myset.jsonl").exists()
+
+
+def test_rule_breaking_rewrites_are_retried_then_failed(tmp_path, llm, capsys):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1",
+                       *api(llm, "rulebreak-model", "--attempts", "2"))
+    assert rc == 1 and llm.count() == 6  # two attempts for each of three rewrites
+    assert "0 done, 3 failed" in out and "more than one sentence" in out and "'thus'" in out
+    assert not (user_cache_dir() / "myset.jsonl").exists()  # never cached
+    # then with a fallback that follows the rules
+    rc, out, err = cli(capsys, "--name", "myset", *api(llm, "rulebreak-model", "--attempts", "2",
+                                                       "--fallback-model", "good-model"))
+    assert rc == 0 and {e["producer"] for e in cache_lines(user_cache_dir() / "myset.jsonl")} == {"llm:good-model"}
+
+
+def test_rule_feedback_fixes_the_rewrite(tmp_path, llm, capsys):
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1",
+                       *api(llm, "fixes-on-retry"))
+    assert rc == 0 and llm.count() == 6
+    assert {e["producer"] for e in cache_lines(user_cache_dir() / "myset.jsonl")} == {"llm:fixes-on-retry"}
+
+
+# --------------------------------------------------------------------------- the key, kills, resume
+
+SUBPROCESS_ENV = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _run(args, env, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tinymcf_callback.prepare", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_key_never_leaks(tmp_path, clean_env, capsys):
+    home = Path(os.environ["TINYMCF_HOME"])
+    env = {**os.environ, **SUBPROCESS_ENV, "OPENAI_API_KEY": KEY}
+    seen = []
+    with FakeLLM(KEY) as server:
+        src = my_csv(tmp_path)
+        args = ["--name", "myset", "--source", src, "--base-url", server.base_url, "--backoff", "0.01",
+                "--no-progress", "--limit", "2"]
+        seen.append(_run([*args, "--model", "rulebreak-model", "--attempts", "1"], env, clean_env))  # failures
+        seen.append(_run([*args, "--model", "good-model", "--validate"], env, clean_env))  # missing rewrites
+        seen.append(_run([*args, "--model", "good-model"], env, clean_env))
+        seen.append(_run([*args, "--model", "good-model", "--validate"], env, clean_env))
+    with FakeLLM("sk-other-key-456") as server:  # the server echoes the wrong key it got in its 401 message
+        seen.append(_run(["--name", "other", "--source", my_csv(tmp_path, MY_ROWS[2:], "b.csv"), "--base-url",
+                          server.base_url, "--model", "good-model", "--no-progress"], env, clean_env))
+    assert [p.returncode for p in seen] == [1, 2, 0, 0, 2], [p.stderr for p in seen]
+    assert "rejected the API key" in seen[-1].stderr and "***" in seen[-1].stderr
+    for p in seen:
+        assert KEY not in p.stdout and KEY not in p.stderr
+    written = [f for f in [*tmp_path.rglob("*"), *home.rglob("*")] if f.is_file()]
+    assert any(f.name == "judgements.jsonl" for f in written) and any(f.name.startswith("validate_") for f in written)
+    for f in written:
+        assert KEY.encode() not in f.read_bytes(), f
+    assert scrub(f"x {KEY} y", [KEY]) == "x *** y"
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, clean_env):
+    rows = [(f"You see a person number {i} breaking a promise to a friend.", "Loyalty", "2") for i in range(16)]
+    src = write_csv(tmp_path / "many.csv", rows)
+    cache = tmp_path / "cache"
+    env = {**os.environ, **SUBPROCESS_ENV, "OPENAI_API_KEY": KEY}
+    with FakeLLM(KEY) as server:
+        args = ["--name", "many", "--source", src, "--cache-dir", cache, "--base-url", server.base_url,
+                "--model", "good-model", "--concurrency", "2", "--no-progress"]
+        server.delay = 0.1
+        proc = subprocess.Popen([sys.executable, "-m", "tinymcf_callback.prepare", *map(str, args)], cwd=clean_env,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(cache_lines(cache / "many.jsonl")) < 6:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        saved = cache_lines(cache / "many.jsonl")
+        assert 6 <= len(saved) < 48, "the run was not killed mid-way"
+        server.delay = 0
+        before = server.count()
+        done = _run(args, env, clean_env)
+        assert done.returncode == 0, done.stderr
+        assert f"{48 - len(saved)} done" in done.stdout
+        assert server.count() - before == 48 - len(saved)
+    keys = Counter((e["source_md5"], e["condition"]) for e in cache_lines(cache / "many.jsonl"))
+    assert len(keys) == 48 and set(keys.values()) == {1}
+    assert keys.keys() == {(md5(t), c) for t, _, _ in rows for c in ("other_uphold", "self_violate", "self_uphold")}
+
+
+# --------------------------------------------------------------------------- judge validation
+
+
+def test_validate(tmp_path, llm, capsys):
+    assert cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm))[0] == 0
+    vs = load_vignettes("myset")
+    # the judge gets one rewrite wrong in valence and one in foundation
+    llm.judge_overrides[vs[1]["self_uphold"]] = {"foundation": "Fairness", "valence": "violate"}
+    llm.judge_overrides[vs[2]["other_uphold"]] = {"foundation": "Authority", "valence": "uphold"}
+    out_path = tmp_path / "val.jsonl"
+    rc, out, err = cli(capsys, "--validate", "--name", "myset", "--out", out_path, *api(llm))
+    assert rc == 0, err
+    recs = cache_lines(out_path)
+    assert len(recs) == 16 and {r["condition"] for r in recs} == {"other_violate", "other_uphold", "self_violate",
+                                                                  "self_uphold"}
+    flagged = {(r["id"], r["condition"]) for r in recs if r["flagged"]}
+    assert flagged == {(vs[1]["id"], "self_uphold"), (vs[2]["id"], "other_uphold")}
+    assert "foundation confusion" in out and "flagged rewrites: 2" in out and "valence_acc" in out
+    judged = cache_lines(user_cache_dir() / "judgements.jsonl")
+    assert len(judged) == 16 and judged[0]["judge_model"] == "good-model" and judged[0]["text_md5"] in {
+        md5(r["text"]) for r in recs}
+    # cached: no new requests; the rewrite cache ignores judgements.jsonl
+    n = llm.count(kind="judge")
+    from tinymcf_callback.validate import main as validate_main
+
+    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url]) == 0
+    assert llm.count(kind="judge") == n and (Path.cwd() / "validate_myset.jsonl").exists()
+    assert len(load_vignettes("myset")) == 4
+
+
+# --------------------------------------------------------------------------- small parts
+
+
+def test_parse_json_answer_is_strict():
+    assert parse_json_answer(Answer("m", '{"rewrite": "You see a."}'))[0] == {"rewrite": "You see a."}
+    assert parse_json_answer(Answer("m", '```json\n{"rewrite": "You see a."}\n```'))[0] == {"rewrite": "You see a."}
+    obj, why = parse_json_answer(Answer("m", 'Sure! Here it is: {"rewrite": "You see a."}'))
+    assert obj is None and why.startswith("unparseable")
+    assert parse_json_answer(Answer("m", "I'm sorry, I can't help with that."))[1].startswith("refused")
+    assert parse_json_answer(Answer("m", None, refusal="no"))[1].startswith("refused")
+    assert parse_json_answer(Answer("m", "[1, 2]"))[1].startswith("unparseable")
+    assert parse_json_answer(Answer("m", ""))[1] == "empty answer"
+
+
+def test_read_dotenv(tmp_path):
+    p = tmp_path / ".env"
+    p.write_text('A=1\n# c\nexport B="two words"\nC=x # note\n\nbroken\n')
+    assert read_dotenv(p) == {"A": "1", "B": "two words", "C": "x"}
+    assert find_api_key({"OPENAI_API_KEY": "k1"}, tmp_path) == ("k1", "$OPENAI_API_KEY")
+    assert find_api_key({}, tmp_path) == (None, None)
