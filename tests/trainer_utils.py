@@ -30,9 +30,11 @@ def tiny_model(seed: int = 0, dropout: float = 0.1):
 
 def make_trainer(tmp, tok, callbacks=(), *, max_steps=4, eval_steps=2, save_steps=2, report_to=("none",),
                  eval=True, seed=0, **kw):
+    kw.setdefault("learning_rate", 1e-3)
+    kw.setdefault("per_device_train_batch_size", 4)
     args = TrainingArguments(
-        output_dir=str(tmp), max_steps=max_steps, per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        learning_rate=1e-3, logging_steps=1, eval_strategy="steps" if eval else "no", eval_steps=eval_steps,
+        output_dir=str(tmp), max_steps=max_steps, per_device_eval_batch_size=4,
+        logging_steps=1, eval_strategy="steps" if eval else "no", eval_steps=eval_steps,
         save_strategy="steps", save_steps=save_steps, report_to=list(report_to), seed=seed, use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, **kw,
     )
