@@ -176,7 +176,7 @@ class _Site:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
@@ -465,30 +465,49 @@ def _run(args, env, cwd, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_key_never_leaks(tmp_path, clean_env, capsys):
+def test_key_never_leaks(tmp_path, clean_env, capfd, monkeypatch):
     home = Path(os.environ["TINYMCF_HOME"])
-    env = {**os.environ, **SUBPROCESS_ENV, "OPENAI_API_KEY": KEY}
-    seen = []
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    codes = []
+
+    def run(*argv):
+        codes.append(main([str(a) for a in argv]))
+
     with FakeLLM(KEY) as server:
         src = my_csv(tmp_path)
         args = ["--name", "myset", "--source", src, "--base-url", server.base_url, "--backoff", "0.01",
                 "--no-progress", "--limit", "2"]
-        seen.append(_run([*args, "--model", "rulebreak-model", "--attempts", "1"], env, clean_env))  # failures
-        seen.append(_run([*args, "--model", "good-model", "--validate"], env, clean_env))  # missing rewrites
-        seen.append(_run([*args, "--model", "good-model"], env, clean_env))
-        seen.append(_run([*args, "--model", "good-model", "--validate"], env, clean_env))
+        run(*args, "--model", "rulebreak-model", "--attempts", "1")  # failures, with reasons
+        run(*args, "--model", "good-model", "--validate")  # rewrites still missing
+        run(*args, "--model", "good-model")
+        run(*args, "--model", "good-model", "--validate")
     with FakeLLM("sk-other-key-456") as server:  # the server echoes the wrong key it got in its 401 message
-        seen.append(_run(["--name", "other", "--source", my_csv(tmp_path, MY_ROWS[2:], "b.csv"), "--base-url",
-                          server.base_url, "--model", "good-model", "--no-progress"], env, clean_env))
-    assert [p.returncode for p in seen] == [1, 2, 0, 0, 2], [p.stderr for p in seen]
-    assert "rejected the API key" in seen[-1].stderr and "***" in seen[-1].stderr
-    for p in seen:
-        assert KEY not in p.stdout and KEY not in p.stderr
+        run("--name", "other", "--source", my_csv(tmp_path, MY_ROWS[2:], "b.csv"), "--base-url", server.base_url,
+            "--model", "good-model", "--no-progress")
+    out, err = capfd.readouterr()
+    assert codes == [1, 2, 0, 0, 2], out + err
+    assert "rejected the API key" in err and "Incorrect API key provided: ***" in err
+    assert KEY not in out and KEY not in err
     written = [f for f in [*tmp_path.rglob("*"), *home.rglob("*")] if f.is_file()]
     assert any(f.name == "judgements.jsonl" for f in written) and any(f.name.startswith("validate_") for f in written)
     for f in written:
         assert KEY.encode() not in f.read_bytes(), f
     assert scrub(f"x {KEY} y", [KEY]) == "x *** y"
+
+
+def test_key_never_leaks_from_a_crash(tmp_path, capfd, monkeypatch):
+    """Even an unexpected exception (a bug) that carries the key prints a scrubbed traceback."""
+    import tinymcf_callback.prepare as prep
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", KEY)
+
+    def boom(*a, **k):
+        raise RuntimeError(f"bug with {KEY} inside")
+
+    monkeypatch.setattr(prep, "run_prepare", boom)
+    assert main(["--name", "x"]) == 1
+    out, err = capfd.readouterr()
+    assert "RuntimeError: bug with *** inside" in err and KEY not in out + err
 
 
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, clean_env):
@@ -528,7 +547,9 @@ def test_validate(tmp_path, llm, capsys):
     vs = load_vignettes("myset")
     # the judge gets one rewrite wrong in valence and one in foundation
     llm.judge_overrides[vs[1]["self_uphold"]] = {"foundation": "Fairness", "valence": "violate"}
-    llm.judge_overrides[vs[2]["other_uphold"]] = {"foundation": "Authority", "valence": "uphold"}
+    llm.judge_overrides[vs[0]["other_uphold"]] = {"foundation": "Authority", "valence": "uphold"}
+    # the fake judge calls the Loyalty original "Care": a drift of its rewrite is then not the rewrite's fault
+    llm.judge_overrides[vs[2]["self_violate"]] = {"foundation": "Sanctity", "valence": "violate"}
     out_path = tmp_path / "val.jsonl"
     rc, out, err = cli(capsys, "--validate", "--name", "myset", "--out", out_path, *api(llm))
     assert rc == 0, err
@@ -536,7 +557,7 @@ def test_validate(tmp_path, llm, capsys):
     assert len(recs) == 16 and {r["condition"] for r in recs} == {"other_violate", "other_uphold", "self_violate",
                                                                   "self_uphold"}
     flagged = {(r["id"], r["condition"]) for r in recs if r["flagged"]}
-    assert flagged == {(vs[1]["id"], "self_uphold"), (vs[2]["id"], "other_uphold")}
+    assert flagged == {(vs[1]["id"], "self_uphold"), (vs[0]["id"], "other_uphold")}
     assert "foundation confusion" in out and "flagged rewrites: 2" in out and "valence_acc" in out
     judged = cache_lines(user_cache_dir() / "judgements.jsonl")
     assert len(judged) == 16 and judged[0]["judge_model"] == "good-model" and judged[0]["text_md5"] in {
@@ -545,7 +566,7 @@ def test_validate(tmp_path, llm, capsys):
     n = llm.count(kind="judge")
     from tinymcf_callback.validate import main as validate_main
 
-    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url]) == 0
+    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url, "--judge-model", "good-model"]) == 0
     assert llm.count(kind="judge") == n and (Path.cwd() / "validate_myset.jsonl").exists()
     assert len(load_vignettes("myset")) == 4
 

@@ -1,15 +1,41 @@
-"""tinymcf_callback: a fast moral-foundations probe for Hugging Face models and training runs."""
+"""tinymcf_callback: a fast moral-foundations probe for Hugging Face models and training runs.
 
-from .analysis import analyse
-from .callback import MoralProbeCallback
-from .engine import score_prompts
-from .evaluate import Probe, evaluate
-from .prompts import FRAMES, format_prompt, format_prompts
-from .sets import CONDITIONS, FOUNDATIONS, ProbeDataError, available_sets, load_vignettes
+Public names are imported lazily, so ``python -m tinymcf_callback.prepare`` and the data
+layer start without loading torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CONDITIONS", "FOUNDATIONS", "FRAMES", "MoralProbeCallback", "Probe", "ProbeDataError", "analyse", "available_sets", "evaluate",
-    "format_prompt", "format_prompts", "load_vignettes", "score_prompts",
-]
+_EXPORTS = {
+    "analyse": "analysis",
+    "MoralProbeCallback": "callback",
+    "score_prompts": "engine",
+    "Probe": "evaluate",
+    "evaluate": "evaluate",
+    "FRAMES": "prompts",
+    "format_prompt": "prompts",
+    "format_prompts": "prompts",
+    "CONDITIONS": "sets",
+    "FOUNDATIONS": "sets",
+    "ProbeDataError": "sets",
+    "available_sets": "sets",
+    "load_vignettes": "sets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tinymcf_callback' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

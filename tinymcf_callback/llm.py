@@ -288,28 +288,32 @@ def run_pool(items: list, work: Callable, *, concurrency: int, cancel: threading
              on_result: Callable, desc: str = "", progress: bool | None = None) -> None:
     """Run ``work(item)`` for every item on at most ``concurrency`` threads.
 
-    ``on_result(item, result_or_exception)`` runs in this thread as each finishes, so
-    every result is handled (written) at once. A :class:`FatalLLMError` or ``Ctrl-C``
-    sets ``cancel``, drops what has not started, and is re-raised.
+    ``on_result(item, result_or_exception)`` runs in the worker, under a lock, the moment
+    ``work`` returns, so every finished result is handled (written) at once, even one that
+    completes while an interrupted run shuts down. A :class:`FatalLLMError`, an error in
+    ``on_result`` or ``Ctrl-C`` sets ``cancel``, drops what has not started, and is re-raised.
     """
     from tqdm.auto import tqdm
+
+    lock = threading.Lock()
+
+    def task(item):
+        try:
+            res = work(item)
+        except (ItemFailed, Cancelled) as e:
+            res = e
+        with lock:
+            on_result(item, res)
 
     bar = tqdm(total=len(items), desc=desc, unit="req", disable=(None if progress is None else not progress),
                dynamic_ncols=True, leave=False)
     pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="tinymcf-llm")
     try:
-        pending = {pool.submit(work, it): it for it in items}
+        pending = {pool.submit(task, it) for it in items}
         while pending:
-            done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in done:
-                it = pending.pop(fut)
-                try:
-                    res = fut.result()
-                except (ItemFailed, Cancelled) as e:
-                    res = e
-                except FatalLLMError:
-                    raise
-                on_result(it, res)
+                fut.result()  # re-raises a fatal error
                 bar.update(1)
     except BaseException:
         cancel.set()

@@ -404,7 +404,8 @@ def make_rewrites(name: str, rows: list[dict], args, secrets: list, say) -> int:
         run_pool(missing, work, concurrency=args.concurrency, cancel=cancel, on_result=on_result,
                  desc=f"rewrites {name}", progress=False if args.no_progress else None)
     except KeyboardInterrupt:
-        say(f"interrupted: {len(done)} new rewrites are saved in {out_path}; rerun the same command to finish.")
+        say(f"interrupted: {len(done)} new rewrites saved in {out_path} so far (requests in flight are saved as they "
+            f"finish); rerun the same command to finish.")
         raise
     except FatalLLMError as e:
         raise PrepareError(f"{e} ({len(done)} rewrites made before this are saved in {out_path})") from None
@@ -416,6 +417,8 @@ def make_rewrites(name: str, rows: list[dict], args, secrets: list, say) -> int:
             say(f"  {vid} {cond}: {why}")
         return 1
     say(f"ready: tinymcf_callback.evaluate(model, tok, name={name!r}); new rewrites in {out_path}")
+    if cache_dir.resolve() != user_cache_dir().resolve():
+        say(f"note: evaluate() reads {cache_dir} only when TINYMCF_CACHE_DIR={cache_dir} is set")
     return 0
 
 
@@ -543,8 +546,8 @@ def run_prepare(args, secrets: list, say) -> int:
 
 
 def build_parser(prog: str = "python -m tinymcf_callback.prepare") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog, description="Make a vignette set ready for the probe: download and "
+                                "check Clifford, register your own set, have missing rewrites made by an LLM.")
     p.add_argument("--name", required=True, help="the set: clifford, or a name for your own set")
     p.add_argument("--source", help="a local copy of the Clifford CSV, or your own scenarios (.csv or .jsonl)")
     p.add_argument("--url", help="download from this URL instead of the one in configs/sets.json")
@@ -554,15 +557,15 @@ def build_parser(prog: str = "python -m tinymcf_callback.prepare") -> argparse.A
     p.add_argument("--description", help="description of your own set (stored in its metadata)")
     p.add_argument("--cache-dir", help="where new rewrites and judgements go (default: the user cache dir, "
                                        "$TINYMCF_CACHE_DIR or $TINYMCF_HOME/cache)")
-    p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="any OpenAI-compatible endpoint")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="the model that writes the rewrites")
+    p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="any OpenAI-compatible endpoint (default: %(default)s)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the model that writes the rewrites (default: %(default)s)")
     p.add_argument("--fallback-model", help="asked when the model refuses, answers no JSON or keeps breaking rules")
     p.add_argument("--judge-model", help="the judge for --validate (default: --model)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
-    p.add_argument("--attempts", type=int, default=3, help="tries per model for an answer that breaks the rules")
-    p.add_argument("--retries", type=int, default=5, help="retries on rate limits (429), 5xx and timeouts")
-    p.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds (doubles each retry)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request (and for the download)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default: %(default)s)")
+    p.add_argument("--attempts", type=int, default=3, help="tries per model for an answer that breaks the rules (default: %(default)s)")
+    p.add_argument("--retries", type=int, default=5, help="retries on rate limits (429), 5xx and timeouts (default: %(default)s)")
+    p.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds (doubles each retry) (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request (and for the download) (default: %(default)s)")
     p.add_argument("--no-json-mode", action="store_true", help="do not send response_format=json_object")
     p.add_argument("--limit", type=int, help="only the first N vignettes (smoke tests)")
     p.add_argument("--dry-run", action="store_true", help="show what would be requested; no key, nothing written")
