@@ -135,7 +135,7 @@ def test_training_is_bit_identical_with_and_without_probe(tmp_path, qwen_tok):
 
 
 def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, caplog):
-    from tinymcf_callback.evaluate import Probe
+    from tinymcf_callback.probe import Probe
 
     def boom(self, model, **kw):
         raise torch.OutOfMemoryError("simulated out of memory")

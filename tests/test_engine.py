@@ -8,7 +8,7 @@ import torch
 
 from tinymcf_callback import score_prompts
 from tinymcf_callback.engine import plan_batches, probe_mode, run_batches
-from tinymcf_callback.evaluate import Probe
+from tinymcf_callback.probe import Probe
 from tinymcf_callback.prompts import answer_token_ids
 
 

@@ -22,7 +22,7 @@ import time
 from transformers import TrainerCallback
 
 from ._io import append_jsonl, atomic_write_json
-from .evaluate import Probe, report_to_json, sanity_lines
+from .probe import Probe, report_to_json, sanity_lines
 from .sets import load_vignettes
 
 logger = logging.getLogger("tinymcf_callback")
@@ -230,7 +230,7 @@ class MoralProbeCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         if self.verbose:
-            from .evaluate import format_table
+            from .probe import format_table
 
             print(f"[tinymcf] step {state.global_step} ({event})")
             print("\n".join(sanity_lines(report)))

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .evaluate import Probe, format_table, report_to_json, sanity_lines
+    from .probe import Probe, format_table, report_to_json, sanity_lines
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
