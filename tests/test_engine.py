@@ -125,7 +125,7 @@ def test_probe_mode_restores_modes_and_rng(tiny_qwen):
 
 
 def test_oom_batch_is_split_and_retried(tiny_qwen, qwen_tok, monkeypatch):
-    probe = Probe(qwen_tok, "scifi", limit=2)
+    probe = Probe(qwen_tok, "scifi", limit=2, share_prefix=False)
     ref = probe.score(tiny_qwen)
     real_forward = tiny_qwen.forward
     calls = []
@@ -147,3 +147,41 @@ def test_run_batches_scores_only_given_batches(tiny_qwen, qwen_tok):
     with probe_mode(tiny_qwen):
         res = run_batches(tiny_qwen, probe.encoded, [[0, 3]], qwen_tok)
     assert np.isfinite(res.p_yes[[0, 3]]).all() and np.isnan(np.delete(res.p_yes, [0, 3])).all()
+
+
+@pytest.mark.parametrize("which", ["tiny_qwen3", "smollm2"])
+def test_shared_prefix_matches_full_prompts(which, request):
+    if which == "smollm2":
+        model, tok = request.getfixturevalue("smollm2")
+        limit = 4
+    else:
+        model, tok = request.getfixturevalue("tiny_qwen"), request.getfixturevalue("qwen_tok")
+        limit = 12
+    shared = Probe(tok, "scifi", limit=limit, token_budget=1200)
+    full = Probe(tok, "scifi", limit=limit, token_budget=1200, share_prefix=False)
+    plan = shared.prefix_plan
+    assert len(plan.root) > 0 and all(len(m) > 5 for m in plan.mid)  # chat header and scenarios are shared
+    for i, seq in enumerate(shared.encoded):  # the plan only splits, never changes, the token sequence
+        assert plan.root + plan.mid[plan.group_of[i]] + plan.tail(shared.encoded, i) == seq
+    a, b = shared.score(model), full.score(model)
+    assert np.abs(a.p_yes - b.p_yes).max() < 1e-4 and np.abs(a.yn_mass - b.yn_mass).max() < 1e-4
+    assert a.n_forward == 1 + 2 * len(shared.batches)  # root once, then scenario + questions per batch
+
+
+def test_model_without_cache_falls_back_to_full_prompts(tiny_qwen, qwen_tok):
+    class NoCache(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.config = inner.config
+
+        def get_input_embeddings(self):
+            return self.inner.get_input_embeddings()
+
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep)
+
+    probe = Probe(qwen_tok, "scifi", limit=2)
+    a, b = probe.score(NoCache(tiny_qwen)), probe.score(tiny_qwen)
+    assert a.n_forward == len(probe.batches) and np.abs(a.p_yes - b.p_yes).max() < 1e-5

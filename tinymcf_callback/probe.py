@@ -15,7 +15,7 @@ import pandas as pd
 
 from .analysis import analyse
 from .engine import (DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, ScoreResult, check_context, encode_prompts,
-                     plan_batches, probe_mode, run_batches)
+                     plan_batches, plan_group_batches, plan_prefixes, probe_mode, run_batches)
 from .prompts import DEFAULT_ANSWER_PREFIX, FRAMES, answer_token_ids, format_prompts
 from .sets import load_vignettes, registry
 
@@ -34,11 +34,14 @@ class Probe:
         answer_prefix: pre-fill of the assistant turn (see ``prompts``).
         token_budget: padded tokens per forward call; lower it to save memory.
         max_batch_size: prompts per forward call at most.
+        share_prefix: compute shared prompt prefixes once (the chat header for all prompts,
+            the scenario for its two frames) and reuse their key/value cache; same scores,
+            fewer FLOPs. Models that take no cache fall back to full prompts.
     """
 
     def __init__(self, tok, name: str = "scifi", limit: int | None = None, *,
                  answer_prefix: str = DEFAULT_ANSWER_PREFIX, token_budget: int = DEFAULT_TOKEN_BUDGET,
-                 max_batch_size: int = DEFAULT_MAX_BATCH):
+                 max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True):
         self.tok, self.name = tok, name
         self.vignettes = load_vignettes(name, limit=limit)
         self.has_human = any("wrong" in v for v in self.vignettes)
@@ -49,7 +52,13 @@ class Probe:
         self.encoded = encode_prompts(tok, self.prompts)
         self.labels = [f"vignette {r.id} ({r.condition}, frame {r.frame})" for r in self.meta.itertuples()]
         self.token_budget, self.max_batch_size = token_budget, max_batch_size
-        self.batches = plan_batches([len(e) for e in self.encoded], token_budget, max_batch_size)
+        # The two frames of one text share everything up to the question.
+        self.groups = [list(ix) for ix in self.meta.groupby(["id", "condition"], sort=False).indices.values()]
+        self.prefix_plan = plan_prefixes(self.encoded, self.groups) if share_prefix else None
+        if share_prefix:
+            self.batches = plan_group_batches(self.encoded, self.groups, token_budget, max_batch_size)
+        else:
+            self.batches = plan_batches([len(e) for e in self.encoded], token_budget, max_batch_size)
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
 
     def __len__(self) -> int:
@@ -60,7 +69,8 @@ class Probe:
         check_context(model, self.encoded, self.labels)
         with probe_mode(model):
             return run_batches(model, self.encoded, self.batches if batches is None else batches, self.tok,
-                               sample_index=self.sample_index, progress=progress, desc=f"moral probe [{self.name}]")
+                               sample_index=self.sample_index, progress=progress, desc=f"moral probe [{self.name}]",
+                               prefix_plan=self.prefix_plan)
 
     def report(self, res: ScoreResult, elapsed: float | None = None) -> dict:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`)."""
