@@ -20,7 +20,10 @@ from trainer_utils import make_trainer  # noqa: E402
 
 out = Path(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())
-cb = MoralProbeCallback(name="scifi", limit=3, token_budget=160, tokenizer=tok, verbose=False)
+# A token budget that gives an odd number of batches: one rank then gets a padded share.
+budget = next(b for b in range(120, 2000, 10)
+              if len(MoralProbeCallback(name="scifi", limit=3, token_budget=b, tokenizer=tok).probe.batches) % 2)
+cb = MoralProbeCallback(name="scifi", limit=3, token_budget=budget, tokenizer=tok, verbose=False)
 assert len(cb.probe.batches) % 2 == 1, len(cb.probe.batches)  # an odd number: one rank gets a padded share
 trainer = make_trainer(out, tok, [cb], max_steps=2, eval_steps=1, save_steps=1, learning_rate=0.0,
                        per_device_train_batch_size=2)
