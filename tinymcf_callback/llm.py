@@ -53,27 +53,15 @@ class Cancelled(Exception):
 
 
 def read_dotenv(path: str | os.PathLike) -> dict[str, str]:
-    """``KEY=VALUE`` lines of a ``.env`` file (``export`` prefix, quotes and ``#`` comments allowed)."""
-    out: dict[str, str] = {}
+    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``)."""
+    from dotenv import dotenv_values
+
+    if not Path(path).is_file():
+        return {}
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return {k: v for k, v in dotenv_values(path).items() if v is not None}
     except (OSError, UnicodeDecodeError):
-        return out
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].lstrip()
-        key, _, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        if key:
-            out[key] = value
-    return out
+        return {}
 
 
 def find_api_key(environ: dict | None = None, cwd: str | os.PathLike | None = None) -> tuple[str | None, str | None]:
