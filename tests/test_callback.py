@@ -4,6 +4,7 @@ import glob
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -201,3 +202,16 @@ def test_peft_lora_model(tmp_path, qwen_tok):
     trainer.model_wrapped = trainer.model
     trainer.train()
     assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
+
+
+@pytest.mark.parametrize("options", [
+    {"bf16": True},
+    {"torch_compile": True, "torch_compile_backend": "eager"},  # dynamo graph capture; inductor codegen is minutes on CPU
+])
+def test_bf16_and_torch_compile(tmp_path, qwen_tok, options):
+    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
+    trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=2, **options)
+    trainer.train()
+    entries = probe_entries(trainer.state.log_history)
+    assert [e["step"] for e in entries] == [0, 2]
+    assert all(np.isfinite(e[SCORE]) for e in entries)

@@ -185,3 +185,12 @@ def test_model_without_cache_falls_back_to_full_prompts(tiny_qwen, qwen_tok):
     probe = Probe(qwen_tok, "scifi", limit=2)
     a, b = probe.score(NoCache(tiny_qwen)), probe.score(tiny_qwen)
     assert a.n_forward == len(probe.batches) and np.abs(a.p_yes - b.p_yes).max() < 1e-5
+
+
+def test_compiled_model_scores_like_eager(tiny_qwen, qwen_tok):
+    probe = Probe(qwen_tok, "scifi", limit=1)
+    ref = probe.score(tiny_qwen)
+    compiled = torch.compile(tiny_qwen, backend="eager")  # graph capture without minutes of CPU codegen
+    res = probe.score(compiled)
+    assert res.n_forward == ref.n_forward  # shared-prefix path kept: the signature is read through _orig_mod
+    assert np.abs(res.p_yes - ref.p_yes).max() < 1e-5
