@@ -215,3 +215,11 @@ def test_bf16_and_torch_compile(tmp_path, qwen_tok, options):
     entries = probe_entries(trainer.state.log_history)
     assert [e["step"] for e in entries] == [0, 2]
     assert all(np.isfinite(e[SCORE]) for e in entries)
+
+
+def test_resume_from_checkpoint_adds_no_second_baseline(tmp_path, qwen_tok):
+    make_trainer(tmp_path, qwen_tok, [MoralProbeCallback(name="scifi", limit=1, verbose=False)], max_steps=2).train()
+    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
+    trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=4)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2, 4]

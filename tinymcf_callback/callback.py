@@ -79,7 +79,8 @@ class MoralProbeCallback(TrainerCallback):
         name: vignette set (``scifi``; ``clifford`` after ``python -m tinymcf_callback.prepare --name clifford``).
         events: which Trainer events trigger a probe: ``"evaluate"``, ``"save"`` or both.
         every: probe on every N-th triggering step (default 1: each one).
-        baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model.
+        baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model
+            (not when resuming from a checkpoint).
         tokenizer: tokenizer to use; default: the Trainer's ``processing_class``.
         trainer: the Trainer, optional: without it the callback finds the Trainer that calls it.
         limit: keep only the first N vignettes (faster, noisier).
@@ -152,7 +153,8 @@ class MoralProbeCallback(TrainerCallback):
         if self.probe is None:
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
         self._find_trainer()
-        if self.baseline and self._attempted_step != state.global_step:
+        # Resuming from a checkpoint (global_step > 0): that step's probe is already on the curve.
+        if self.baseline and state.global_step == 0 and self._attempted_step != 0:
             self._probe(args, state, kwargs.get("model"), "train_begin")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
