@@ -7,6 +7,8 @@ P(Yes vs No) with the same tokenizer's Yes/No ids (``prompts.answer_token_ids``)
 
 - ``tinymcf``: ``Probe(tok, "scifi").score(model)``: length-sorted, left-padded batches
   under a token budget, ``logits_to_keep=1`` (only the last position's logits);
+- ``tinymcf-no-prefix-share``: the same engine with ``share_prefix=False`` (an ablation:
+  every prompt scored in full, no key/value cache of the shared chat header and scenario);
 - ``naive-full-logits``: the lm-evaluation-harness style: batches of 16 in the original
   order, right padding, a full forward returning ``[batch, seq, vocab]`` logits,
   ``log_softmax`` over the whole tensor, then a gather at each row's last real token;
@@ -19,7 +21,7 @@ time kept). Memory is ``ru_maxrss`` at the end minus ``ru_maxrss`` after the loa
 a forward hook records the largest logits tensor the model hands back. Only ratios
 between methods of the same run are meant to be compared; nothing is hard-coded.
 
-    python benchmarks/bench_scoring.py                  # both models, ~5 min on 2 cores
+    python benchmarks/bench_scoring.py                  # both models, ~3 min on 2 idle cores
     python benchmarks/bench_scoring.py --quick          # smoke run, fewer prompts
     python benchmarks/bench_scoring.py --models tiny-qwen3 --out /tmp/bench.json
 """
@@ -51,7 +53,7 @@ MODELS = {
     "smollm2": "SmolLM2-135M-Instruct, fp32 (real model)",
     "tiny-qwen3": "tiny random Qwen3, ~10M params, 151,936-token vocab, fp32 (vocabulary-dominated)",
 }
-METHODS = ("tinymcf", "naive-full-logits", "one-at-a-time")
+METHODS = ("tinymcf", "tinymcf-no-prefix-share", "naive-full-logits", "one-at-a-time")
 NAIVE_BATCH = 16
 TOLERANCE = 1e-4
 QUICK_VIGNETTES = 6  # 6 x 4 x 2 = 48 prompts
@@ -178,7 +180,7 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
     import numpy as np
     import torch
 
-    from tinymcf_callback.evaluate import Probe
+    from tinymcf_callback.probe import Probe
     from tinymcf_callback.prompts import answer_token_ids
 
     tok, model = load_model(model_key)
@@ -196,6 +198,14 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
 
         def warm():
             probe.score(model, batches=[list(range(min(NAIVE_BATCH, n)))])
+    elif method == "tinymcf-no-prefix-share":  # ablation: the same engine scoring every prompt in full
+        flat = Probe(tok, "scifi", limit, share_prefix=False)
+
+        def run():
+            return flat.score(model).p_yes
+
+        def warm():
+            flat.score(model, batches=[list(range(min(NAIVE_BATCH, n)))])
     elif method == "naive-full-logits":
         def run():
             return naive_full_logits(model, tok, encoded, idx, yes, no)
@@ -242,9 +252,27 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
 
 # --------------------------------------------------------------------------- driver side
 
+def other_load(sample_s: float = 1.0) -> float:
+    """CPUs kept busy by other processes over ``sample_s`` seconds (the driver itself sleeps)."""
+    busy0, own0 = _cpu_snapshot()
+    time.sleep(sample_s)
+    busy1, own1 = _cpu_snapshot()
+    return max(0.0, ((busy1 - busy0) - (own1 - own0)) / sample_s)
+
+
+def wait_for_quiet(max_wait_s: float) -> tuple[float, float]:
+    """Wait up to ``max_wait_s`` for other processes to leave the CPUs; (seconds waited, last load)."""
+    load = other_load()
+    start = time.perf_counter()  # the first 1 s sample is not waiting
+    while load > FOREIGN_LOAD_WARN and time.perf_counter() - start < max_wait_s:
+        time.sleep(4.0)
+        load = other_load()
+    return time.perf_counter() - start, load
+
+
 def run_worker(model_key: str, method: str, args, tmp: Path) -> dict:
     out = tmp / f"{model_key}-{method}.json"
-    limit = QUICK_VIGNETTES if args.quick else None
+    limit = QUICK_VIGNETTES if args.quick else (args.vignettes or None)
     n_single = QUICK_SINGLE if args.quick else args.single_prompts
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", model_key, method,
            "--_limit", str(limit or 0), "--_single", str(n_single), "--runs", str(args.runs), "--_result", str(out)]
@@ -287,7 +315,8 @@ def summarise(model_key: str, results: dict) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ("model", "method", "wall s", "prompts/s", "tinymcf x", "peak +MB", "mem x", "logits MB", "max|dp|", "check")
+    head = ("model", "method", "wall s", "prompts/s", "tinymcf x", "peak +MB", "mem x", "logits MB", "max|dp|", "check",
+            "busy")
     lines = []
     for r in rows:
         star = "*" if r["extrapolated"] else ""
@@ -298,7 +327,7 @@ def format_table(rows: list[dict]) -> str:
             f"{r['peak_delta_mb']:.0f}",
             "1.00" if tiny else ("n/a" if r["mem_ratio_vs_tinymcf"] is None else f"{r['mem_ratio_vs_tinymcf']:.1f}"),
             f"{r['logits_mb']:.1f}", "-" if tiny else f"{r['max_abs_dp_yes']:.1e}",
-            "ref" if tiny else ("PASS" if r["agree"] else "FAIL"),
+            "ref" if tiny else ("PASS" if r["agree"] else "FAIL"), f"{r['foreign_cpu_cores']:.2f}",
         ))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     fmt = lambda row: "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)  # noqa: E731
@@ -331,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2, help="timed runs per method, best kept (default 2)")
     ap.add_argument("--single-prompts", type=int, default=96,
                     help="prompts the one-at-a-time peer is timed on, extrapolated to the set (default 96)")
+    ap.add_argument("--vignettes", type=int, default=0,
+                    help="score only the first N of the 51 vignettes (8 prompts each); default all")
+    ap.add_argument("--wait-idle", type=float, default=60.0,
+                    help="before each method, wait up to this many seconds for other processes to leave the "
+                         "CPUs (default 60; 0: do not wait)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="JSON results file")
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_limit", type=int, default=0, help=argparse.SUPPRESS)
@@ -339,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.vignettes < 0 or args.single_prompts < 1:
+        ap.error("--vignettes must be >= 0 and --single-prompts >= 1")
 
     if args._worker:
         worker(*args._worker, limit=args._limit or None, n_single=args._single, runs=args.runs,
@@ -357,11 +393,17 @@ def main(argv: list[str] | None = None) -> int:
           f"transformers {machine['transformers']}")
     print(f"[bench] each method in its own subprocess: 1 warm-up batch, best of {args.runs} run(s)"
           + (" [--quick]" if args.quick else ""))
-    rows, per_model = [], {}
+    rows, per_model, waited_total = [], {}, 0.0
     with tempfile.TemporaryDirectory(prefix="tinymcf-bench-") as tmp:
         for key in models:
             results = {}
             for method in METHODS:
+                if args.wait_idle > 0:
+                    waited, load = wait_for_quiet(args.wait_idle)
+                    waited_total += waited
+                    if waited >= 2:
+                        print(f"[bench] waited {waited:.0f}s for other processes to leave the CPUs "
+                              f"({load:.2f} CPUs busy now)", flush=True)
                 print(f"[bench] {key} / {method} ...", end=" ", flush=True)
                 r = results[method] = run_worker(key, method, args, Path(tmp))
                 sub = f" on {r['n_timed']} of {r['n_prompts']} prompts" if r["n_timed"] < r["n_prompts"] else ""
@@ -388,18 +430,20 @@ def main(argv: list[str] | None = None) -> int:
           "tinymcf x: peer wall / tinymcf wall; peak +MB: ru_maxrss after the runs minus after the load "
           "(own subprocess); mem x: peer / tinymcf; logits MB: largest logits tensor the model returned "
           "(the naive peer's log_softmax makes a second one of the same size); max|dp|: max |p_yes - "
-          f"tinymcf p_yes|, PASS if <= {TOLERANCE:g}.")
+          f"tinymcf p_yes|, PASS if <= {TOLERANCE:g}; busy: CPUs other processes kept busy while it was timed.")
     busy = max(r["foreign_cpu_cores"] for r in rows)
     if busy > FOREIGN_LOAD_WARN:
         print(f"WARNING: other processes kept up to {busy:.2f} CPUs busy while methods were timed; the speed "
               "figures are disturbed (small ops stall when torch's threads are descheduled). Rerun on an idle machine.")
     if not all(r["peak_mark_reset"] for r in rows):
         print("note: /proc/self/clear_refs was not writable, so the peak may include the model load's own peak.")
-    print(f"[bench] total run time {total:.0f}s")
+    print(f"[bench] total run time {total:.0f}s" + (f" ({waited_total:.0f}s of it waiting for a quiet machine)"
+                                                     if waited_total >= 1 else ""))
 
     payload = {"date": date, "machine": machine, "quick": args.quick, "runs": args.runs,
                "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,
-               "all_agree": all(r["agree"] for r in rows), "max_foreign_cpu_cores": busy, "total_wall_s": total}
+               "all_agree": all(r["agree"] for r in rows), "max_foreign_cpu_cores": busy, "total_wall_s": total,
+               "waited_for_quiet_s": waited_total}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n")
