@@ -17,7 +17,7 @@ from .analysis import analyse
 from .engine import (DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, ScoreResult, check_context, encode_prompts,
                      plan_batches, plan_group_batches, plan_prefixes, probe_mode, run_batches)
 from .prompts import DEFAULT_ANSWER_PREFIX, FRAMES, answer_token_ids, format_prompts
-from .sets import load_vignettes, registry
+from .sets import load_vignettes
 
 SCHEMA_VERSION = 1
 MIN_YN_MASS = 0.5
@@ -172,7 +172,3 @@ def report_to_json(report: dict, **extra) -> dict:
 def _records(df: pd.DataFrame) -> list[dict]:
     return [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in row.items()}
             for row in df.to_dict(orient="records")]
-
-
-def set_description(name: str) -> str:
-    return registry().get(name, {}).get("description", "")
