@@ -22,7 +22,7 @@ import time
 from transformers import TrainerCallback
 
 from ._io import append_jsonl, atomic_write_json
-from .probe import Probe, report_to_json, sanity_lines
+from .probe import Probe, format_table, report_to_json, sanity_lines
 from .sets import load_vignettes
 
 logger = logging.getLogger("tinymcf_callback")
@@ -100,7 +100,8 @@ class MoralProbeCallback(TrainerCallback):
             raise ValueError(f"every must be a positive integer (probe on every N-th event), got {every!r}")
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
-        load_vignettes(name, limit=limit)  # an unprepared set fails here, not at step 500
+        if tokenizer is None:
+            load_vignettes(name, limit=limit)  # an unprepared set fails here, not at step 500
         self.name, self.events, self.every, self.baseline = name, events, every, baseline
         self.limit, self.strict, self.verbose = limit, strict, verbose
         self.token_budget = token_budget
@@ -232,8 +233,6 @@ class MoralProbeCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         if self.verbose:
-            from .probe import format_table
-
             print(f"[tinymcf] step {state.global_step} ({event})")
             print("\n".join(sanity_lines(report)))
             print(format_table(report["table"]))

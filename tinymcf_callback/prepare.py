@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from . import rules
-from ._io import append_jsonl, atomic_write_text, read_jsonl
+from ._io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from .llm import (
     DEFAULT_BASE_URL, DEFAULT_MODEL, KEY_VARS, Cancelled, ChatClient, FatalLLMError, ItemFailed, PrepareError,
     ask_json, find_api_key, no_key_message, read_dotenv, run_pool, scrub,
@@ -472,7 +472,7 @@ def prepare_download(name: str, spec: dict, args, say) -> list[dict]:
         return rows
     if not from_raw:
         try:
-            atomic_write_text(raw_path, _decode(data, origin))
+            atomic_write_bytes(raw_path, data)  # the exact bytes: their sha256 is checked on reuse
         except OSError as e:
             raise PrepareError(f"cannot write {raw_path} ({e.strerror or e})") from None
     path = _write_set(name, rows)
