@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check .
 
 bench: install
 	$(BIN)/python benchmarks/bench_scoring.py

@@ -24,6 +24,11 @@ between methods of the same run are meant to be compared; nothing is hard-coded.
     python benchmarks/bench_scoring.py                  # both models, ~3 min on 2 idle cores
     python benchmarks/bench_scoring.py --quick          # smoke run, fewer prompts
     python benchmarks/bench_scoring.py --models tiny-qwen3 --out /tmp/bench.json
+    python benchmarks/bench_scoring.py --baseline-ref 8f888ee   # also time the engine of an older commit
+
+``--baseline-ref REF`` exports that commit of this repository (``git archive``) to a
+temporary folder and runs *its* ``tinymcf`` worker beside today's, in the same run, as
+method ``tinymcf@REF``: a before/after check of the engine's speed under the same load.
 """
 
 from __future__ import annotations
@@ -270,11 +275,13 @@ def wait_for_quiet(max_wait_s: float) -> tuple[float, float]:
     return time.perf_counter() - start, load
 
 
-def run_worker(model_key: str, method: str, args, tmp: Path) -> dict:
-    out = tmp / f"{model_key}-{method}.json"
+def run_worker(model_key: str, method: str, args, tmp: Path, script: Path | None = None) -> dict:
+    """Run one (model, method) pair in a subprocess; ``script``: another checkout's bench script."""
+    out = tmp / f"{model_key}-{method.replace('@', '_at_')}.json"
     limit = QUICK_VIGNETTES if args.quick else (args.vignettes or None)
     n_single = QUICK_SINGLE if args.quick else args.single_prompts
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", model_key, method,
+    worker_method = method.split("@", 1)[0]
+    cmd = [sys.executable, str(script or Path(__file__).resolve()), "--_worker", model_key, worker_method,
            "--_limit", str(limit or 0), "--_single", str(n_single), "--runs", str(args.runs), "--_result", str(out)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -282,6 +289,7 @@ def run_worker(model_key: str, method: str, args, tmp: Path) -> dict:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
         raise SystemExit(f"worker {model_key}/{method} failed (exit {proc.returncode})")
     res = json.loads(out.read_text())
+    res["method"] = method
     res["process_wall_s"] = time.perf_counter() - start
     return res
 
@@ -293,10 +301,7 @@ def summarise(model_key: str, results: dict) -> list[dict]:
     ref_p = np.asarray(ref["p_yes"])
     ref_s = ref["best_s"]
     rows = []
-    for method in METHODS:
-        if method not in results:
-            continue
-        r = results[method]
+    for method, r in results.items():
         full_s = r["best_s"] * r["n_prompts"] / r["n_timed"]  # extrapolated when a subset was timed
         diff = float(np.max(np.abs(np.asarray(r["p_yes"]) - ref_p[r["indices"]])))
         rows.append({
@@ -351,6 +356,23 @@ def machine_info() -> dict:
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def export_ref(ref: str, dest: Path) -> Path:
+    """The bench script of commit ``ref`` of this repository, exported (``git archive``) under ``dest``."""
+    folder = dest / "ref"
+    folder.mkdir()
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        raise SystemExit(f"--baseline-ref {ref}: cannot export that commit ({detail.decode(errors='replace').strip() or e})")
+    script = folder / "benchmarks" / "bench_scoring.py"
+    if not script.is_file():
+        raise SystemExit(f"--baseline-ref {ref}: that commit has no benchmarks/bench_scoring.py")
+    return script
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,tiny-qwen3", help="comma-separated: " + ", ".join(MODELS))
@@ -366,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="before each method, wait up to this many seconds for other processes to leave the "
                          "CPUs (default 60; 0: do not wait)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="JSON results file")
+    ap.add_argument("--baseline-ref", default="",
+                    help="also time the tinymcf engine of this git commit (e.g. the one before a refactor), "
+                         "side by side in the same run")
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_limit", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_single", type=int, default=96, help=argparse.SUPPRESS)
@@ -395,9 +420,13 @@ def main(argv: list[str] | None = None) -> int:
           + (" [--quick]" if args.quick else ""))
     rows, per_model, waited_total = [], {}, 0.0
     with tempfile.TemporaryDirectory(prefix="tinymcf-bench-") as tmp:
+        ref_script = export_ref(args.baseline_ref, Path(tmp)) if args.baseline_ref else None
+        methods = [(m, None) for m in METHODS]
+        if ref_script is not None:
+            methods.insert(1, (f"tinymcf@{args.baseline_ref}", ref_script))
         for key in models:
             results = {}
-            for method in METHODS:
+            for method, script in methods:
                 if args.wait_idle > 0:
                     waited, load = wait_for_quiet(args.wait_idle)
                     waited_total += waited
@@ -405,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"[bench] waited {waited:.0f}s for other processes to leave the CPUs "
                               f"({load:.2f} CPUs busy now)", flush=True)
                 print(f"[bench] {key} / {method} ...", end=" ", flush=True)
-                r = results[method] = run_worker(key, method, args, Path(tmp))
+                r = results[method] = run_worker(key, method, args, Path(tmp), script)
                 sub = f" on {r['n_timed']} of {r['n_prompts']} prompts" if r["n_timed"] < r["n_prompts"] else ""
                 print(f"best {r['best_s']:.2f}s{sub}, peak +{r['peak_delta_mb']:.0f} MB, other processes "
                       f"{r['foreign_cpu_cores']:.2f} CPUs busy (process {r['process_wall_s']:.0f}s)", flush=True)
@@ -440,7 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] total run time {total:.0f}s" + (f" ({waited_total:.0f}s of it waiting for a quiet machine)"
                                                      if waited_total >= 1 else ""))
 
-    payload = {"date": date, "machine": machine, "quick": args.quick, "runs": args.runs,
+    for r in rows:
+        if "@" in r["method"]:
+            print(f"{r['model']}: the engine of {r['method'].split('@', 1)[1]} takes {r['tinymcf_speedup']:.2f}x "
+                  "the time of today's (above 1: today's is faster)")
+    payload = {"date": date, "baseline_ref": args.baseline_ref or None, "machine": machine, "quick": args.quick, "runs": args.runs,
                "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,
                "all_agree": all(r["agree"] for r in rows), "max_foreign_cpu_cores": busy, "total_wall_s": total,
                "waited_for_quiet_s": waited_total}
