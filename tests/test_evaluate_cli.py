@@ -56,6 +56,7 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
     (["--limit", "0"], "--limit must be a positive"),
     (["--name", "nope"], "unknown vignette set 'nope'"),
     (["--name", "clifford"], "python -m tinymcf_callback.prepare --name clifford"),
+    (["--home", " "], "--home needs a folder"),
 ])
 def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
     rc = eval_main(["--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])

@@ -1,5 +1,6 @@
-"""``python -m tinymcf_callback.prepare`` and ``--validate``: real Clifford data, a real local
-download server, and a real OpenAI-compatible fake LLM server driven through the ``openai`` client."""
+"""``python -m tinymcf_callback.prepare`` and ``--validate``: Clifford-shaped data (a generated file on every
+machine, the real CSV where present), a real local download server, and a real OpenAI-compatible fake LLM
+server driven through the ``openai`` client."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from fake_llm_server import FakeLLM
+
 from tinymcf_callback import evaluate, load_vignettes, rules
 from tinymcf_callback._io import read_jsonl
+from tinymcf_callback.home import folders
 from tinymcf_callback.llm import Answer, find_api_key, parse_json_answer, read_dotenv, scrub
 from tinymcf_callback.prepare import PrepareError, main, normalize_clifford, read_user_source
-from tinymcf_callback.sets import RewriteCache, md5, registry, shipped_dir, user_cache_dir, user_dir
+from tinymcf_callback.sets import RewriteCache, md5, registry, shipped_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-SECRET-123"
@@ -95,11 +97,13 @@ def snapshot(*dirs) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- the real Clifford file
+# --------------------------------------------------------------------------- the Clifford file
+# ``clifford_source`` runs each test on a generated file of the same shape (every machine) and on the
+# real CSV (where it is present; see tests/conftest.py and tests/clifford_like.py).
 
 
-def test_clifford_parse_counts_and_fields(clifford_csv):
-    rows = normalize_clifford(clifford_csv.read_bytes(), str(clifford_csv))
+def test_clifford_parse_counts_and_fields(clifford_source):
+    rows = normalize_clifford(clifford_source.path.read_bytes(), str(clifford_source.path))
     assert len(rows) == 132 and len({r["id"] for r in rows}) == 132
     coarse = Counter(r["foundation_coarse"] for r in rows)
     assert coarse == {"Care": 32, "Fairness": 17, "Loyalty": 16, "Authority": 17, "Sanctity": 17,
@@ -113,9 +117,12 @@ def test_clifford_parse_counts_and_fields(clifford_csv):
     assert all(0.0 <= r["wrong"] <= 4.0 for r in rows)
     # scenarios are verbatim (the known quirks are kept, not "fixed")
     assert any(not r["text"].rstrip().endswith((".", '"', "!", "?")) for r in rows)
+    if clifford_source.expected is not None:  # the generated file: every field, as written
+        assert rows == clifford_source.expected
 
 
 def test_shipped_clifford_rewrites_match_and_pass_rules(clifford_csv):
+    """Real file only: the shipped rewrites are keyed by the md5 of the real texts."""
     rows = normalize_clifford(clifford_csv.read_bytes(), str(clifford_csv))
     shipped = cache_lines(shipped_dir("cache") / "clifford.jsonl")
     assert len(shipped) == 396
@@ -126,28 +133,49 @@ def test_shipped_clifford_rewrites_match_and_pass_rules(clifford_csv):
     ids = {r["id"] for r in rows}
     keys = Counter((e["source_md5"], e["condition"]) for e in shipped)
     assert set(k[0] for k in keys) == ids and max(keys.values()) == 1
-    bad = [(e["source_md5"], e["condition"], p) for e in shipped if (p := rules.rewrite_problems(e["text"], e["condition"]))]
+    bad = [(e["source_md5"], e["condition"], p) for e in shipped
+           if (p := rules.rewrite_problems(e["text"], e["condition"]))]
     assert bad == []
 
 
-def test_prepare_clifford_without_key_then_evaluate(clifford_csv, tiny_qwen, qwen_tok, capsys, monkeypatch):
-    rc, out, err = cli(capsys, "--name", "clifford", "--source", clifford_csv)
+def test_prepare_clifford_without_key_then_evaluate(clifford_source, tiny_qwen, qwen_tok, capsys, monkeypatch):
+    clifford_source.ready()
+    cached = snapshot(folders().cache)
+    rc, out, err = cli(capsys, "--name", "clifford", "--source", clifford_source.path, *clifford_source.flags)
     assert rc == 0, err
     assert "nothing to request" in out
-    assert (user_dir() / "raw" / "clifford.csv").read_bytes() == clifford_csv.read_bytes()
-    stored = cache_lines(user_dir() / "sets" / "clifford.jsonl")
+    assert (folders().raw / "clifford.csv").read_bytes() == clifford_source.path.read_bytes()
+    stored = cache_lines(folders().sets / "clifford.jsonl")
     assert len(stored) == 132 and stored[0]["foundation_coarse"] == "Care" and isinstance(stored[0]["wrong"], float)
-    assert not (ROOT / "sets").exists() and not user_cache_dir().exists()  # nothing new cached or in the repo
+    assert not (ROOT / "sets").exists() and snapshot(folders().cache) == cached  # nothing new cached or in the repo
 
     # A rerun needs neither the network nor --source: the verified raw copy is reused.
-    import tinymcf_callback.prepare as prep
+    import tinymcf_callback.clifford as clifford
 
-    monkeypatch.setattr(prep, "download", lambda *a, **k: pytest.fail("must not download again"))
-    assert cli(capsys, "--name", "clifford")[0] == 0
+    monkeypatch.setattr(clifford, "download", lambda *a, **k: pytest.fail("must not download again"))
+    assert cli(capsys, "--name", "clifford", *clifford_source.flags)[0] == 0
 
-    report = evaluate(tiny_qwen, qwen_tok, name="clifford", verbose=False)
-    assert report["info"]["n_vignettes"] == 132
+    assert len(load_vignettes("clifford")) == 132  # every rewrite found
+    report = evaluate(tiny_qwen, qwen_tok, name="clifford", limit=24, verbose=False)
+    assert report["info"]["n_vignettes"] == 24
     assert isinstance(report["info"]["human_corr"], float)
+
+
+def test_changed_clifford_texts_get_new_rewrites(generated_clifford, capsys, monkeypatch):
+    """Texts the shipped cache does not know (an upstream change) need new rewrites: asked of the LLM."""
+    src = generated_clifford.path
+    rc, out, err = cli(capsys, "--name", "clifford", "--source", src, "--allow-checksum-change", "--limit", "3")
+    assert rc == 2 and "no API key" in err and "9 of the 9 rewrites of set 'clifford'" in err
+    assert len(cache_lines(folders().sets / "clifford.jsonl")) == 132  # the checked set is stored all the same
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        rc, out, err = cli(capsys, "--name", "clifford", "--allow-checksum-change", "--limit", "3", *api(server))
+        assert rc == 0, out + err
+        assert server.count(kind="rewrite") == 9
+    assert len(cache_lines(folders().cache / "clifford.jsonl")) == 9
+    vs = load_vignettes("clifford", limit=3)
+    assert [v["other_violate"] for v in vs] == [r["Scenario"] for r in generated_clifford.rows[:3]]
+    assert vs[0]["wrong"] == 3.4 and vs[0]["self_violate"].startswith("You break the Care rule")
 
 
 # --------------------------------------------------------------------------- the download
@@ -184,8 +212,8 @@ class _Site:
 
 
 @pytest.fixture(scope="module")
-def site(clifford_csv):
-    raw = clifford_csv.read_bytes()
+def site(clifford_source):
+    raw = clifford_source.path.read_bytes()
     text = raw.decode("utf-8")
     lines = text.splitlines(keepends=True)
     rows = list(csv.reader(io.StringIO(text)))
@@ -201,23 +229,27 @@ def site(clifford_csv):
         "/page.html": (b"<!DOCTYPE html><html><body>Sign in</body></html>", "text/html"),
         "/disguised.csv": (b"<!doctype html>\n<html><p>rate limited</p></html>", "text/plain"),
     })
+    s.source = clifford_source
     yield s
     s.close()
 
 
-def test_download_from_url(site, capsys, clifford_csv):
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/vignettes.csv")
+def test_download_from_url(site, capsys):
+    site.source.ready()
+    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/vignettes.csv", *site.source.flags)
     assert rc == 0, err
-    assert (user_dir() / "raw" / "clifford.csv").read_bytes() == clifford_csv.read_bytes()
+    assert (folders().raw / "clifford.csv").read_bytes() == site.source.path.read_bytes()
     assert len(load_vignettes("clifford")) == 132
 
 
-def test_download_uses_configured_url(monkeypatch, capsys, clifford_csv):
-    import tinymcf_callback.prepare as prep
+def test_download_uses_configured_url(monkeypatch, capsys, clifford_source):
+    import tinymcf_callback.clifford as clifford
 
     seen = []
-    monkeypatch.setattr(prep, "download", lambda url, timeout: seen.append(url) or clifford_csv.read_bytes())
-    assert cli(capsys, "--name", "clifford")[0] == 0
+    data = clifford_source.path.read_bytes()
+    monkeypatch.setattr(clifford, "download", lambda url, timeout: seen.append(url) or data)
+    clifford_source.ready()
+    assert cli(capsys, "--name", "clifford", *clifford_source.flags)[0] == 0
     spec = json.loads((ROOT / "configs" / "sets.json").read_text())["clifford"]
     assert seen == [spec["url"]] and spec["sha256"] == CLIFFORD_SHA
 
@@ -233,7 +265,7 @@ def test_bad_downloads_are_refused(site, capsys, path, message):
     rc, out, err = cli(capsys, "--name", "clifford", "--url", site.url + path)
     assert rc == 2 and err.startswith("error: ") and message in err
     assert "--source" in err or path in ("/short.csv", "/nocol.csv")
-    assert not (user_dir() / "sets").exists() and not (user_dir() / "raw").exists()
+    assert not folders().sets.exists() and not folders().raw.exists()
 
 
 def test_unreachable_download(capsys):
@@ -249,7 +281,8 @@ def test_unreachable_download(capsys):
 def test_checksum_change(site, capsys):
     rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv")
     assert rc == 2 and "sha256" in err and CLIFFORD_SHA in err and "--allow-checksum-change" in err
-    assert not (user_dir() / "sets").exists()
+    assert not folders().sets.exists()
+    site.source.ready()
     rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv", "--allow-checksum-change")
     assert rc == 0, err
     assert "warning" in out and load_vignettes("clifford")[0]["wrong"] == 3.5
@@ -270,7 +303,7 @@ def test_user_set_end_to_end(tmp_path, llm, capsys, tiny_qwen, qwen_tok):
     meta = registry()["myset"]
     assert meta["source"] == "user" and meta["human_ratings"] is True and meta["description"] == "four of mine"
     assert meta["created_from"] == str(src.resolve())
-    entries = cache_lines(user_cache_dir() / "myset.jsonl")
+    entries = cache_lines(folders().cache / "myset.jsonl")
     assert len(entries) == 12 and all(list(e) == ["source_md5", "condition", "text", "producer", "rules_version"]
                                       for e in entries)
     assert {e["producer"] for e in entries} == {"llm:good-model"} and {e["rules_version"] for e in entries} == {1}
@@ -302,7 +335,8 @@ def test_user_set_from_jsonl(tmp_path, llm, capsys):
     ([("You see a man kicking a dog.", "Kindness", "1")], None, "row 1 (line 2): unknown foundation label 'Kindness'"),
     ([("You see a man kicking a dog.", "Care", "1"), ("You see x.", "Purity", "1")], None, "row 2 (line 3)"),
     ([("You see a man kicking a dog.", "Care")], ("Scenario", "Label"), "missing column(s) Foundation"),
-    ([("You see a man kicking a dog.", "Care", "1"), ("You see y.", "Care", "")], None, "row 2 (line 3): no human rating"),
+    ([("You see a man kicking a dog.", "Care", "1"), ("You see y.", "Care", "")], None,
+     "row 2 (line 3): no human rating"),
     ([("You see a man kicking a dog.", "Care", "lots")], None, "'lots' is not a number"),
     ([("You see a.", "Care", "1"), ("You see a.", "Care", "1")], None, "the same scenario as"),
     ([], None, "no vignettes"),
@@ -334,11 +368,11 @@ def test_builtin_names_are_protected(tmp_path, capsys):
 
 
 def test_no_key_is_a_clear_error_and_changes_no_cache(tmp_path, capsys):
-    before = snapshot(user_cache_dir())
+    before = snapshot(folders().cache)
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path))
     assert rc == 2
     assert "OPENROUTER_API_KEY" in err and "OPENAI_API_KEY" in err and "shipped cache" in err
-    assert snapshot(user_cache_dir()) == before
+    assert snapshot(folders().cache) == before
 
 
 def test_key_from_dotenv(tmp_path, clean_env, capsys, monkeypatch):
@@ -353,42 +387,50 @@ def test_dry_run_needs_no_key_and_writes_nothing(tmp_path, capsys):
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--dry-run", "--limit", "2")
     assert rc == 0, err
     assert "would request 6 of the 6 rewrites" in out and out.count("self_uphold") == 2
-    assert not user_dir().exists() or not any(user_dir().iterdir())
+    assert not folders().home.exists() or not any(folders().home.iterdir())
 
 
 def test_limit(tmp_path, llm, capsys):
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "2", *api(llm))
-    assert rc == 0 and llm.count() == 6 and len(cache_lines(user_cache_dir() / "myset.jsonl")) == 6
+    assert rc == 0 and llm.count() == 6 and len(cache_lines(folders().cache / "myset.jsonl")) == 6
     assert len(load_vignettes("myset", limit=2)) == 2
     rc, out, err = cli(capsys, "--name", "myset", *api(llm))  # the rest, from the registered set
     assert rc == 0 and llm.count() == 12
 
 
-def test_cache_dir_option_and_env(tmp_path, llm, capsys, monkeypatch):
-    extra = tmp_path / "mycache"
-    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--cache-dir", extra, *api(llm))
-    assert rc == 0, err
-    assert len(cache_lines(extra / "myset.jsonl")) == 12 and not user_cache_dir().exists()
-    rc, out, err = cli(capsys, "--name", "myset", "--cache-dir", extra, "--dry-run")
-    assert rc == 0 and "nothing to request" in out
-    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(extra))
-    assert len(load_vignettes("myset")) == 4
+def test_deprecated_cache_dir_is_read_and_copied_into_the_home(tmp_path, llm, capsys):
+    """``--cache-dir X`` of earlier versions: what X holds is used, new rewrites go to the home."""
+    src = my_csv(tmp_path)
+    assert cli(capsys, "--name", "myset", "--source", src, "--limit", "2", *api(llm))[0] == 0
+    old = tmp_path / "mycache"  # the old layout: X/<name>.jsonl, made with --cache-dir X
+    old.mkdir()
+    (folders().cache / "myset.jsonl").rename(old / "myset.jsonl")
+    old_bytes = (old / "myset.jsonl").read_bytes()
+    rc, out, err = cli(capsys, "--name", "myset", "--source", src, "--cache-dir", old, *api(llm))
+    assert rc == 0, out + err
+    assert "--cache-dir is deprecated" in out and "copied 6 rewrites" in out
+    assert llm.count(kind="rewrite") == 12  # 6 before, the 6 missing now: none asked twice
+    assert (old / "myset.jsonl").read_bytes() == old_bytes and [p.name for p in old.iterdir()] == ["myset.jsonl"]
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 12
+    assert len(load_vignettes("myset")) == 4  # no variable but the home
+    rc, out, err = cli(capsys, "--name", "myset", "--cache-dir", old, "--dry-run")
+    assert rc == 0 and "nothing to request" in out and "would copy" not in out and "copied 6" not in out
 
 
-def test_unwritable_cache_dir(tmp_path, llm, capsys):
+def test_unwritable_home(tmp_path, llm, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--cache-dir", blocker / "cache",
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--home", blocker / "home",
                        *api(llm))
-    assert rc == 2 and "not writable" in err and llm.count() == 0
+    assert rc == 2 and "not writable" in err and "--home" in err and llm.count() == 0
     assert blocker.read_text() == "not a folder"
 
 
 def test_unknown_model_404(tmp_path, llm, capsys):
-    before = snapshot(user_cache_dir())
+    before = snapshot(folders().cache)
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm, "no/such-model"))
     assert rc == 2 and "'no/such-model'" in err and "404" in err
-    assert snapshot(user_cache_dir()) == before
+    assert snapshot(folders().cache) == before
 
 
 def test_rate_limits_and_server_errors_are_retried(tmp_path, llm, capsys):
@@ -396,7 +438,7 @@ def test_rate_limits_and_server_errors_are_retried(tmp_path, llm, capsys):
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm), "--concurrency", "2")
     assert rc == 0, out + err
     assert llm.count(status=429) == 3 and llm.count(status=500) == 2 and llm.count(status=200) == 12
-    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 12
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 12
 
 
 def test_timeouts_are_retried(tmp_path, llm, capsys):
@@ -407,7 +449,7 @@ def test_timeouts_are_retried(tmp_path, llm, capsys):
                        "--concurrency", "1", "--timeout", "0.5")
     assert rc == 0, out + err
     assert llm.count() == 4 and time.time() - t0 < 3  # one timed out, then three answers
-    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 3
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 3
 
 
 def test_exhausted_retries_are_reported_not_cached(tmp_path, llm, capsys):
@@ -416,7 +458,7 @@ def test_exhausted_retries_are_reported_not_cached(tmp_path, llm, capsys):
                        "--concurrency", "1", "--retries", "2")
     assert rc == 1
     assert "2 done, 1 failed" in out and "server error (500), gave up after 3 tries" in out
-    assert len(cache_lines(user_cache_dir() / "myset.jsonl")) == 2
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 2
 
 
 @pytest.mark.parametrize("primary", ["refuse-model", "refusal-field", "malformed-model"])
@@ -425,7 +467,7 @@ def test_refusals_and_bad_json_go_to_the_fallback(tmp_path, llm, capsys, primary
                        *api(llm, primary, "--fallback-model", "good-model"))
     assert rc == 0, out + err
     assert llm.count(model=primary) == 6 and llm.count(model="good-model") == 6  # no retry of the refuser
-    entries = cache_lines(user_cache_dir() / "myset.jsonl")
+    entries = cache_lines(folders().cache / "myset.jsonl")
     assert len(entries) == 6 and {e["producer"] for e in entries} == {"llm:good-model"}
 
 
@@ -433,7 +475,7 @@ def test_refusal_without_fallback_fails_with_reason(tmp_path, llm, capsys):
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1",
                        *api(llm, "refuse-model"))
     assert rc == 1 and "3 failed" in out and "refused" in out
-    assert not (user_cache_dir() / "myset.jsonl").exists()
+    assert not (folders().cache / "myset.jsonl").exists()
 
 
 def test_rule_breaking_rewrites_are_retried_then_failed(tmp_path, llm, capsys):
@@ -441,18 +483,18 @@ def test_rule_breaking_rewrites_are_retried_then_failed(tmp_path, llm, capsys):
                        *api(llm, "rulebreak-model", "--attempts", "2"))
     assert rc == 1 and llm.count() == 6  # two attempts for each of three rewrites
     assert "0 done, 3 failed" in out and "more than one sentence" in out and "'thus'" in out
-    assert not (user_cache_dir() / "myset.jsonl").exists()  # never cached
+    assert not (folders().cache / "myset.jsonl").exists()  # never cached
     # then with a fallback that follows the rules
     rc, out, err = cli(capsys, "--name", "myset", *api(llm, "rulebreak-model", "--attempts", "2",
                                                        "--fallback-model", "good-model"))
-    assert rc == 0 and {e["producer"] for e in cache_lines(user_cache_dir() / "myset.jsonl")} == {"llm:good-model"}
+    assert rc == 0 and {e["producer"] for e in cache_lines(folders().cache / "myset.jsonl")} == {"llm:good-model"}
 
 
 def test_rule_feedback_fixes_the_rewrite(tmp_path, llm, capsys):
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "1",
                        *api(llm, "fixes-on-retry"))
     assert rc == 0 and llm.count() == 6
-    assert {e["producer"] for e in cache_lines(user_cache_dir() / "myset.jsonl")} == {"llm:fixes-on-retry"}
+    assert {e["producer"] for e in cache_lines(folders().cache / "myset.jsonl")} == {"llm:fixes-on-retry"}
 
 
 # --------------------------------------------------------------------------- the key, kills, resume
@@ -513,10 +555,11 @@ def test_key_never_leaks_from_a_crash(tmp_path, capfd, monkeypatch):
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, clean_env):
     rows = [(f"You see a person number {i} breaking a promise to a friend.", "Loyalty", "2") for i in range(16)]
     src = write_csv(tmp_path / "many.csv", rows)
-    cache = tmp_path / "cache"
+    home = tmp_path / "home"
+    cache = home / "cache"
     env = {**os.environ, **SUBPROCESS_ENV, "OPENAI_API_KEY": KEY}
     with FakeLLM(KEY) as server:
-        args = ["--name", "many", "--source", src, "--cache-dir", cache, "--base-url", server.base_url,
+        args = ["--name", "many", "--source", src, "--home", home, "--base-url", server.base_url,
                 "--model", "good-model", "--concurrency", "2", "--no-progress"]
         server.delay = 0.1
         proc = subprocess.Popen([sys.executable, "-m", "tinymcf_callback.prepare", *map(str, args)], cwd=clean_env,
@@ -559,14 +602,15 @@ def test_validate(tmp_path, llm, capsys):
     flagged = {(r["id"], r["condition"]) for r in recs if r["flagged"]}
     assert flagged == {(vs[1]["id"], "self_uphold"), (vs[0]["id"], "other_uphold")}
     assert "foundation confusion" in out and "flagged rewrites: 2" in out and "valence_acc" in out
-    judged = cache_lines(user_cache_dir() / "judgements.jsonl")
+    judged = cache_lines(folders().cache / "judgements.jsonl")
     assert len(judged) == 16 and judged[0]["judge_model"] == "good-model" and judged[0]["text_md5"] in {
         md5(r["text"]) for r in recs}
     # cached: no new requests; the rewrite cache ignores judgements.jsonl
     n = llm.count(kind="judge")
     from tinymcf_callback.validate import main as validate_main
 
-    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url, "--judge-model", "good-model"]) == 0
+    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url,
+                          "--judge-model", "good-model"]) == 0
     assert llm.count(kind="judge") == n and (Path.cwd() / "validate_myset.jsonl").exists()
     assert len(load_vignettes("myset")) == 4
 

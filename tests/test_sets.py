@@ -22,13 +22,14 @@ def test_scifi_set_shape():
         assert len(v["other_violate"].split()) < MAX_WORDS
         assert all(isinstance(v[c], str) and v[c] for c in CONDITIONS)
         assert "wrong" not in v  # scifi has no human ratings
-    assert {v["foundation"] for v in vs if v["foundation_coarse"] == "Care"} == {"Care (e)", "Care (p, a)", "Care (p, h)"}
+    care = {v["foundation"] for v in vs if v["foundation_coarse"] == "Care"}
+    assert care == {"Care (e)", "Care (p, a)", "Care (p, h)"}
 
 
 def test_limit_keeps_stored_order():
     full = load_vignettes("scifi")
     assert [v["id"] for v in load_vignettes("scifi", limit=5)] == [v["id"] for v in full[:5]]
-    for bad in (0, -3):
+    for bad in (0, -3, True, False, 2.0, "3"):  # a bool is an int to Python, but True is not "1 vignette"
         with pytest.raises(ValueError, match="positive"):
             load_vignettes("scifi", limit=bad)
 
@@ -72,9 +73,10 @@ def test_lint_accepts_a_clean_rewrite():
     assert rewrite_problems("You carry a lost child back to her parents.", "self_uphold") == []
 
 
-def test_unknown_set_lists_available():
-    with pytest.raises(ProbeDataError, match=r"unknown vignette set 'nope'.*available: clifford, scifi"):
+def test_unknown_set_lists_available_and_the_home(tinymcf_home):
+    with pytest.raises(ProbeDataError, match=r"unknown vignette set 'nope'.*available: clifford, scifi") as e:
         load_vignettes("nope")
+    assert f"read from {tinymcf_home / 'sets'}" in str(e.value) and "--home DIR" in str(e.value)
 
 
 def test_unprepared_clifford_names_the_command():

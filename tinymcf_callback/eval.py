@@ -2,7 +2,8 @@
 
 Loads a causal LM (local folder or Hub id; with HF_HUB_OFFLINE=1 only local), scores it
 on a vignette set, prints the sanity lines and the per-foundation table, and writes the
-full report as JSON (``eval_<name>_<tag>.json``, schema in the README) atomically.
+full report as JSON (``eval_<name>_<tag>.json``, schema in the README) atomically. ``--home DIR`` reads the
+prepared sets of that home (the same as ``TINYMCF_HOME=DIR``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ._io import atomic_write_json
+from .home import HOME_VAR, using_home
 from .sets import ProbeDataError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -22,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tinymcf_callback.eval", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="local model folder or Hugging Face id")
     p.add_argument("--name", default="scifi", help="vignette set (default: scifi)")
+    p.add_argument("--home", metavar="DIR", default=None,
+                   help=f"where prepared sets and their rewrites are read from, as given to prepare --home "
+                        f"(default: ${HOME_VAR}, else the platform's user data folder)")
     p.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
     p.add_argument("--limit", type=int, default=None, help="score only the first N vignettes")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
@@ -44,6 +49,14 @@ def _check_out_dir(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.home is not None and not args.home.strip():
+        print("error: --home needs a folder", file=sys.stderr)
+        return 2
+    with using_home(args.home):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit <= 0:
         print(f"error: --limit must be a positive number of vignettes, got {args.limit}", file=sys.stderr)
         return 2

@@ -15,10 +15,12 @@ import os
 import random
 import re
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+
+from .errors import PrepareError
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 DEFAULT_MODEL = "openai/gpt-4o-mini"
@@ -31,10 +33,6 @@ _REFUSAL_RE = re.compile(
 )
 _FENCE_RE = re.compile(r"^```(?:json|JSON)?[ \t]*\n(.*)\n```$", re.DOTALL)
 _MODEL_MISSING_RE = re.compile(r"model.*(not found|does not exist|not a valid|invalid|unknown)|no such model", re.I)
-
-
-class PrepareError(Exception):
-    """Bad input or an unusable setup: the CLI prints ``error: <message>`` and exits with 2."""
 
 
 class FatalLLMError(PrepareError):

@@ -6,19 +6,19 @@ condition) with fine and coarse foundation labels. Its three rewrites per vignet
 by the md5 of the exact original text plus the condition. The shipped ``configs/``
 and ``cache/`` hold the ``scifi`` set and the rewrites of both built-in sets; sets
 made by ``python -m tinymcf_callback.prepare`` (``clifford`` after its download, and
-users' own sets) live in the user data directory.
+users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.home`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
 from ._io import read_jsonl
+from .home import HOME_VAR, JUDGEMENTS_FILE, folders, shipped_dir
 
 FOUNDATIONS = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Social Norms")
 REAL_FOUNDATIONS = FOUNDATIONS[:-1]
@@ -26,9 +26,7 @@ CONTROL = "Social Norms"
 CONDITIONS = ("other_violate", "other_uphold", "self_violate", "self_uphold")
 REWRITE_CONDITIONS = CONDITIONS[1:]
 
-_PKG = Path(__file__).resolve().parent
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
-JUDGEMENTS_FILE = "judgements.jsonl"  # judge-model verdicts (validate), kept beside the rewrites, not rewrites
 
 
 class ProbeDataError(ValueError):
@@ -39,44 +37,23 @@ def md5(text: str) -> str:
     return hashlib.md5(text.encode("utf-8")).hexdigest()
 
 
-def shipped_dir(kind: str) -> Path:
-    """``configs`` or ``cache`` as shipped: inside the wheel, or at the checkout's top level."""
-    for base in (_PKG / "_data", _PKG.parent):
-        if (base / kind).is_dir():
-            return base / kind
-    raise FileNotFoundError(f"the package's {kind}/ folder is missing; reinstall tinymcf_callback")
-
-
-def user_dir() -> Path:
-    """Where prepared sets and new rewrites go: ``$TINYMCF_HOME`` or the platform's user data dir."""
-    env = os.environ.get("TINYMCF_HOME")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("tinymcf_callback", appauthor=False))
-
-
-def user_cache_dir() -> Path:
-    """Where new rewrites go: ``$TINYMCF_CACHE_DIR`` or ``user_dir()/cache``."""
-    env = os.environ.get("TINYMCF_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return user_dir() / "cache"
-
-
 def prepare_command(name: str) -> str:
     return f"python -m tinymcf_callback.prepare --name {name}"
 
 
-def registry() -> dict[str, dict]:
-    """All known sets: the shipped ``configs/sets.json`` plus sets prepared by the user."""
+def builtin_sets() -> dict[str, dict]:
+    """The sets shipped with the package (``configs/sets.json``)."""
     path = shipped_dir("configs") / "sets.json"
     try:
-        sets = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ProbeDataError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
-    udir = user_dir() / "sets"
+
+
+def registry() -> dict[str, dict]:
+    """All known sets: the shipped ``configs/sets.json`` plus the sets prepared in the home."""
+    sets = builtin_sets()
+    udir = folders().sets
     if udir.is_dir():
         for meta in sorted(udir.glob("*.json")):
             name = meta.stem
@@ -93,31 +70,33 @@ def available_sets() -> list[str]:
 
 
 def set_path(name: str) -> Path:
-    """The vignette file of set ``name``: shipped for bundled sets, else in the user data dir."""
+    """The vignette file of set ``name``: shipped for bundled sets, else in the home."""
     sets = registry()
     if name not in sets:
         raise ProbeDataError(
-            f"unknown vignette set {name!r}; available: {', '.join(sorted(sets))}. "
+            f"unknown vignette set {name!r}; available: {', '.join(sorted(sets))}. Prepared sets are read from "
+            f"{folders().sets} (set {HOME_VAR} or pass --home DIR to read another home). "
             f"To add your own: python -m tinymcf_callback.prepare --name {name} --source FILE.csv"
         )
     spec = sets[name]
     if spec.get("source") == "bundled":
         return shipped_dir("configs") / spec["file"]
-    return user_dir() / "sets" / f"{name}.jsonl"
+    return folders().set_file(name)
 
 
 class RewriteCache:
     """Rewrites keyed by ``(md5 of the original text, condition)``.
 
     Reads every ``*.jsonl`` file in the given folders, in order; a later folder's entry
-    for the same key wins (a user's re-prepared rewrite overrides the shipped one).
+    for the same key wins (a user's re-prepared rewrite overrides the shipped one). By
+    default the folders are the home's lookup list, :attr:`Folders.rewrite_dirs`.
     """
 
     FIELDS = ("source_md5", "condition", "text", "producer", "rules_version")
 
     def __init__(self, dirs: list[Path] | None = None):
         if dirs is None:
-            dirs = [shipped_dir("cache"), user_cache_dir()]
+            dirs = folders().rewrite_dirs
         self.dirs = [Path(d) for d in dirs]
         self.entries: dict[tuple[str, str], dict] = {}
         for d in self.dirs:
@@ -194,7 +173,7 @@ def load_vignettes(name: str = "scifi", limit: int | None = None, cache: Rewrite
     (mean wrongness, 0-4). ``limit=N`` keeps the first N. Raises ``ProbeDataError``
     naming the vignette, the condition and the command that fills a missing rewrite.
     """
-    if limit is not None and (not isinstance(limit, int) or limit <= 0):
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
     rows = read_set_file(set_path(name), name)
     if limit is not None:
@@ -223,12 +202,15 @@ def load_vignettes(name: str = "scifi", limit: int | None = None, cache: Rewrite
 
 
 def _default_cache() -> RewriteCache:
-    # Re-read when the user cache changes (prepare may have added rewrites since).
-    udir = user_cache_dir()
-    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(udir.glob("*.jsonl"))) if udir.is_dir() else ()
-    return _cached_default(str(shipped_dir("cache")), str(udir), stamp)
+    # Re-read when a user folder changes (prepare may have added rewrites since).
+    dirs = folders().rewrite_dirs
+    stamp = tuple(
+        (str(p), p.stat().st_mtime_ns, p.stat().st_size)
+        for d in dirs[1:] if d.is_dir() for p in sorted(d.glob("*.jsonl"))
+    )
+    return _cached_default(tuple(str(d) for d in dirs), stamp)
 
 
 @lru_cache(maxsize=4)
-def _cached_default(shipped: str, user: str, stamp: tuple) -> RewriteCache:
-    return RewriteCache([Path(shipped), Path(user)])
+def _cached_default(dirs: tuple[str, ...], stamp: tuple) -> RewriteCache:
+    return RewriteCache([Path(d) for d in dirs])

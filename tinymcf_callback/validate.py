@@ -4,8 +4,9 @@
 ``python -m tinymcf_callback.validate --name NAME``) asks a judge model, for every
 vignette and each of the four conditions, which of the seven foundations the act
 engages and whether the actor violates or upholds it. Verdicts are cached by
-``(md5 of the judged text, judge model)`` in ``<cache-dir>/judgements.jsonl``, so a rerun
-asks only for what is new. The report gives foundation accuracy per condition (the
+``(md5 of the judged text, judge model)`` in ``<home>/cache/judgements.jsonl``, so a rerun
+asks only for what is new; the requests go through the same loop as the rewrites
+(:mod:`tinymcf_callback.request_loop`). The report gives foundation accuracy per condition (the
 original, ``other_violate``, is the ceiling the rewrites can reach), valence accuracy, a
 confusion matrix and the flagged rewrites; one JSON line per judged text goes to
 ``--out`` (default ``./validate_<name>.jsonl``).
@@ -15,16 +16,18 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from ._io import append_jsonl, atomic_write_text, read_jsonl
-from .llm import Cancelled, FatalLLMError, ItemFailed, PrepareError, ask_json, run_pool
-from .sets import (
-    CONDITIONS, FOUNDATIONS, JUDGEMENTS_FILE, RewriteCache, load_vignettes, md5, user_cache_dir,
-)
+from ._io import atomic_write_text, read_jsonl
+from .errors import PrepareError
+from .home import JUDGEMENTS_FILE, Folders, folders
+from .prepare_cli import build_parser, run_cli
+from .request_loop import Job, model_list, open_client, run_job
+from .sets import CONDITIONS, FOUNDATIONS, RewriteCache, load_vignettes, md5
+from .store import append_entries, check_writable
 
 VALENCES = ("violate", "uphold")
 
@@ -41,6 +44,7 @@ JUDGE_SYSTEM = (
 
 
 def judge_messages(text: str, feedback: list | None = None) -> list[dict]:
+    """The chat messages that ask the judge about ``text``; invalid earlier answers are sent back."""
     messages = [
         {"role": "system", "content": JUDGE_SYSTEM},
         {"role": "user", "content": f"Task: classify\nScenario: {text}\n"
@@ -53,6 +57,7 @@ def judge_messages(text: str, feedback: list | None = None) -> list[dict]:
 
 
 def check_judgement(obj: dict):
+    """``((foundation, valence), problems)`` of a judge's answer; no problems means it is usable."""
     problems = []
     f = str(obj.get("foundation", "")).strip()
     found = next((x for x in FOUNDATIONS if x.lower() == f.lower()), None)
@@ -65,7 +70,15 @@ def check_judgement(obj: dict):
     return (found, v), problems
 
 
+def judgement_entry(text_md5: str, judge: str, verdict: tuple[str, str], model: str) -> dict:
+    """The cache line of a verdict: keyed by the judged text's md5 and the judge asked (``--judge-model``)."""
+    foundation, valence = verdict
+    return {"text_md5": text_md5, "judge_model": judge, "foundation": foundation, "valence": valence,
+            "producer": f"llm:{model}"}
+
+
 def load_judgements(dirs: list[Path]) -> dict[tuple[str, str], dict]:
+    """Cached verdicts by ``(text md5, judge model)``; a later folder's verdict wins."""
     out: dict[tuple[str, str], dict] = {}
     for d in dirs:
         path = Path(d) / JUDGEMENTS_FILE
@@ -79,6 +92,59 @@ def load_judgements(dirs: list[Path]) -> dict[tuple[str, str], dict]:
             if {"text_md5", "judge_model", "foundation", "valence"} <= obj.keys():
                 out[(obj["text_md5"], obj["judge_model"])] = obj
     return out
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def unjudged(texts: dict[str, str], known: dict, judge: str) -> dict[str, str]:
+    """The texts (md5 -> text) that ``judge`` has not judged yet, in order."""
+    return {h: t for h, t in texts.items() if (h, judge) not in known}
+
+
+def legacy_only_judgements(hashes, judge: str, f: Folders) -> list[dict]:
+    """Verdicts of ``judge`` on these texts found in a deprecated cache folder and not yet in the home."""
+    if not f.legacy:
+        return []
+    legacy, home = load_judgements(list(f.legacy)), load_judgements([f.cache])
+    return [legacy[(h, judge)] for h in hashes if (h, judge) in legacy and (h, judge) not in home]
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def judge_records(vignettes: list[dict], known: dict, judge: str, failed: dict[str, str]) -> list[dict]:
+    """One record per (vignette, condition): expected and judged foundation and valence, flagged or not.
+
+    A rewrite is flagged when its judged valence is wrong, or when its judged foundation
+    is wrong while the original (``other_violate``) was judged right.
+    """
+    records = []
+    for v in vignettes:
+        for c in CONDITIONS:
+            h = md5(v[c])
+            j = known.get((h, judge))
+            exp_val = "violate" if c.endswith("violate") else "uphold"
+            records.append({
+                "id": v["id"], "condition": c, "text": v[c], "expected_foundation": v["foundation_coarse"],
+                "expected_valence": exp_val, "judged_foundation": j["foundation"] if j else None,
+                "judged_valence": j["valence"] if j else None, "judge_model": judge,
+                "foundation_ok": (j["foundation"] == v["foundation_coarse"]) if j else None,
+                "valence_ok": (j["valence"] == exp_val) if j else None,
+                "error": failed.get(h) if not j else None,
+            })
+    original = {r["id"]: r for r in records if r["condition"] == "other_violate"}
+    for r in records:
+        why = []
+        if r["condition"] != "other_violate" and r["judged_foundation"] is not None:
+            if r["valence_ok"] is False:
+                why.append(f"judged {r['judged_valence']}, expected {r['expected_valence']}")
+            if r["foundation_ok"] is False and original[r["id"]]["foundation_ok"]:
+                why.append(f"judged {r['judged_foundation']} while the original is judged "
+                           f"{r['expected_foundation']}")
+        r["flagged"] = bool(why)
+        r["flag_reason"] = "; ".join(why) or None
+    return records
 
 
 def summarize(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -95,100 +161,69 @@ def summarize(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return per, confusion
 
 
-def validate_set(args, secrets: list, say) -> int:
-    from .prepare import cache_dirs, check_writable, make_client, model_list
+# --------------------------------------------------------------------------- the job
 
+
+def validate_set(args, secrets: list, say: Callable[[str], None]) -> int:
+    """Judge every text of set ``args.name``, print the report, write ``--out``; 1 when a verdict failed."""
     name = args.name
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else user_cache_dir()
-    dirs = cache_dirs(cache_dir)
-    vignettes = load_vignettes(name, limit=args.limit, cache=RewriteCache(dirs))
+    f = folders(args.cache_dir)
+    vignettes = load_vignettes(name, limit=args.limit, cache=RewriteCache(f.rewrite_dirs))
     judge = args.judge_model or args.model
-    known = load_judgements([d for d in dirs[1:]])
-    items = [(v, c) for v in vignettes for c in CONDITIONS]
-    todo: dict[str, str] = {}
-    for v, c in items:
-        h = md5(v[c])
-        if (h, judge) not in known:
-            todo.setdefault(h, v[c])
-    jpath = cache_dir / JUDGEMENTS_FILE
+    texts = {md5(v[c]): v[c] for v in vignettes for c in CONDITIONS}
+    adopt_legacy_judgements(texts, judge, f, dry_run=args.dry_run, say=say)
+    known = load_judgements([*f.legacy, f.cache])
+    todo = unjudged(texts, known, judge)
+    n_items = len(vignettes) * len(CONDITIONS)
     if args.dry_run:
         say(f"dry run: would ask {judge} at {args.base_url} for {len(todo)} judgements "
-            f"({len(items) - len(todo)} of {len(items)} texts already judged), appending to {jpath}")
+            f"({n_items - len(todo)} of {n_items} texts already judged), appending to {f.judgements_file}")
         for h, text in todo.items():
             say(f"  {h}  {text[:80]}")
         return 0
     failed: dict[str, str] = {}
     if todo:
-        cancel = threading.Event()
-        client = make_client(args, secrets, f"{len(todo)} judgements of set {name!r} by {judge} are not cached",
-                             cancel)
-        check_writable(cache_dir)
+        client = open_client(args, secrets, f"{len(todo)} judgements of set {name!r} by {judge} are not cached")
+        check_writable(f.cache)
         models = model_list(judge, args.fallback_model)
-
-        def work(item):
-            _, text = item
-            return ask_json(client, models, lambda fb: judge_messages(text, fb), check_judgement,
-                            attempts=args.attempts)
-
-        def on_result(item, res):
-            h, _ = item
-            if isinstance(res, ItemFailed):
-                failed[h] = str(res)
-                return
-            if isinstance(res, Cancelled):
-                return
-            (foundation, valence), model = res
-            entry = {"text_md5": h, "judge_model": judge, "foundation": foundation, "valence": valence,
-                     "producer": f"llm:{model}"}
-            try:
-                append_jsonl(jpath, entry)
-            except OSError as e:
-                raise PrepareError(f"cannot append to {jpath} ({e.strerror or e})") from None
-            known[(h, judge)] = entry
-
+        job = Job("judgements", name, f.judgements_file, models,
+                  messages=lambda item, feedback: judge_messages(item[1], feedback),
+                  check=lambda item: check_judgement,
+                  entry=lambda item, verdict, model: judgement_entry(item[0], judge, verdict, model))
         say(f"{name}: asking {' then '.join(models)} for {len(todo)} judgements")
-        try:
-            run_pool(list(todo.items()), work, concurrency=args.concurrency, cancel=cancel, on_result=on_result,
-                     desc=f"judge {name}", progress=False if args.no_progress else None)
-        except KeyboardInterrupt:
-            say(f"interrupted: the judgements made so far are saved in {jpath}; rerun to finish.")
-            raise
-        except FatalLLMError as e:
-            raise PrepareError(str(e)) from None
+        done, failures = run_job(job, list(todo.items()), client, concurrency=args.concurrency,
+                                 attempts=args.attempts, progress=False if args.no_progress else None, say=say)
+        known.update({(e["text_md5"], judge): e for e in done})
+        failed = {h: why for (h, _text), why in failures}
 
-    records = []
-    for v, c in items:
-        h = md5(v[c])
-        j = known.get((h, judge))
-        exp_val = "violate" if c.endswith("violate") else "uphold"
-        rec = {"id": v["id"], "condition": c, "text": v[c], "expected_foundation": v["foundation_coarse"],
-               "expected_valence": exp_val, "judged_foundation": j["foundation"] if j else None,
-               "judged_valence": j["valence"] if j else None, "judge_model": judge}
-        rec["foundation_ok"] = (j["foundation"] == v["foundation_coarse"]) if j else None
-        rec["valence_ok"] = (j["valence"] == exp_val) if j else None
-        rec["error"] = failed.get(h) if not j else None
-        records.append(rec)
-    original = {r["id"]: r for r in records if r["condition"] == "other_violate"}
-    for r in records:
-        why = []
-        if r["condition"] != "other_violate" and r["judged_foundation"] is not None:
-            if r["valence_ok"] is False:
-                why.append(f"judged {r['judged_valence']}, expected {r['expected_valence']}")
-            if r["foundation_ok"] is False and original[r["id"]]["foundation_ok"]:
-                why.append(f"judged {r['judged_foundation']} while the original is judged "
-                           f"{r['expected_foundation']}")
-        r["flagged"] = bool(why)
-        r["flag_reason"] = "; ".join(why) or None
-
+    records = judge_records(vignettes, known, judge, failed)
     out = Path(args.out).expanduser() if args.out else Path.cwd() / f"validate_{name}.jsonl"
     try:
         atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     except OSError as e:
         raise PrepareError(f"cannot write {out} ({e.strerror or e})") from None
+    print_report(name, judge, len(vignettes), records, failed, out, say)
+    return 1 if failed else 0
 
+
+def adopt_legacy_judgements(texts: dict[str, str], judge: str, f: Folders, *, dry_run: bool,
+                            say: Callable[[str], None]) -> int:
+    """Copy this judge's verdicts on these texts from a deprecated cache folder into the home."""
+    entries = legacy_only_judgements(texts, judge, f)
+    if not entries or dry_run:
+        return 0
+    check_writable(f.cache)
+    n = append_entries(f.judgements_file, entries)
+    say(f"copied {n} judgements from the deprecated cache folder {', '.join(map(str, f.legacy))} into "
+        f"{f.judgements_file}")
+    return n
+
+
+def print_report(name: str, judge: str, n_vignettes: int, records: list[dict], failed: dict[str, str], out: Path,
+                 say: Callable[[str], None]) -> None:
     per, confusion = summarize(records)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.2f}".format):
-        say(f"{name}: judge {judge}, {len(vignettes)} vignettes x {len(CONDITIONS)} conditions "
+        say(f"{name}: judge {judge}, {n_vignettes} vignettes x {len(CONDITIONS)} conditions "
             f"(other_violate, the original, is the ceiling for the rewrites)")
         say(per.to_string())
         if len(confusion):
@@ -203,14 +238,14 @@ def validate_set(args, secrets: list, say) -> int:
         for h, why in failed.items():
             say(f"  {h}: {why}")
     say(f"results: {out}")
-    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .prepare import main as prepare_main
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return prepare_main(["--validate", *[a for a in argv if a != "--validate"]])
+    """``python -m tinymcf_callback.validate``: the same options as ``prepare --validate``."""
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--validate"]
+    args = build_parser("python -m tinymcf_callback.validate").parse_args(argv)
+    args.validate = True
+    return run_cli(args, validate_set)
 
 
 if __name__ == "__main__":

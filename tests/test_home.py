@@ -1,0 +1,178 @@
+"""One home for user data: ``--home DIR`` / ``TINYMCF_HOME`` decide where everything is written and read back.
+
+The platform's folders (``HOME``, the XDG folders platformdirs reads) point at empty temp
+folders in these tests, so that anything written outside the chosen home shows up.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import warnings
+from pathlib import Path
+
+import platformdirs
+import pytest
+from fake_llm_server import FakeLLM
+
+import tinymcf_callback.home as home_module
+from tinymcf_callback import evaluate, load_vignettes
+from tinymcf_callback._io import read_jsonl
+from tinymcf_callback.eval import main as eval_main
+from tinymcf_callback.home import folders, shipped_dir, using_home
+from tinymcf_callback.prepare import main as prepare_main
+from tinymcf_callback.validate import main as validate_main
+
+KEY = "sk-test-home-123"
+ROWS = [
+    ("You see a man kicking a stray dog in the park.", "Care (p, a)", "3.2"),
+    ("You see a girl cheating at cards against her grandmother.", "Fairness", "2.5"),
+    ("You see a soldier mocking his own unit to a rival army.", "Loyalty", "2.9"),
+    ("You see a man eating soup with a fork at a diner.", "Social Norms", "0.3"),
+]
+PLATFORM_VARS = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
+
+
+@pytest.fixture
+def platform(tmp_path, monkeypatch):
+    """HOME and the XDG folders at empty temp folders; no TINYMCF_* variable, no key; an empty working folder."""
+    base = tmp_path / "platform"
+    for var in PLATFORM_VARS:
+        (base / var).mkdir(parents=True)
+        monkeypatch.setenv(var, str(base / var))
+    for var in ("TINYMCF_HOME", "TINYMCF_CACHE_DIR", "OPENROUTER_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # the default home now lies inside them, so a stray write would be seen
+    assert Path(platformdirs.user_data_dir("tinymcf_callback", appauthor=False)).is_relative_to(base)
+    assert folders().home.is_relative_to(base)
+    return base
+
+
+def written(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def my_csv(folder: Path) -> Path:
+    path = folder / "my.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(("Scenario", "Foundation", "Wrong"))
+        w.writerows(ROWS)
+    return path
+
+
+def api(server) -> list[str]:
+    return ["--base-url", server.base_url, "--model", "good-model", "--backoff", "0.01", "--timeout", "5",
+            "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_qwen, qwen_tok):
+    d = tmp_path_factory.mktemp("tiny_qwen3_home")
+    tiny_qwen.save_pretrained(d)
+    qwen_tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("how", ["option", "variable"])
+def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_dir):
+    """prepare -> validate -> eval with ``--home X`` (or ``TINYMCF_HOME=X``): everything in X, found again there."""
+    home = tmp_path / "X"
+    opt = ["--home", str(home)] if how == "option" else []
+    if how == "variable":
+        monkeypatch.setenv("TINYMCF_HOME", str(home))
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        assert prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), *opt, *api(server)]) == 0
+        assert validate_main(["--name", "myset", *opt, "--out", str(tmp_path / "val.jsonl"), *api(server)]) == 0
+        assert server.count(kind="rewrite") == 12 and server.count(kind="judge") == 16
+    out = capsys.readouterr().out
+    assert os.environ.get("TINYMCF_HOME") == (None if how == "option" else str(home))  # --home does not leak
+    if how == "option":
+        assert f"TINYMCF_HOME={home}" in out  # prepare says how to read the set back
+    assert written(home) == ["cache/judgements.jsonl", "cache/myset.jsonl", "sets/myset.json", "sets/myset.jsonl"]
+
+    if how == "option":  # the eval CLI reads the same home (with the variable, load_vignettes below shows it)
+        assert eval_main(["--model", str(tiny_dir), "--name", "myset", *opt, "--limit", "2", "--device", "cpu",
+                          "--out", str(tmp_path / "reports"), "--no-progress"]) == 0
+        assert (tmp_path / "reports" / f"eval_myset_{tiny_dir.name}.json").is_file()
+
+    monkeypatch.setenv("TINYMCF_HOME", str(home))  # the one setting, nothing else
+    vs = load_vignettes("myset")
+    assert [v["foundation"] for v in vs] == ["Care (p, a)", "Fairness", "Loyalty", "Social Norms"]
+    assert vs[3]["self_uphold"].startswith("You keep to the Social Norms rule")
+    assert written(platform) == [] and written(tmp_path / "cwd") == []
+    assert written(home) == ["cache/judgements.jsonl", "cache/myset.jsonl", "sets/myset.json", "sets/myset.jsonl"]
+
+
+def test_eval_cli_without_the_home_names_it(platform, tmp_path, capsys, tiny_dir):
+    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown vignette set 'myset'" in err and "--home" in err and str(folders().sets) in err
+    assert written(platform) == []
+
+
+def test_cache_dir_of_earlier_versions_now_lands_in_the_home(tmp_path, capsys, monkeypatch, tiny_qwen, qwen_tok):
+    """The issue's case: ``prepare --cache-dir X`` then ``evaluate(name=...)`` used to miss the rewrites."""
+    x = tmp_path / "X"
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        rc = prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), "--cache-dir", str(x),
+                           *api(server)])
+    assert rc == 0 and "--cache-dir is deprecated" in capsys.readouterr().out
+    assert not x.exists()  # nothing written to the deprecated folder
+    assert written(folders().home) == ["cache/myset.jsonl", "sets/myset.json", "sets/myset.jsonl"]
+    report = evaluate(tiny_qwen, qwen_tok, name="myset", limit=2, verbose=False)
+    assert report["info"]["n_vignettes"] == 2
+
+
+def test_legacy_cache_variable_is_read_warned_once_and_copied(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(home_module, "_warned", set())
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        assert prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), *api(server)]) == 0
+        legacy = tmp_path / "legacy"  # the old layout: TINYMCF_CACHE_DIR=legacy held the rewrites
+        legacy.mkdir()
+        (folders().cache / "myset.jsonl").rename(legacy / "myset.jsonl")
+        before = (legacy / "myset.jsonl").read_bytes()
+        monkeypatch.setenv("TINYMCF_CACHE_DIR", str(legacy))
+        with pytest.warns(FutureWarning, match="TINYMCF_CACHE_DIR is deprecated"):
+            assert len(load_vignettes("myset")) == 4  # still read
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(load_vignettes("myset")) == 4  # warned once per process
+        capsys.readouterr()
+        assert prepare_main(["--name", "myset", *api(server)]) == 0
+        assert server.count(kind="rewrite") == 12  # nothing asked again
+    assert "copied 12 rewrites" in capsys.readouterr().out
+    assert (legacy / "myset.jsonl").read_bytes() == before  # left as it was
+    monkeypatch.delenv("TINYMCF_CACHE_DIR")
+    assert len(load_vignettes("myset")) == 4 and len(read_jsonl(folders().cache / "myset.jsonl")) == 12
+
+
+def test_folders_lookup_order_and_legacy(tmp_path, monkeypatch):
+    monkeypatch.setattr(home_module, "_warned", set())
+    monkeypatch.setenv("TINYMCF_HOME", str(tmp_path / "h"))
+    f = folders()
+    assert (f.sets, f.raw, f.cache) == (tmp_path / "h/sets", tmp_path / "h/raw", tmp_path / "h/cache")
+    assert f.rewrite_dirs == [shipped_dir("cache"), tmp_path / "h/cache"]  # the home's entries win
+    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(tmp_path / "old"))
+    with pytest.warns(FutureWarning):
+        f = folders(tmp_path / "older")
+    assert f.rewrite_dirs == [shipped_dir("cache"), tmp_path / "old", tmp_path / "older", tmp_path / "h/cache"]
+    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(tmp_path / "h/cache"))  # the home's own cache is not "legacy"
+    with pytest.warns(FutureWarning):
+        assert folders(tmp_path / "h" / "cache").legacy == ()
+
+
+def test_using_home_restores_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYMCF_HOME", "/before")
+    with pytest.raises(RuntimeError), using_home(tmp_path / "x"):
+        assert folders().home == tmp_path / "x"
+        raise RuntimeError
+    assert os.environ["TINYMCF_HOME"] == "/before"
+    with using_home(None):
+        assert folders().home == Path("/before")
