@@ -12,11 +12,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
+import offline_assets  # noqa: E402
+from trainer_utils import make_trainer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-import offline_assets  # noqa: E402
 from tinymcf_callback import MoralProbeCallback  # noqa: E402
-from trainer_utils import make_trainer  # noqa: E402
 
 out = Path(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())

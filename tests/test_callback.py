@@ -3,14 +3,16 @@
 import glob
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
 import torch
+from trainer_utils import make_trainer
+from transformers import TrainerCallback
 
 from tinymcf_callback import MoralProbeCallback, ProbeDataError
 from tinymcf_callback.callback import metric_names
-from trainer_utils import make_trainer
 
 SCORE = "eval_moral_scifi/score"
 
@@ -21,7 +23,8 @@ def read_wandb_records(path):
 
     from wandb.proto import wandb_internal_pb2
 
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     assert data[:4] == b":W&B"
     block, pos, buf = 32768, 7, b""
     while pos + 7 <= len(data):
@@ -45,6 +48,44 @@ def probe_entries(log_history, key=SCORE):
     return [e for e in log_history if key in e]
 
 
+def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
+    """{step: value} of one scalar tag in the run's single tensorboard event file ({} when absent)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = glob.glob(str(out_dir / "**" / "events.out.tfevents*"), recursive=True)
+    assert len(events) == 1
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    return {s.step: s.value for s in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+def wandb_run_records(wandb_dir, wait_s=60):
+    """(history items per logged row, metric definitions) of the single offline wandb run under ``wandb_dir``.
+
+    Waits for the run's closing ``exit`` record (wandb's service may still be writing after ``finish``),
+    so that an absent key means it was never logged, not that the file is incomplete.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        run_files = glob.glob(str(wandb_dir / "wandb" / "offline-run-*" / "*.wandb"))
+        try:
+            records = list(read_wandb_records(run_files[0])) if len(run_files) == 1 else []
+        except Exception:  # noqa: BLE001 - a record still being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(run_files) == 1 and any(r.WhichOneof("record_type") == "exit" for r in records), run_files
+    rows, metrics = [], []
+    for rec in records:
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item})
+        elif kind == "metric":
+            metrics.append(rec.metric)
+    return rows, metrics
+
+
 def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -63,46 +104,58 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
         assert "eval_moral_scifi/care/align_other" in e and "eval_moral_scifi/care/self_other_gap" in e
         assert not any(k.startswith("train") for k in e)
 
-    # tensorboard: read the event files back
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert cb._trainer is trainer  # no trainer= given: found on the call stack
 
-    events = glob.glob(str(tmp_path / "out" / "**" / "events.out.tfevents*"), recursive=True)
-    assert len(events) == 1
-    acc = EventAccumulator(events[0])
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
-    assert "eval/moral_scifi/score" in tags and "eval/moral_scifi/care/align_other" in tags
-    assert not [t for t in tags if t.startswith("train/moral")]
-    tb = acc.Scalars("eval/moral_scifi/score")
-    assert [s.step for s in tb] == [0, 2, 4]
-    assert [s.value for s in tb] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
+    tb = tensorboard_scalars(tmp_path / "out")
+    assert sorted(tb) == [0, 2, 4]
+    assert [tb[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
+    assert tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other")
+    assert not tensorboard_scalars(tmp_path / "out", "train/moral_scifi/score")
 
     # wandb (offline): read the run file back
-    run_files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "*.wandb"))
-    assert len(run_files) == 1
-    found, table_logged = {}, False
-    for rec in read_wandb_records(run_files[0]):
-        if rec.WhichOneof("record_type") == "history":
-            items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
-            if "eval/moral_scifi/score" in items:
-                found[int(float(items["train/global_step"]))] = float(items["eval/moral_scifi/score"])
-            table_logged |= any(k.startswith("eval/moral_scifi/table") for k in items)
+    rows, metrics = wandb_run_records(tmp_path)
+    found = {int(float(r["train/global_step"])): float(r["eval/moral_scifi/score"])
+             for r in rows if "eval/moral_scifi/score" in r}
     assert sorted(found) == [0, 2, 4]
     assert [found[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
-    assert table_logged
+    tables = [int(float(r["train/global_step"])) for r in rows if "eval/moral_scifi/table/_type" in r]
+    assert tables == [0, 2, 4]
+    # three probes, one definition of the probe's x-axis
+    ours = [m for m in metrics if m.glob_name == "eval/moral_scifi/*"]
+    assert len(ours) == 1 and ours[0].step_metric == "train/global_step"
+
+
+def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monkeypatch):
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = wandb.init(project="tinymcf-test", dir=str(tmp_path))  # the user's own run, not the Trainer's
+    try:
+        cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
+        trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], max_steps=2, report_to=("tensorboard",))
+        trainer.train()
+        run.log({"user/marker": 1.0})
+    finally:
+        wandb.finish()
+    assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
+    assert sorted(tensorboard_scalars(tmp_path / "out")) == [0, 2]
+    rows, metrics = wandb_run_records(tmp_path)
+    assert any("user/marker" in r for r in rows)  # the run file was read
+    assert not [k for r in rows for k in r if "moral" in k]
+    assert not [m for m in metrics if "moral" in m.glob_name + m.name]
 
 
 def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
-    cb = MoralProbeCallback(name="scifi", limit=2, verbose=False)
-    trainer = make_trainer(tmp_path, qwen_tok, [cb])
+    trainer = make_trainer(tmp_path, qwen_tok)
+    trainer.add_callback(MoralProbeCallback(name="scifi", limit=2, verbose=False, trainer=trainer))  # the first way
     trainer.train()
     for step in (2, 4):
         rep = json.loads((tmp_path / f"checkpoint-{step}" / "moral_probe_scifi.json").read_text())
         assert rep["step"] == step and rep["schema_version"] == 1 and rep["table"]
         state = json.loads((tmp_path / f"checkpoint-{step}" / "trainer_state.json").read_text())
         assert [e["step"] for e in probe_entries(state["log_history"])] == [0, 2, 4][: step // 2 + 1]
-    lines = [json.loads(l) for l in (tmp_path / "moral_probe_scifi.jsonl").read_text().splitlines()]
-    assert [(l["step"], l["event"]) for l in lines] == [(0, "train_begin"), (2, "evaluate"), (4, "evaluate")]
+    lines = [json.loads(line) for line in (tmp_path / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["event"]) for line in lines] == [(0, "train_begin"), (2, "evaluate"), (4, "evaluate")]
 
 
 def test_save_only_and_every(tmp_path, qwen_tok):
@@ -178,7 +231,12 @@ def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_csv):
     assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
     cl = probe_entries(trainer.state.log_history, "eval_moral_clifford/score")
     assert [e["step"] for e in cl] == [0, 2]
-    assert (tmp_path / "moral_probe_clifford.jsonl").exists() and (tmp_path / "checkpoint-2" / "moral_probe_clifford.json").exists()
+    assert (tmp_path / "moral_probe_clifford.jsonl").exists()
+    assert (tmp_path / "checkpoint-2" / "moral_probe_clifford.json").exists()
+    saved = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())["stateful_callbacks"]
+    for name in ("scifi", "clifford"):  # one list for both callbacks: the newest entry per set is this save's
+        entry = [e for e in saved["MoralProbeCallback"] if e["args"]["name"] == name][-1]
+        assert entry["attributes"]["attempted_step"] == 2 and entry["attributes"]["event_count"] == 1
 
 
 def test_bad_input(tmp_path, qwen_tok):
@@ -188,6 +246,10 @@ def test_bad_input(tmp_path, qwen_tok):
         MoralProbeCallback(events=("evaluate", "epoch_end"))
     with pytest.raises(ValueError, match="every must be a positive"):
         MoralProbeCallback(every=0)
+    with pytest.raises(ValueError, match="limit must be a positive"):
+        MoralProbeCallback(limit=True)
+    with pytest.raises(ValueError, match="trainer= must be the transformers Trainer"):
+        MoralProbeCallback(trainer=qwen_tok)
     trainer = make_trainer(tmp_path, None, [MoralProbeCallback(name="scifi", limit=1)])
     with pytest.raises(ValueError, match="found no tokenizer"):
         trainer.train()
@@ -206,7 +268,8 @@ def test_peft_lora_model(tmp_path, qwen_tok):
 
 @pytest.mark.parametrize("options", [
     {"bf16": True},
-    {"torch_compile": True, "torch_compile_backend": "eager"},  # dynamo graph capture; inductor codegen is minutes on CPU
+    # dynamo graph capture; inductor codegen is minutes on CPU
+    {"torch_compile": True, "torch_compile_backend": "eager"},
 ])
 def test_bf16_and_torch_compile(tmp_path, qwen_tok, options):
     cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
@@ -217,9 +280,65 @@ def test_bf16_and_torch_compile(tmp_path, qwen_tok, options):
     assert all(np.isfinite(e[SCORE]) for e in entries)
 
 
-def test_resume_from_checkpoint_adds_no_second_baseline(tmp_path, qwen_tok):
-    make_trainer(tmp_path, qwen_tok, [MoralProbeCallback(name="scifi", limit=1, verbose=False)], max_steps=2).train()
-    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
-    trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=4)
-    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-    assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2, 4]
+class Forwarder(TrainerCallback):
+    """A user's callback that drives the probe itself: the Trainer's handler holds only the forwarder."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def on_train_begin(self, *args, **kwargs):
+        return self.inner.on_train_begin(*args, **kwargs)
+
+    def on_evaluate(self, *args, **kwargs):
+        return self.inner.on_evaluate(*args, **kwargs)
+
+    def on_save(self, *args, **kwargs):
+        return self.inner.on_save(*args, **kwargs)
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["trainer=", "stack walk"])
+def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path, qwen_tok, caplog, explicit):
+    trainer = make_trainer(tmp_path, qwen_tok, max_steps=2, report_to=("tensorboard",))
+    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False, trainer=trainer if explicit else None)
+    trainer.add_callback(Forwarder(cb))
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        trainer.train()
+    entries = probe_entries(trainer.state.log_history)
+    assert [e["step"] for e in entries] == [0, 2]  # log_history either way
+    warned = [r for r in caplog.records if "no Trainer found" in r.getMessage()]
+    tb = tensorboard_scalars(tmp_path)
+    if explicit:
+        assert sorted(tb) == [0, 2] and not warned
+        assert [tb[s] for s in (0, 2)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
+    else:
+        assert tb == {} and warned and "pass trainer=" in warned[0].getMessage()
+
+
+@pytest.mark.parametrize("events, restore, probed, at_checkpoint", [
+    # evaluation at every step, checkpoints at 3 and 6: probes at 2, 4, 6; three events counted at step 3
+    ("evaluate", False, [0, 2, 4, 6], {"event_count": 3, "last_step": 2, "attempted_step": 2}),
+    # saves at 3 and 6: a probe at 6. The Trainer stores the counters before on_save, so the save at 3
+    # is counted only because the callback refreshes the checkpoint's trainer_state.json.
+    ("save", False, [0, 6], {"event_count": 1, "last_step": 0, "attempted_step": 0}),
+    # restore_callback_states_from_checkpoint: the Trainer rebuilds the callback from its saved state
+    ("save", True, [0, 6], {"event_count": 1, "last_step": 0, "attempted_step": 0}),
+], ids=["evaluate", "save", "save-restore-flag"])
+def test_resume_probes_on_the_uninterrupted_schedule(tmp_path, qwen_tok, events, restore, probed, at_checkpoint):
+    def run(out, resume=None):
+        cb = MoralProbeCallback(name="scifi", limit=1, events=events, every=2, verbose=False)
+        trainer = make_trainer(out, qwen_tok, [cb], max_steps=6, eval=events == "evaluate", eval_steps=1,
+                               save_steps=3, restore_callback_states_from_checkpoint=restore)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    assert [e["step"] for e in probe_entries(full.state.log_history)] == probed
+    saved = json.loads((tmp_path / "full" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert saved["stateful_callbacks"]["MoralProbeCallback"]["attributes"] == {**at_checkpoint, "baseline_done": True}
+
+    resumed = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-3"))
+    assert [e["step"] for e in probe_entries(resumed.state.log_history)] == probed
+    lines = [json.loads(line) for line in (tmp_path / "resumed" / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["event"]) for line in lines] == [(s, events) for s in probed if s > 3]  # no baseline
+    cb = next(c for c in resumed.callback_handler.callbacks if isinstance(c, MoralProbeCallback))
+    assert cb.event_count == 2 * at_checkpoint["event_count"] and cb.baseline_done

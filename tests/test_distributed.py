@@ -1,4 +1,5 @@
-"""Two-process DDP on CPU (torchrun, gloo): same metrics as one process, logged once, no hang."""
+"""Scoring across ranks: shards merge back to the one-process result; two-process DDP on CPU (torchrun,
+gloo) gives the same metrics as one process, logged once, no hang."""
 
 import glob
 import json
@@ -7,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from tinymcf_callback.distributed import merge_shards, score_across_ranks, to_shard
+from tinymcf_callback.probe import Probe
 
 HERE = Path(__file__).resolve().parent
 KEY = "eval_moral_scifi/score"
@@ -25,6 +30,43 @@ def _probe_entries(path):
     return data, [e for e in data["log_history"] if KEY in e]
 
 
+def padded_split(n_items: int, n_ranks: int) -> list[list[int]]:
+    """The shares ``split_between_processes(range(n_items), apply_padding=True)`` gives each rank."""
+    per, extra = divmod(n_items, n_ranks)
+    shares = []
+    for rank in range(n_ranks):
+        start = rank * per + min(rank, extra)
+        share = list(range(start, start + per + (rank < extra)))
+        shares.append(share + [n_items - 1] * (per + (extra > 0) - len(share)))
+    return shares
+
+
+def test_shards_merge_to_the_one_process_result(qwen_tok, tiny_qwen):
+    probe = Probe(qwen_tok, "scifi", limit=3, token_budget=400)
+    batches = probe.batches
+    whole = probe.score(tiny_qwen)
+    alone = score_across_ranks(probe, tiny_qwen)  # one process: the plain path
+    np.testing.assert_array_equal(alone.p_yes, whole.p_yes)
+    # The shares of as many ranks as make a short rank (4 batches, 3 ranks: [0, 1], [2, 3], [3, 3]),
+    # scored here in turn.
+    n_ranks = next(n for n in range(2, len(batches) + 2) if len(batches) % n)
+    shares = padded_split(len(batches), n_ranks)
+    assert len({len(s) for s in shares}) == 1 and sum(map(len, shares)) > len(batches)  # equal, padded
+    shards = []
+    for share in shares:
+        res = probe.score(tiny_qwen, batches=[batches[b] for b in share])
+        shards.append(to_shard(res, [i for b in share for i in batches[b]]))
+    merged = merge_shards(shards, len(probe))
+    assert not np.isnan(merged.p_yes).any()
+    np.testing.assert_allclose(merged.p_yes, whole.p_yes, atol=1e-6)
+    np.testing.assert_allclose(merged.yn_mass, whole.yn_mass, atol=1e-6)
+    np.testing.assert_array_equal(merged.yn_top3, whole.yn_top3)
+    assert merged.top_tokens == whole.top_tokens
+    assert merged.n_forward == sum(s.n_forward for s in shards)
+    with pytest.raises(RuntimeError, match="scored by no process"):
+        merge_shards(shards[1:], len(probe))
+
+
 def test_ddp_two_processes_match_single(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     _run([sys.executable, str(HERE / "ddp_probe_script.py"), str(single)], tmp_path)
@@ -34,7 +76,7 @@ def test_ddp_two_processes_match_single(tmp_path):
     d_data, d_entries = _probe_entries(ddp / "log_history_rank0.json")
     assert d_data["world"] == 2 and d_data["n_batches"] % 2 == 1
     assert [e["step"] for e in s_entries] == [e["step"] for e in d_entries] == [0, 1, 2]  # each step once
-    for s, d in zip(s_entries, d_entries):
+    for s, d in zip(s_entries, d_entries, strict=True):
         moral = [k for k in s if k.startswith("eval_moral") and not k.endswith("elapsed_s")]
         assert set(moral) == {k for k in d if k.startswith("eval_moral") and not k.endswith("elapsed_s")}
         for k in moral:

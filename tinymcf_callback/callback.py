@@ -1,12 +1,14 @@
 """``MoralProbeCallback``: the probe inside Hugging Face training.
 
-    trainer.add_callback(MoralProbeCallback(name="scifi"))
+    trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
 
 At the start of training (a step-0 baseline) and on each evaluation and/or save, the
-callback scores the live model on a vignette set, through the same :class:`Probe`
-as ``evaluate``, and logs the alignment metrics through the Trainer's own logging
-path, so they reach every reporter in ``report_to`` (wandb, tensorboard, ...) at the
-right global step and land in ``state.log_history``.
+callback scores the live model on a vignette set, through the same :class:`Probe` as
+``evaluate`` (split across processes by :func:`score_across_ranks`), and logs the alignment
+metrics through the Trainer's own logging path, so they reach every reporter in
+``report_to`` (wandb, tensorboard, ...) at the right global step and land in
+``state.log_history``. The class decides *when* to probe and *where* the result goes; the
+writers below (history line, checkpoint report, wandb table) do the writing.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import re
 import time
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, atomic_write_json
+from .distributed import score_across_ranks
 from .probe import Probe, format_table, report_to_json, sanity_lines
 from .sets import load_vignettes
 
@@ -61,7 +66,96 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 
-class MoralProbeCallback(TrainerCallback):
+# ---- writers: where a finished probe goes besides Trainer.log (main process only) -----------------
+def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
+    """Append one line per probe to ``<output_dir>/moral_probe_<name>.jsonl`` (the run's whole curve)."""
+    line = {"step": step, "epoch": epoch, "event": event, "name": name,
+            "score": report["score"], "gap": report["gap"], "sn": report["sn"], "metrics": metrics,
+            "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
+            "table": json.loads(report["table"].reset_index().to_json(orient="records"))}
+    try:
+        append_jsonl(os.path.join(output_dir, f"moral_probe_{_slug(name)}.jsonl"), line)
+    except OSError as e:
+        logger.warning("moral probe [%s]: could not append the history file: %s", name, e)
+
+
+def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:
+    """Add the probe to a checkpoint the Trainer has just written.
+
+    Writes ``moral_probe_<name>.json`` (the full report) when this step was probed, and
+    rewrites ``trainer_state.json``: the Trainer wrote it before ``on_save``, so without the
+    refresh it would miss this step's log entry and this save's callback counters.
+    """
+    if not os.path.isdir(folder):
+        return
+    try:
+        if report is not None:
+            atomic_write_json(os.path.join(folder, f"moral_probe_{_slug(name)}.json"),
+                              report_to_json(report, step=state.global_step, epoch=state.epoch))
+        if os.path.exists(os.path.join(folder, "trainer_state.json")):
+            state.save_to_json(os.path.join(folder, "trainer_state.json"))
+    except OSError as e:
+        logger.warning("moral probe [%s]: could not write the checkpoint report: %s", name, e)
+
+
+def reports_to_wandb(args) -> bool:
+    """Did the user ask the Trainer for wandb (``report_to``)? An active run alone is not consent."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    return "wandb" in report_to
+
+
+def active_wandb_run():
+    """The current wandb run, or None (wandb not installed, or no run started)."""
+    try:
+        import wandb
+    except ImportError:
+        return None
+    return getattr(wandb, "run", None)
+
+
+def define_wandb_metrics(run, name: str) -> None:
+    """Plot every ``eval/moral_<name>/...`` key against the Trainer's step (once per run)."""
+    run.define_metric(f"eval/moral_{_slug(name)}/*", step_metric="train/global_step")
+
+
+def log_wandb_table(run, name: str, report: dict, step: int) -> None:
+    """Log the per-foundation table as ``eval/moral_<name>/table`` at ``step``."""
+    import wandb
+
+    table = wandb.Table(dataframe=report["table"].reset_index())
+    run.log({f"eval/moral_{_slug(name)}/table": table, "train/global_step": step})
+
+
+# ---- the callback's counters in trainer_state.json ------------------------------------------------
+def _entries(stateful_callbacks: dict | None, key: str) -> list:
+    stored = (stateful_callbacks or {}).get(key)
+    return stored if isinstance(stored, list) else [stored] if stored else []
+
+
+def _mine(entries: list, name: str) -> list[int]:
+    # Several callbacks of one class share a key (a list, appended to at each save): match the set name.
+    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name]
+
+
+def stored_counters(stateful_callbacks: dict | None, key: str, name: str) -> dict | None:
+    """The newest saved state of the ``key`` callback probing set ``name``, or None."""
+    entries = _entries(stateful_callbacks, key)
+    mine = _mine(entries, name)
+    return entries[mine[-1]] if mine else None
+
+
+def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict) -> None:
+    """Replace (or add) the saved state of the ``key`` callback probing set ``name``."""
+    entries = _entries(stateful_callbacks, key)
+    mine = _mine(entries, name)
+    if mine:
+        entries[mine[-1]] = saved
+    else:
+        entries.append(saved)
+    stateful_callbacks[key] = entries[0] if len(entries) == 1 else entries
+
+
+class MoralProbeCallback(TrainerCallback, ExportableState):
     """Log per-checkpoint moral-foundations alignment of the model being trained.
 
     Scores a fixed vignette set on the live model at the answer position (two Yes/No
@@ -69,11 +163,19 @@ class MoralProbeCallback(TrainerCallback):
     the six real foundations), ``gap``, the Social Norms control, sanity figures and
     per-foundation ``align_other`` / ``align_self`` / ``self_other_gap``.
 
-    Example:
+    Example (``trainer=`` first: the callback then logs through that Trainer):
 
         trainer = Trainer(model, args, train_dataset=ds, processing_class=tok)
-        trainer.add_callback(MoralProbeCallback(name="scifi"))
+        trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
         trainer.train()
+
+    Without ``trainer=`` (``Trainer(..., callbacks=[MoralProbeCallback(name="scifi")])``)
+    the callback finds the Trainer that holds it by walking the call stack once, at
+    ``on_train_begin``; that fails when another callback forwards the events to it.
+
+    Its counters (events seen for ``every``, the last probed and attempted steps, whether
+    the baseline ran) are saved in each checkpoint's ``trainer_state.json``; a run resumed
+    from a checkpoint probes on the same steps as an uninterrupted run, without a second baseline.
 
     Args:
         name: vignette set (``scifi``; ``clifford`` after ``python -m tinymcf_callback.prepare --name clifford``).
@@ -82,7 +184,7 @@ class MoralProbeCallback(TrainerCallback):
         baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model
             (not when resuming from a checkpoint).
         tokenizer: tokenizer to use; default: the Trainer's ``processing_class``.
-        trainer: the Trainer, optional: without it the callback finds the Trainer that calls it.
+        trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: found on the call stack.
         limit: keep only the first N vignettes (faster, noisier).
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         token_budget: padded tokens per forward call of the probe (memory knob).
@@ -98,8 +200,11 @@ class MoralProbeCallback(TrainerCallback):
             raise ValueError(f"unknown event(s) {unknown or events!r} for MoralProbeCallback; choose from {EVENTS}")
         if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
             raise ValueError(f"every must be a positive integer (probe on every N-th event), got {every!r}")
-        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        if trainer is not None and not callable(getattr(trainer, "log", None)):
+            raise ValueError(f"trainer= must be the transformers Trainer the callback is added to, got "
+                             f"{type(trainer).__name__} (no log method)")
         if tokenizer is None:
             load_vignettes(name, limit=limit)  # an unprepared set fails here, not at step 500
         self.name, self.events, self.every, self.baseline = name, events, every, baseline
@@ -108,54 +213,41 @@ class MoralProbeCallback(TrainerCallback):
         self._tokenizer, self._trainer = tokenizer, trainer
         self.probe: Probe | None = None
         self.names = metric_names(name)
-        self.last_step: int | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
-        self._event_count = 0
-        self._attempted_step: int | None = None
+        self._wandb_run_id: str | None = None  # the wandb run whose metrics are defined
+        self._start_counting()
         if tokenizer is not None:
             self._build_probe(tokenizer)
 
-    # ---- plumbing -------------------------------------------------------------------
-    def _build_probe(self, tok) -> None:
-        kw = {"token_budget": self.token_budget} if self.token_budget else {}
-        self.probe = Probe(tok, self.name, self.limit, **kw)  # tokenised once, reused at every probe
+    # ---- saved in checkpoints (transformers' ExportableState) ------------------------------------
+    def state(self) -> dict:
+        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``."""
+        return {
+            "args": {"name": self.name, "events": list(self.events), "every": self.every, "baseline": self.baseline,
+                     "limit": self.limit, "strict": self.strict, "token_budget": self.token_budget,
+                     "verbose": self.verbose},
+            "attributes": {"event_count": self.event_count, "last_step": self.last_step,
+                           "attempted_step": self.attempted_step, "baseline_done": self.baseline_done},
+        }
 
-    def _ensure_probe(self, kwargs) -> None:
-        if self.probe is not None:
-            return
-        tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
-        if tok is not None and not hasattr(tok, "apply_chat_template") and hasattr(tok, "tokenizer"):
-            tok = tok.tokenizer  # a processor wrapping a tokenizer
-        if tok is None:
-            raise ValueError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
-                             "or MoralProbeCallback(tokenizer=tok)")
-        self._build_probe(tok)
+    def _start_counting(self) -> None:
+        self.event_count = 0  # triggering steps seen, for `every`
+        self.last_step: int | None = None  # last step with a logged probe
+        self.attempted_step: int | None = None  # last step a probe was tried (failed ones too)
+        self.baseline_done = False
 
-    def _find_trainer(self):
-        """The Trainer whose callback handler holds this callback (no trainer argument exists)."""
-        if self._trainer is not None:
-            return self._trainer
-        frame = inspect.currentframe()
-        try:
-            while frame is not None:
-                obj = frame.f_locals.get("self")
-                handler = getattr(obj, "callback_handler", None)
-                if handler is not None and any(cb is self for cb in getattr(handler, "callbacks", ())):
-                    self._trainer = obj
-                    return obj
-                frame = frame.f_back
-        finally:
-            del frame
-        return None
-
-    # ---- events ---------------------------------------------------------------------
+    # ---- when ------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         if self.probe is None:
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
         self._find_trainer()
-        # Resuming from a checkpoint (global_step > 0): that step's probe is already on the curve.
-        if self.baseline and state.global_step == 0 and self._attempted_step != 0:
+        if state.global_step > 0:
+            self._resume_counting(state)  # resumed: that step's probe is already on the curve
+            return
+        self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
+        if self.baseline:
+            self.baseline_done = True
             self._probe(args, state, kwargs.get("model"), "train_begin")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
@@ -167,26 +259,30 @@ class MoralProbeCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if "save" in self.events:
             self._maybe_probe(args, state, kwargs, "save")
-        if self.last_step == state.global_step and self.last_report is not None:
-            self._write_checkpoint_report(args, state)
+        # The Trainer stored the counters just before this event: store them as they are now.
+        record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state())
+        if args.should_save:
+            report = self.last_report if self.last_step == state.global_step else None
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            write_checkpoint(folder, self.name, state, report)
 
     def _maybe_probe(self, args, state, kwargs, event):
-        if self._attempted_step == state.global_step:
+        if self.attempted_step == state.global_step:
             return  # at most once per global step (evaluate and save both fire), failed attempts included
-        self._event_count += 1
-        if self._event_count % self.every:
+        self.event_count += 1
+        if self.event_count % self.every:
             return
         if self.probe is None:
             self._ensure_probe(kwargs)
         self._probe(args, state, kwargs.get("model"), event)
 
-    # ---- the probe --------------------------------------------------------------------
     def _probe(self, args, state, model, event):
         if model is None:
             return
-        self._attempted_step = state.global_step
+        self.attempted_step = state.global_step
         try:
-            report = self._score(model)
+            start = time.perf_counter()
+            report = self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
         except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
             if self.strict:
                 raise
@@ -195,34 +291,11 @@ class MoralProbeCallback(TrainerCallback):
             return
         metrics = report_metrics(self.name, report)
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
-        self._log(args, state, metrics, report, event)
+        self._publish(args, state, report, metrics, event)
 
-    def _score(self, model) -> dict:
-        from accelerate import PartialState
-        from accelerate.utils import gather_object
-
-        start = time.perf_counter()
-        dist = PartialState()
-        if dist.num_processes == 1:
-            res = self.probe.score(model)
-        else:
-            # Every rank runs the same number of forward calls (sharded models hang otherwise):
-            # pad the batch list, score this rank's share, then gather every rank's results.
-            batches = self.probe.batches
-            with dist.split_between_processes(list(range(len(batches))), apply_padding=True) as mine:
-                res = self.probe.score(model, batches=[batches[i] for i in mine])
-            done = [j for b in mine for j in batches[b]]
-            shards = gather_object([{"idx": done, "p_yes": res.p_yes[done].tolist(), "yn_mass": res.yn_mass[done].tolist(),
-                                     "yn_top3": res.yn_top3[done].tolist(), "top": res.top_tokens, "n": res.n_forward}])
-            for shard in shards:
-                res.p_yes[shard["idx"]] = shard["p_yes"]
-                res.yn_mass[shard["idx"]] = shard["yn_mass"]
-                res.yn_top3[shard["idx"]] = shard["yn_top3"]
-                res.top_tokens = res.top_tokens or shard["top"]
-            res.n_forward = sum(s["n"] for s in shards)
-        return self.probe.report(res, elapsed=time.perf_counter() - start)
-
-    def _log(self, args, state, metrics, report, event):
+    # ---- where to log ----------------------------------------------------------------------------
+    def _publish(self, args, state, report, metrics, event):
+        """Reporters and log_history on every rank (Trainer.log), then the main process's own outputs."""
         trainer = self._find_trainer()
         if trainer is not None:
             trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
@@ -236,43 +309,69 @@ class MoralProbeCallback(TrainerCallback):
             print(f"[tinymcf] step {state.global_step} ({event})")
             print("\n".join(sanity_lines(report)))
             print(format_table(report["table"]))
-        line = {"step": state.global_step, "epoch": state.epoch, "event": event, "name": self.name,
-                "score": report["score"], "gap": report["gap"], "sn": report["sn"], "metrics": metrics,
-                "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
-                "table": json.loads(report["table"].reset_index().to_json(orient="records"))}
-        try:
-            append_jsonl(os.path.join(args.output_dir, f"moral_probe_{_slug(self.name)}.jsonl"), line)
-        except OSError as e:
-            logger.warning("moral probe [%s]: could not append the history file: %s", self.name, e)
-        self._log_wandb(state, report)
-
-    def _write_checkpoint_report(self, args, state):
-        if not state.is_world_process_zero:
-            return
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if not os.path.isdir(folder):
-            return
-        try:
-            atomic_write_json(os.path.join(folder, f"moral_probe_{_slug(self.name)}.json"),
-                              report_to_json(self.last_report, step=state.global_step, epoch=state.epoch))
-            # trainer_state.json was written before on_save; refresh it so it holds this probe's log entry.
-            if os.path.exists(os.path.join(folder, "trainer_state.json")):
-                state.save_to_json(os.path.join(folder, "trainer_state.json"))
-        except OSError as e:
-            logger.warning("moral probe [%s]: could not write the checkpoint report: %s", self.name, e)
+        append_history(args.output_dir, self.name, report, metrics, step=state.global_step, epoch=state.epoch,
+                       event=event)
+        if reports_to_wandb(args):
+            self._log_wandb(state, report)
 
     def _log_wandb(self, state, report):
-        try:
-            import wandb
-        except ImportError:
+        run = active_wandb_run()
+        if run is None:
             return
-        if getattr(wandb, "run", None) is None:
-            return
-        prefix = f"eval/moral_{_slug(self.name)}"
         try:
-            wandb.define_metric("train/global_step")
-            wandb.define_metric(f"{prefix}/*", step_metric="train/global_step")
-            table = report["table"].reset_index()
-            wandb.log({f"{prefix}/table": wandb.Table(dataframe=table), "train/global_step": state.global_step})
+            if self._wandb_run_id != run.id:
+                define_wandb_metrics(run, self.name)
+                self._wandb_run_id = run.id
+            log_wandb_table(run, self.name, report, state.global_step)
         except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
             logger.warning("moral probe [%s]: wandb table not logged: %s", self.name, e)
+
+    # ---- plumbing ----------------------------------------------------------------------------------
+    def _build_probe(self, tok) -> None:
+        kw = {"token_budget": self.token_budget} if self.token_budget else {}
+        self.probe = Probe(tok, self.name, self.limit, **kw)  # tokenised once, reused at every probe
+
+    def _ensure_probe(self, kwargs) -> None:
+        tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
+        if tok is not None and not hasattr(tok, "apply_chat_template") and hasattr(tok, "tokenizer"):
+            tok = tok.tokenizer  # a processor wrapping a tokenizer
+        if tok is None:
+            raise ValueError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
+                             "or MoralProbeCallback(tokenizer=tok)")
+        self._build_probe(tok)
+
+    def _find_trainer(self):
+        """The Trainer to log through: ``trainer=`` if given, else the one whose handler holds this callback."""
+        if self._trainer is not None:
+            return self._trainer
+        # Fallback: callback events receive no trainer argument, but the Trainer is a caller of this event.
+        frame = inspect.currentframe()
+        try:
+            while frame is not None:
+                obj = frame.f_locals.get("self")
+                handler = getattr(obj, "callback_handler", None)
+                if handler is not None and any(cb is self for cb in getattr(handler, "callbacks", ())):
+                    self._trainer = obj
+                    return obj
+                frame = frame.f_back
+        finally:
+            del frame
+        return None
+
+    def _resume_counting(self, state) -> None:
+        """Take the counters from the checkpoint the run resumed from.
+
+        The Trainer restores callbacks itself only with ``restore_callback_states_from_checkpoint=True``
+        (and then into a new instance); reading the state here makes resuming right by default.
+        """
+        saved = stored_counters(state.stateful_callbacks, type(self).__name__, self.name)
+        if saved is None:
+            logger.info("moral probe [%s]: the checkpoint holds no MoralProbeCallback counters; `every` counts "
+                        "from step %d", self.name, state.global_step)
+            self._start_counting()
+            self.baseline_done = True
+            return
+        known = self.state()["attributes"]
+        for attribute, value in saved.get("attributes", {}).items():
+            if attribute in known:
+                setattr(self, attribute, value)
