@@ -45,7 +45,7 @@ REAL = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty")
 SHORT = {"Care": "care", "Fairness": "fair", "Loyalty": "loyal", "Authority": "auth", "Sanctity": "sanct",
          "Liberty": "liberty"}
 
-# Defaults of the full run and of --quick; chosen by measurement (see docs/demo.md).
+# Defaults of the full run and of --quick; chosen by measurement (README, demo section: "Settings, and why").
 DEFAULTS = {"steps": 50, "eval_every": 10, "limit": 0, "lr": 5e-5, "batch_size": 2}
 QUICK = {"steps": 2, "eval_every": 1, "limit": 2, "lr": 5e-5, "batch_size": 1}
 
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
                       compute_metrics=answer_accuracy, preprocess_logits_for_metrics=answer_argmax)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict, the probe's 30 metrics included
     trainer.add_callback(progress_printer())
-    trainer.add_callback(MoralProbeCallback(name="scifi", limit=limit))
+    trainer.add_callback(MoralProbeCallback(name="scifi", limit=limit, trainer=trainer))
     (out / MARKER).write_text(json.dumps({"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
                                          indent=2) + "\n", encoding="utf-8")
 
