@@ -57,11 +57,22 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
     (["--name", "nope"], "unknown vignette set 'nope'"),
     (["--name", "clifford"], "python -m tinymcf_callback.prepare --name clifford"),
     (["--home", " "], "--home needs a folder"),
+    (["--base-model", "base"], "--base-model applies only with --run-dir"),
+    (["--tokenizer", "tok", "--base-model", "base"], "--base-model, --tokenizer apply only with --run-dir"),
 ])
 def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
     rc = eval_main(["--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
     assert rc == 2
     assert needle in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_needs_a_model_or_a_run_dir(tiny_dir, tmp_path, capsys):
+    for args in ([], ["--model", str(tiny_dir), "--run-dir", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:
+            eval_main(args)
+        assert e.value.code == 2
+        assert "--model" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

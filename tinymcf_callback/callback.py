@@ -33,6 +33,7 @@ from .sets import load_vignettes
 logger = logging.getLogger("tinymcf_callback")
 
 EVENTS = ("evaluate", "save")
+BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 
 
 def _slug(text: str) -> str:
@@ -67,14 +68,24 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
 
 
 # ---- writers: where a finished probe goes besides Trainer.log (main process only) -----------------
-def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
-    """Append one line per probe to ``<output_dir>/moral_probe_<name>.jsonl`` (the run's whole curve)."""
-    line = {"step": step, "epoch": epoch, "event": event, "name": name,
+def history_path(output_dir: str, name: str) -> str:
+    """``<output_dir>/moral_probe_<name>.jsonl``: the run's curve of set ``name`` (also appended to by the sweep)."""
+    return os.path.join(output_dir, f"moral_probe_{_slug(name)}.jsonl")
+
+
+def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
+    """One probe as a history line (schema in the README); ``event`` says what triggered it."""
+    return {"step": step, "epoch": epoch, "event": event, "name": name,
             "score": report["score"], "gap": report["gap"], "sn": report["sn"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
             "table": json.loads(report["table"].reset_index().to_json(orient="records"))}
+
+
+def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
+    """Append one line per probe to ``<output_dir>/moral_probe_<name>.jsonl`` (the run's whole curve)."""
+    line = history_line(name, report, metrics, step=step, epoch=epoch, event=event)
     try:
-        append_jsonl(os.path.join(output_dir, f"moral_probe_{_slug(name)}.jsonl"), line)
+        append_jsonl(history_path(output_dir, name), line)
     except OSError as e:
         logger.warning("moral probe [%s]: could not append the history file: %s", name, e)
 
@@ -248,7 +259,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
         if self.baseline:
             self.baseline_done = True
-            self._probe(args, state, kwargs.get("model"), "train_begin")
+            self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if "evaluate" in self.events:

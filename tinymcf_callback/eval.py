@@ -4,6 +4,9 @@ Loads a causal LM (local folder or Hub id; with HF_HUB_OFFLINE=1 only local), sc
 on a vignette set, prints the sanity lines and the per-foundation table, and writes the
 full report as JSON (``eval_<name>_<tag>.json``, schema in the README) atomically. ``--home DIR`` reads the
 prepared sets of that home (the same as ``TINYMCF_HOME=DIR``).
+
+``--run-dir OUT`` instead sweeps every ``checkpoint-*`` folder of a Trainer output directory into
+``OUT/moral_probe_<name>.jsonl``, the callback's history (see :mod:`tinymcf_callback.sweep`).
 """
 
 from __future__ import annotations
@@ -22,20 +25,34 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tinymcf_callback.eval", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="local model folder or Hugging Face id")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="local model folder or Hugging Face id: score one model")
+    what.add_argument("--run-dir", metavar="OUT", help="a Trainer output directory: score each checkpoint-<step> "
+                      "folder not yet in OUT/moral_probe_<name>.jsonl, in step order, and append it there")
     p.add_argument("--name", default="scifi", help="vignette set (default: scifi)")
     p.add_argument("--home", metavar="DIR", default=None,
                    help=f"where prepared sets and their rewrites are read from, as given to prepare --home "
                         f"(default: ${HOME_VAR}, else the platform's user data folder)")
-    p.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
     p.add_argument("--limit", type=int, default=None, help="score only the first N vignettes")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available; with "
+                   "--run-dir under several processes, each process's own, as with a bare --device cuda)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
-    p.add_argument("--out", default=".", help="folder for the JSON report (default: current folder)")
-    p.add_argument("--gguf-file", default=None, help="GGUF file inside --model, for GGUF checkpoints")
     p.add_argument("--token-budget", type=int, default=None, help="padded tokens per forward call")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    one = p.add_argument_group("one model (--model)")
+    one.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
+    one.add_argument("--out", default=None, help="folder for the JSON report (default: current folder)")
+    one.add_argument("--gguf-file", default=None, help="GGUF file inside --model, for GGUF checkpoints")
+    sweep = p.add_argument_group("checkpoint sweep (--run-dir)")
+    sweep.add_argument("--base-model", metavar="PATH", default=None,
+                       help="the model PEFT adapter checkpoints were trained on (needed for adapter-only checkpoints)")
+    sweep.add_argument("--tokenizer", metavar="PATH", default=None,
+                       help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
     return p
+
+
+ONE_MODEL_ONLY = ("tag", "out", "gguf_file")
+SWEEP_ONLY = ("base_model", "tokenizer")
 
 
 def _check_out_dir(out: Path) -> None:
@@ -56,11 +73,26 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
+def _option_misuse(args: argparse.Namespace) -> str | None:
+    """The options given that do not apply to the chosen mode, as an error message (None if all apply)."""
+    wrong, mode = (ONE_MODEL_ONLY, "--model") if args.run_dir else (SWEEP_ONLY, "--run-dir")
+    given = ["--" + k.replace("_", "-") for k in wrong if getattr(args, k) is not None]
+    if not given:
+        return None
+    return f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} only with {mode}"
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit <= 0:
         print(f"error: --limit must be a positive number of vignettes, got {args.limit}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out)
+    misuse = _option_misuse(args)
+    if misuse:
+        print(f"error: {misuse}", file=sys.stderr)
+        return 2
+    if args.run_dir:
+        return _sweep(args)
+    out_dir = Path(args.out or ".")
     try:
         _check_out_dir(out_dir)  # fail before minutes of scoring, not after
     except OSError as e:
@@ -98,6 +130,42 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: cannot write {path}: {e.strerror}", file=sys.stderr)
         return 2
     print(f"[tinymcf] report written to {path}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """``--run-dir``: the checkpoint sweep; exit 2 for bad input, 1 when some checkpoints could not be scored."""
+    import torch.distributed as dist
+    from transformers.utils import logging as hf_logging
+
+    from .sweep import SweepError, SweepSettings, process_state, run_sweep
+
+    settings = SweepSettings(Path(args.run_dir), args.name, args.limit, base_model=args.base_model,
+                             tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
+                             token_budget=args.token_budget, progress=not args.no_progress)
+    had_group = dist.is_available() and dist.is_initialized()
+    state = process_state(args.device)
+    hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded
+    try:
+        result = run_sweep(settings)
+    except SweepError as e:
+        if state.is_main_process:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if not had_group:
+            state.destroy_process_group()  # the group this sweep started (torchrun / accelerate launch) ends here
+    if not state.is_main_process:
+        return 1 if result.failures else 0
+    skipped = f", {len(result.skipped)} skipped (already in the history)" if result.skipped else ""
+    print(f"[tinymcf] sweep of {settings.run_dir}: {len(result.scored)} checkpoint(s) scored{skipped}, "
+          f"{len(result.failures)} failed; history: {result.history}")
+    if result.failures:
+        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (the others are in the history; "
+              f"a rerun retries only these):", file=sys.stderr)
+        for o in result.failures:
+            print(f"  {o.folder}: {o.error}", file=sys.stderr)
+        return 1
     return 0
 
 

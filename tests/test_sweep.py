@@ -1,0 +1,288 @@
+"""The checkpoint sweep (``eval --run-dir``) on real tiny Trainer runs: the callback's history schema,
+the numbers of each checkpoint scored alone, resuming, failures, PEFT adapters, and two processes
+(torchrun, gloo) writing the one-process history once. Random weights: mechanics only."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_utils import make_trainer, tiny_model
+from transformers import AutoModelForCausalLM
+
+from tinymcf_callback import MoralProbeCallback
+from tinymcf_callback.eval import main as eval_main
+from tinymcf_callback.probe import Probe
+from tinymcf_callback.sweep import (
+    ProbeCache,
+    SweepSettings,
+    current_run_lines,
+    find_checkpoints,
+    recorded_steps,
+    tokenizer_fingerprint,
+)
+
+LIMIT = 2
+HISTORY = "moral_probe_scifi.jsonl"
+MASTER_PORT = "29561"  # test_distributed: 29533, test_fsdp: 29547
+
+
+# ---- runs and helpers ----------------------------------------------------------------------------
+def train(out, tok, callbacks=(), *, peft=False, **kw) -> Path:
+    """A tiny Trainer run saving a checkpoint at every step (model weights only: small and quick)."""
+    trainer = make_trainer(out, tok, callbacks, eval=False, save_steps=1, save_only_model=True,
+                           per_device_train_batch_size=2, **kw)
+    if peft:
+        from peft import LoraConfig, get_peft_model
+
+        trainer.model = trainer.model_wrapped = get_peft_model(
+            trainer.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    trainer.train()
+    return Path(out)
+
+
+def clone(run: Path, dst: Path, *, keep_history=False) -> Path:
+    """A copy of a run folder (files hard-linked: cheap); its history left out unless asked."""
+    def link(src, target):
+        try:
+            os.link(src, target)
+        except OSError:
+            shutil.copy2(src, target)
+
+    shutil.copytree(run, dst, copy_function=link,
+                    ignore=None if keep_history else shutil.ignore_patterns("moral_probe_*.jsonl"))
+    return dst
+
+
+def sweep(run: Path, home: Path, *extra, capsys=None):
+    rc = eval_main(["--run-dir", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", *extra])
+    out = capsys.readouterr() if capsys else None
+    return rc, out
+
+
+def history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / HISTORY).read_text().splitlines()]
+
+
+def keys(line: dict) -> dict:
+    """The schema of a history line: its keys, and those of its info, metrics and table rows."""
+    return {"top": set(line), "info": set(line["info"]), "metrics": set(line["metrics"]),
+            "table": [set(row) for row in line["table"]]}
+
+
+def assert_same_numbers(a, b, where="line", skip=("elapsed_s",)):
+    """Equal structure; numbers within 1e-6 (timings skipped); everything else equal."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            if not any(str(k).endswith(s) for s in skip):
+                assert_same_numbers(a[k], b[k], f"{where}.{k}", skip)
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_numbers(x, y, f"{where}[{i}]", skip)
+    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-6, f"{where}: {a} vs {b}"
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def same_line(a: dict, b: dict) -> None:
+    """Two history lines of one step agree in every number (whatever event wrote them)."""
+    assert_same_numbers({k: v for k, v in a.items() if k != "event"}, {k: v for k, v in b.items() if k != "event"})
+
+
+@pytest.fixture(scope="module")
+def reference_probe(qwen_tok):
+    """The simplest reference: ``Probe.run`` of the training tokenizer on a checkpoint loaded directly."""
+    return Probe(qwen_tok, "scifi", LIMIT)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("sweep_home")
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, qwen_tok):
+    """Trained without the callback: checkpoint-1, -2, -3 and no history."""
+    return train(tmp_path_factory.mktemp("plain"), qwen_tok, max_steps=3)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, plain_run, home):
+    """A copy of the plain run, swept by one process."""
+    run = clone(plain_run, tmp_path_factory.mktemp("swept") / "run")
+    rc, _ = sweep(run, home)
+    assert rc == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, qwen_tok):
+    """A LoRA run (adapter-only checkpoint-1 and -2) with the callback probing at each save, no baseline.
+
+    Returns ``(run, base)``: ``base`` is the saved model the adapters were trained on.
+    """
+    base = tmp_path_factory.mktemp("base")
+    tiny_model(seed=0).save_pretrained(base)  # the model make_trainer starts from
+    qwen_tok.save_pretrained(base)
+    cb = MoralProbeCallback(name="scifi", limit=LIMIT, events="save", baseline=False, verbose=False)
+    run = train(tmp_path_factory.mktemp("lora"), qwen_tok, [cb], peft=True, max_steps=2, learning_rate=1e-2)
+    return run, base
+
+
+# ---- tests ---------------------------------------------------------------------------------------
+def test_sweep_scores_each_checkpoint_as_if_alone(swept, reference_probe):
+    lines = history(swept)
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert {line["event"] for line in lines} == {"sweep"} and {line["name"] for line in lines} == {"scifi"}
+    for line in lines:
+        folder = swept / f"checkpoint-{line['step']}"
+        assert line["epoch"] == json.loads((folder / "trainer_state.json").read_text())["epoch"]
+        ref = reference_probe.run(AutoModelForCausalLM.from_pretrained(folder))
+        for field in ("score", "gap", "sn"):
+            assert (line[field] is None and ref[field] is None) or abs(line[field] - ref[field]) <= 1e-6, field
+        for field in ("yn_mass_mean", "yn_mass_min", "frame_agreement", "n_prompts", "n_vignettes"):
+            assert line["info"][field] == pytest.approx(ref["info"][field], abs=1e-6), field
+        table = ref["table"].reset_index().to_dict(orient="records")
+        assert_same_numbers([{k: v for k, v in r.items() if v is not None} for r in line["table"]],
+                            [{k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))}
+                             for r in table])
+    # training moved the weights: each line is its own checkpoint, not one model scored three times
+    assert len({line["info"]["yn_mass_mean"] for line in lines}) == 3
+
+
+def test_schema_is_the_callbacks(swept, lora_run):
+    written_by_callback = history(lora_run[0])[0]
+    assert written_by_callback["event"] == "save" and written_by_callback["step"] == 1
+    for line in history(swept):
+        assert keys(line) == keys(written_by_callback)
+
+
+def test_rerun_appends_nothing(swept, home, capsys):
+    before = (swept / HISTORY).read_bytes()
+    rc, out = sweep(swept, home, capsys=capsys)
+    assert rc == 0
+    assert (swept / HISTORY).read_bytes() == before
+    assert "0 checkpoint(s) scored, 3 skipped (already in the history)" in out.out
+
+
+def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys):
+    """Adapter checkpoints need --base-model; a step the callback logged is skipped and its line kept."""
+    callback_run, base = lora_run
+    run = clone(callback_run, tmp_path / "run")
+    assert (run / "checkpoint-1" / "adapter_config.json").exists()
+    assert not (run / "checkpoint-1" / "model.safetensors").exists()
+    callback_lines = (callback_run / HISTORY).read_bytes().splitlines(keepends=True)
+    assert len(callback_lines) == 2
+    (run / HISTORY).write_bytes(callback_lines[0])  # the callback's step-1 line only
+
+    rc, out = sweep(run, home, capsys=capsys)
+    assert rc == 2 and "checkpoint-2 is a PEFT adapter" in out.err and "pass --base-model PATH" in out.err
+    assert len(out.err.strip().splitlines()) == 1 and (run / HISTORY).read_bytes() == callback_lines[0]
+
+    rc, _ = sweep(run, home, "--base-model", str(base))
+    assert rc == 0
+    assert (run / HISTORY).read_bytes().startswith(callback_lines[0])  # untouched, byte for byte
+    lines = history(run)
+    assert [(line["step"], line["event"]) for line in lines] == [(1, "save"), (2, "sweep")]
+    # The callback scored the live LoRA model at step 2; the sweep, base + the adapter saved there.
+    same_line(lines[1], json.loads(callback_lines[1]))
+    assert lines[1]["info"]["yn_mass_mean"] != lines[0]["info"]["yn_mass_mean"]  # the adapter moved the model
+
+
+def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, tmp_path, home, capsys):
+    run = clone(plain_run, tmp_path / "run")
+    (run / HISTORY).write_text(json.dumps(history(swept)[0]) + "\n")  # step 1 done: only 2 and 3 to score
+    weights = run / "checkpoint-2" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()  # a hard link: write a new, truncated file instead of truncating the shared one
+    weights.write_bytes(data[: len(data) // 3])
+    rc, out = sweep(run, home, capsys=capsys)
+    assert rc == 1
+    assert "checkpoint-2: not scored: SafetensorError" in out.err
+    assert "1 checkpoint(s) could not be scored" in out.err and "\n  checkpoint-2: SafetensorError" in out.err
+    assert [line["step"] for line in history(run)] == [1, 3]  # the sweep went on after the failure
+    same_line(history(run)[1], history(swept)[2])
+    # a rerun retries only the failed checkpoint
+    before = (run / HISTORY).read_bytes()
+    rc, out = sweep(run, home, capsys=capsys)
+    assert rc == 1 and "2 skipped" in out.out and (run / HISTORY).read_bytes() == before
+
+
+def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_path, home):
+    run = clone(plain_run, tmp_path / "run")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", MASTER_PORT, "-m", "tinymcf_callback.eval", "--run-dir", str(run),
+                        "--limit", str(LIMIT), "--home", str(home), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # the work was split: each process scored checkpoints (3 checkpoints: rounds [1, 2] and [3])
+    assert "checkpoint-1 on process 1 of 2" in p.stdout and "checkpoint-2 on process 2 of 2" in p.stdout
+    assert p.stdout.count("checkpoint(s) scored") == 1  # the summary from the main process only
+    two, one = history(run), history(swept)
+    assert [line["step"] for line in two] == [1, 2, 3]  # written once, in step order
+    assert_same_numbers(two, one)
+
+
+# ---- bad input and the pieces --------------------------------------------------------------------
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "no such folder"),
+    ("empty", "holds no checkpoint-<step> folders"),
+    ("unknown_set", "unknown vignette set 'nope'"),
+    ("tag", "--tag applies only with --model"),
+    ("other_limit", "pass the --limit the history was written with"),
+])
+def test_bad_input_exits_2_with_one_error_line(case, needle, swept, tmp_path, home, capsys):
+    before = (swept / HISTORY).read_bytes()
+    args = {
+        "missing": ["--run-dir", str(tmp_path / "nope")],
+        "empty": ["--run-dir", str(tmp_path)],
+        "unknown_set": ["--run-dir", str(swept), "--name", "nope"],
+        "tag": ["--run-dir", str(swept), "--tag", "x"],
+        "other_limit": ["--run-dir", str(swept), "--limit", "3"],
+    }[case]
+    rc = eval_main([*args, "--home", str(home), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and needle in err
+    assert (swept / HISTORY).read_bytes() == before
+
+
+def test_checkpoints_in_numeric_step_order(tmp_path):
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100", "checkpoint-x", "tmp-checkpoint-5"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-7").write_text("a file, not a checkpoint")
+    (tmp_path / "checkpoint-9" / "trainer_state.json").write_text('{"epoch": 1.5}')
+    found = find_checkpoints(tmp_path)
+    assert [c.step for c in found] == [9, 10, 100]  # lexicographic order would put 10 and 100 before 9
+    assert [c.epoch for c in found] == [1.5, None, None]
+
+
+def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
+    path = tmp_path / HISTORY
+    old_run = [{"step": s, "event": e} for s, e in ((0, "train_begin"), (1, "save"), (2, "save"))]
+    path.write_text("".join(json.dumps(x) + "\n" for x in [*old_run, {"step": 0, "event": "train_begin"}]))
+    assert recorded_steps(current_run_lines(path)) == {0}  # steps 1 and 2 of the earlier run are not done
+    path.write_text("".join(json.dumps(x) + "\n" for x in old_run) + '{"step": 3, "eve')  # torn last line
+    assert recorded_steps(current_run_lines(path)) == {0, 1, 2}
+
+
+def test_one_probe_per_tokenizer(plain_run, tmp_path):
+    run = clone(plain_run, tmp_path / "run")
+    checkpoints = find_checkpoints(run)
+    prints = [tokenizer_fingerprint(str(c.folder)) for c in checkpoints]
+    assert prints[0] == prints[1] == prints[2]
+    config = run / "checkpoint-3" / "tokenizer_config.json"
+    text = json.loads(config.read_text())
+    config.unlink()  # a hard link: replace, do not edit
+    config.write_text(json.dumps({**text, "model_max_length": 12345}))
+    assert tokenizer_fingerprint(str(checkpoints[2].folder)) != prints[0]
+    probes = ProbeCache(SweepSettings(run, "scifi", LIMIT))
+    assert probes.for_checkpoint(checkpoints[0]) is probes.for_checkpoint(checkpoints[1]) and len(probes) == 1
