@@ -1,6 +1,7 @@
 """analyse(): exact values on hand-computed examples (pure pandas, no model)."""
 
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -28,9 +29,12 @@ def test_hand_computed_example():
     meta = _meta([("a", "Care", 3.0), ("b", "Care", 1.0), ("c", "Social Norms", 0.5)])
     table_in = {
         # id: {condition: (p_yes_wrong, p_yes_accept)}
-        "a": {"other_violate": (0.9, 0.2), "other_uphold": (0.3, 0.8), "self_violate": (0.7, 0.4), "self_uphold": (0.5, 0.5)},
-        "b": {"other_violate": (0.5, 0.5), "other_uphold": (0.1, 0.9), "self_violate": (0.6, 0.6), "self_uphold": (0.2, 0.6)},
-        "c": {"other_violate": (0.6, 0.6), "other_uphold": (0.6, 0.6), "self_violate": (0.4, 0.4), "self_uphold": (0.5, 0.7)},
+        "a": {"other_violate": (0.9, 0.2), "other_uphold": (0.3, 0.8),
+              "self_violate": (0.7, 0.4), "self_uphold": (0.5, 0.5)},
+        "b": {"other_violate": (0.5, 0.5), "other_uphold": (0.1, 0.9),
+              "self_violate": (0.6, 0.6), "self_uphold": (0.2, 0.6)},
+        "c": {"other_violate": (0.6, 0.6), "other_uphold": (0.6, 0.6),
+              "self_violate": (0.4, 0.4), "self_uphold": (0.5, 0.7)},
     }
     p_yes = [table_in[r.id][r.condition][0 if r.frame == "wrong" else 1] for r in meta.itertuples()]
     mass = np.linspace(0.3, 0.9, len(meta))
@@ -73,7 +77,8 @@ def test_hand_computed_example():
 def test_headline_score_is_mean_over_real_foundations_only():
     meta = _meta([("a", "Care", np.nan), ("b", "Fairness", np.nan), ("c", "Social Norms", np.nan)])
     ov = {"a": 0.8, "b": 0.4, "c": 0.9}
-    p_yes = [(ov[r.id] if r.condition == "other_violate" else 0.5) if r.frame == "wrong" else 0.5 for r in meta.itertuples()]
+    p_yes = [(ov[r.id] if r.condition == "other_violate" else 0.5) if r.frame == "wrong" else 0.5
+             for r in meta.itertuples()]
     out = analyse(p_yes, meta)
     # s = p_wrong - p_accept: Care 0.3 - 0, Fairness -0.1 - 0; Social Norms excluded from the score
     assert out["score"] == pytest.approx((0.3 - 0.1) / 2)
@@ -89,3 +94,11 @@ def test_missing_pieces_give_none_not_errors():
     with pytest.raises(ValueError, match="8 prompts"):
         analyse([0.5] * 3, meta)
     assert not math.isnan(out["sn"])
+
+
+def test_elapsed_defaults_to_seconds_since_prompts_were_formatted():
+    meta = _meta([("a", "Care", np.nan)])
+    assert analyse([0.5] * len(meta), meta)["info"]["elapsed_s"] is None  # no stamp, nothing given: unknown
+    meta.attrs["formatted_at"] = time.time() - 5.0  # as format_prompts stamps it
+    assert analyse([0.5] * len(meta), meta)["info"]["elapsed_s"] == pytest.approx(5.0, abs=1.0)
+    assert analyse([0.5] * len(meta), meta, elapsed=0.5)["info"]["elapsed_s"] == 0.5  # given wins

@@ -1,5 +1,6 @@
 """The scoring engine: exact maths, batching invariance, last-position only, state restored."""
 
+import logging
 import random
 
 import numpy as np
@@ -41,8 +42,8 @@ def test_score_prompts_exact(qwen_tok):
 def _alone_vs_batched(model, probe, idx):
     res_batch = probe.score(model, batches=[idx])
     alone = [probe.score(model, batches=[[i]]) for i in idx]
-    p_alone = np.array([r.p_yes[i] for r, i in zip(alone, idx)])
-    m_alone = np.array([r.yn_mass[i] for r, i in zip(alone, idx)])
+    p_alone = np.array([r.p_yes[i] for r, i in zip(alone, idx, strict=True)])
+    m_alone = np.array([r.yn_mass[i] for r, i in zip(alone, idx, strict=True)])
     return res_batch.p_yes[idx], p_alone, res_batch.yn_mass[idx], m_alone
 
 
@@ -113,12 +114,17 @@ def test_probe_mode_restores_modes_and_rng(tiny_qwen):
     tiny_qwen.train()
     tiny_qwen.model.layers[0].eval()  # a mixed state must come back exactly
     before = {n: m.training for n, m in tiny_qwen.named_modules()}
-    random.seed(1); np.random.seed(1); torch.manual_seed(1)
+    def seed_all():
+        random.seed(1)
+        np.random.seed(1)
+        torch.manual_seed(1)
+
+    seed_all()
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    random.seed(1); np.random.seed(1); torch.manual_seed(1)
+    seed_all()
     with probe_mode(tiny_qwen):
         assert not tiny_qwen.training and torch.is_inference_mode_enabled()
-        random.random(); np.random.rand(); torch.rand(3)  # the probe may consume randomness
+        random.random(), np.random.rand(), torch.rand(3)  # the probe may consume randomness
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
     assert {n: m.training for n, m in tiny_qwen.named_modules()} == before
     tiny_qwen.eval()
@@ -168,23 +174,51 @@ def test_shared_prefix_matches_full_prompts(which, request):
     assert a.n_forward == 1 + 2 * len(shared.batches)  # root once, then scenario + questions per batch
 
 
-def test_model_without_cache_falls_back_to_full_prompts(tiny_qwen, qwen_tok):
-    class NoCache(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-            self.config = inner.config
+class _Inner(torch.nn.Module):
+    """A hand-written model around the tiny Qwen3, with the forward arguments a test chooses."""
 
-        def get_input_embeddings(self):
-            return self.inner.get_input_embeddings()
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
 
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+
+def test_model_without_cache_gets_full_prompts(tiny_qwen, qwen_tok, caplog):
+    class NoCache(_Inner):
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0):
             return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                               logits_to_keep=logits_to_keep)
 
     probe = Probe(qwen_tok, "scifi", limit=2)
-    a, b = probe.score(NoCache(tiny_qwen)), probe.score(tiny_qwen)
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        a, b = probe.score(NoCache(tiny_qwen)), probe.score(tiny_qwen)
     assert a.n_forward == len(probe.batches) and np.abs(a.p_yes - b.p_yes).max() < 1e-5
+    assert [r.getMessage() for r in caplog.records] == [
+        "NoCache cannot take the shared-prefix path: its forward takes no key/value cache; scoring full prompts "
+        "(same scores, more compute)"]
+
+
+def test_model_rejecting_the_cache_at_run_time_falls_back_once(tiny_qwen, qwen_tok, caplog):
+    class RejectsCache(_Inner):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0,
+                    cache=None):
+            if cache is not None:
+                raise NotImplementedError("no cache here")
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep)
+
+    probe = Probe(qwen_tok, "scifi", limit=2, token_budget=300)
+    model = RejectsCache(tiny_qwen)
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        a = probe.score(model)
+    assert a.n_forward == len(probe.batches) > 1  # the failed attempt is not counted
+    assert np.abs(a.p_yes - probe.score(tiny_qwen).p_yes).max() < 1e-5
+    assert [r.getMessage() for r in caplog.records] == [
+        "shared-prefix scoring is not supported by RejectsCache (NotImplementedError: no cache here); "
+        "scoring full prompts"]
 
 
 def test_compiled_model_scores_like_eager(tiny_qwen, qwen_tok):
@@ -194,3 +228,33 @@ def test_compiled_model_scores_like_eager(tiny_qwen, qwen_tok):
     res = probe.score(compiled)
     assert res.n_forward == ref.n_forward  # shared-prefix path kept: the signature is read through _orig_mod
     assert np.abs(res.p_yes - ref.p_yes).max() < 1e-5
+
+
+@pytest.mark.parametrize("limit", [True, False, 0, -1, 1.5, "2"])
+def test_limit_must_be_a_positive_whole_number(limit, qwen_tok):
+    with pytest.raises(ValueError, match="limit must be a positive whole number"):
+        Probe(qwen_tok, "scifi", limit=limit)
+    assert len(Probe(qwen_tok, "scifi", limit=np.int64(2)).vignettes) == 2
+
+
+def test_probe_reports_only_its_own_elapsed(tiny_qwen, qwen_tok):
+    probe = Probe(qwen_tok, "scifi", limit=1)
+    res = probe.score(tiny_qwen)
+    assert probe.report(res)["info"]["elapsed_s"] is None  # not "seconds since the Probe was built"
+    assert probe.report(res, elapsed=0.25)["info"]["elapsed_s"] == 0.25
+    assert 0 < probe.run(tiny_qwen)["info"]["elapsed_s"] < 60
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_any_non_finite_logit_raises_and_large_finite_ones_do_not(bad, qwen_tok):
+    from tinymcf_callback.engine import ScoreResult, _record
+
+    vocab = len(qwen_tok)
+    res = ScoreResult(np.full(2, np.nan), np.full(2, np.nan), np.zeros(2, dtype=bool))
+    answer_ids = torch.tensor([7414, 2308])
+    big = torch.full((2, vocab), 60000.0, dtype=torch.float16)  # its sum overflows float16, not the check
+    _record(res, [0, 1], big, qwen_tok, answer_ids, None)
+    logits = torch.zeros((2, vocab))
+    logits[1, 12345] = bad  # one entry of one row
+    with pytest.raises(FloatingPointError, match="NaN or infinite"):
+        _record(res, [0, 1], logits, qwen_tok, answer_ids, None)

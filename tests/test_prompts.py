@@ -1,6 +1,7 @@
 """Prompt formatting and Yes/No token discovery on real tokenizers."""
 
 import copy
+import time
 
 import pytest
 
@@ -38,7 +39,9 @@ def test_trailing_space_prefill_is_refused(qwen_tok):
 
 def test_format_prompts_covers_vignette_condition_frame(qwen_tok):
     vs = load_vignettes("scifi", limit=3)
+    before = time.time()
     prompts, meta = format_prompts(qwen_tok, vs)
+    assert before <= meta.attrs["formatted_at"] <= time.time()  # analyse's elapsed_s counts from here
     assert len(prompts) == len(meta) == 3 * len(CONDITIONS) * len(FRAMES)
     assert list(meta.columns) == ["id", "foundation", "foundation_coarse", "condition", "frame", "wrong"]
     r = meta.iloc[11]

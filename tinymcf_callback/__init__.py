@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "analyse": "analysis",
+    "AnswerScores": "engine",
     "MoralProbeCallback": "callback",
     "score_prompts": "engine",
     "Probe": "probe",
@@ -24,6 +25,8 @@ _EXPORTS = {
     "ProbeDataError": "sets",
     "available_sets": "sets",
     "load_vignettes": "sets",
+    "UnsupportedModelError": "model_info",
+    "unwrap_model": "model_info",
 }
 
 __all__ = sorted(_EXPORTS)

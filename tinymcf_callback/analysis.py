@@ -16,6 +16,8 @@ should stay near 0.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -32,6 +34,12 @@ def _corr(a, b) -> float | None:
 
 def _num(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
+
+
+def _elapsed(meta: pd.DataFrame) -> float | None:
+    """Seconds since ``format_prompts`` stamped ``meta`` (None when it carries no stamp)."""
+    stamp = meta.attrs.get("formatted_at")
+    return None if stamp is None else time.time() - float(stamp)
 
 
 def scenario_scores(p_yes, meta: pd.DataFrame, yn_mass=None) -> pd.DataFrame:
@@ -63,6 +71,10 @@ def analyse(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None = Non
     (``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``,
     ``n_prompts``, ``elapsed_s``). Missing parts give NaN in the table and None in the
     headline numbers, never an exception.
+
+    ``elapsed_s`` is ``elapsed`` when given. Otherwise, when ``meta`` comes from
+    ``format_prompts``, it is the seconds since the prompts were formatted (so it covers
+    tokenising and your own forward pass); else None.
     """
     if len(meta) != len(np.asarray(p_yes)):
         raise ValueError(f"p_yes has {len(np.asarray(p_yes))} values for {len(meta)} prompts")
@@ -96,6 +108,6 @@ def analyse(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None = Non
         "human_corr": human,
         "n_prompts": int(len(meta)),
         "n_vignettes": int(meta["id"].nunique()),
-        "elapsed_s": elapsed,
+        "elapsed_s": _elapsed(meta) if elapsed is None else elapsed,
     }
     return {"table": table, "score": _num(score), "gap": _num(gap), "sn": _num(sn), "info": info, "scenarios": sc}

@@ -8,14 +8,26 @@ through it: one code path for "score these prompts".
 
 from __future__ import annotations
 
+import numbers
 import time
 
 import numpy as np
 import pandas as pd
 
 from .analysis import analyse
-from .engine import (DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, ScoreResult, check_context, encode_prompts,
-                     plan_batches, plan_group_batches, plan_prefixes, probe_mode, run_batches)
+from .engine import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_TOKEN_BUDGET,
+    ScoreResult,
+    check_context,
+    encode_prompts,
+    plan_batches,
+    plan_group_batches,
+    plan_prefixes,
+    probe_mode,
+    run_batches,
+)
+from .model_info import check_causal_lm
 from .prompts import DEFAULT_ANSWER_PREFIX, FRAMES, answer_token_ids, format_prompts
 from .sets import load_vignettes
 
@@ -30,23 +42,25 @@ class Probe:
     Args:
         tok: the model's tokenizer (chat template used when present).
         name: vignette set (``scifi``, ``clifford`` once prepared, or your own).
-        limit: keep the first ``limit`` vignettes (smoke tests).
+        limit: keep the first ``limit`` vignettes (smoke tests); a positive integer (not ``True``).
         answer_prefix: pre-fill of the assistant turn (see ``prompts``).
         token_budget: padded tokens per forward call; lower it to save memory.
         max_batch_size: prompts per forward call at most.
         share_prefix: compute shared prompt prefixes once (the chat header for all prompts,
             the scenario for its two frames) and reuse their key/value cache; same scores,
-            fewer FLOPs. Models that take no cache fall back to full prompts.
+            fewer FLOPs. Models where that would change a score (sliding-window, chunked or
+            recurrent layers, no ``position_ids``, no cache) get full prompts, logged once.
     """
 
     def __init__(self, tok, name: str = "scifi", limit: int | None = None, *,
                  answer_prefix: str = DEFAULT_ANSWER_PREFIX, token_budget: int = DEFAULT_TOKEN_BUDGET,
                  max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True):
         self.tok, self.name = tok, name
-        self.vignettes = load_vignettes(name, limit=limit)
+        self.vignettes = load_vignettes(name, limit=check_limit(limit))
         self.has_human = any("wrong" in v for v in self.vignettes)
         answer_token_ids(tok)  # fail now, not at the first checkpoint, when Yes/No are missing
         self.prompts, self.meta = format_prompts(tok, self.vignettes, answer_prefix)
+        self.meta.attrs.pop("formatted_at", None)  # a Probe outlives its prompts: it times each run itself
         if not self.has_human:
             self.meta = self.meta.drop(columns="wrong")
         self.encoded = encode_prompts(tok, self.prompts)
@@ -65,7 +79,12 @@ class Probe:
         return len(self.prompts)
 
     def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None) -> ScoreResult:
-        """Run the model on ``batches`` (default: all) in eval + inference mode, state restored after."""
+        """Run the model on ``batches`` (default: all) in eval + inference mode, state restored after.
+
+        Raises ``UnsupportedModelError`` (a ``ValueError``) before any forward call when the
+        model is not a causal LM with its LM head, ``ValueError`` when a prompt exceeds its context.
+        """
+        check_causal_lm(model)
         check_context(model, self.encoded, self.labels)
         with probe_mode(model):
             return run_batches(model, self.encoded, self.batches if batches is None else batches, self.tok,
@@ -92,11 +111,21 @@ class Probe:
         return self.report(res, elapsed=time.perf_counter() - start)
 
 
+def check_limit(limit):
+    """``limit`` as an int, or None; refuses ``True``, zero, negatives and fractions with a ``ValueError``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0:
+        raise ValueError(f"limit must be a positive whole number of vignettes (or None for all), got {limit!r}")
+    return int(limit)
+
+
 def sanity_warnings(score, info: dict, res: ScoreResult) -> list[str]:
     out = []
     if info["yn_mass_mean"] is not None and info["yn_mass_mean"] < MIN_YN_MASS:
-        out.append(f"mean Yes+No probability mass is {info['yn_mass_mean']:.3f} (< {MIN_YN_MASS}): the model mostly "
-                   "wants to say something else at the answer position, so P(Yes) is read off a small part of its belief")
+        out.append(f"mean Yes+No probability mass is {info['yn_mass_mean']:.3f} (< {MIN_YN_MASS}): the model "
+                   "mostly wants to say something else at the answer position, so P(Yes) is read off a small part "
+                   "of its belief")
     if res.top_tokens:
         sample_top3 = [t.strip().lower() for t, _ in res.top_tokens[:3]]
         if not {"yes", "no"} & set(sample_top3):
@@ -120,7 +149,8 @@ def sanity_lines(report: dict) -> list[str]:
         lines.append(f"[tinymcf] top-10 next tokens (sample prompt): {tops}")
     lines.append(f"[tinymcf] yn_mass mean={f(info['yn_mass_mean'])} min={f(info['yn_mass_min'])} "
                  f"Yes/No in top 3: {f(info['yn_top3_rate'], '.0%')} of prompts")
-    lines.append(f"[tinymcf] inter-frame agreement corr(P(Yes|wrong), 1-P(Yes|acceptable)) = {f(info['frame_agreement'])}")
+    lines.append("[tinymcf] inter-frame agreement corr(P(Yes|wrong), 1-P(Yes|acceptable)) = "
+                 f"{f(info['frame_agreement'])}")
     if info.get("human_corr") is not None or report.get("name") == "clifford":
         lines.append(f"[tinymcf] correlation of s(other_violate) with human wrongness = {f(info['human_corr'])}")
     lines.append(f"[tinymcf] score={f(report['score'], '+.3f')} gap={f(report['gap'], '+.3f')} "

@@ -15,6 +15,8 @@ trailing space (``"A: "``) collapses it to 0.02 because it leaves a lone space t
 
 from __future__ import annotations
 
+import contextlib
+import time
 import weakref
 
 import pandas as pd
@@ -62,11 +64,14 @@ def _adds_bos(tok) -> bool:
     return bool(ids) and ids[0] == tok.bos_token_id
 
 
-def format_prompts(tok, vignettes: list[dict], answer_prefix: str = DEFAULT_ANSWER_PREFIX) -> tuple[list[str], pd.DataFrame]:
+def format_prompts(tok, vignettes: list[dict],
+                   answer_prefix: str = DEFAULT_ANSWER_PREFIX) -> tuple[list[str], pd.DataFrame]:
     """All prompts for ``vignettes`` x ``CONDITIONS`` x ``FRAMES``, and their labels.
 
     ``meta`` has one row per prompt: ``id``, ``foundation``, ``foundation_coarse``,
     ``condition``, ``frame`` and ``wrong`` (human rating, NaN where the set has none).
+    ``meta.attrs["formatted_at"]`` holds the time (``time.time()``) the prompts were made:
+    ``analyse`` reports the seconds since then as ``elapsed_s`` when not given an ``elapsed``.
     """
     prompts, rows = [], []
     for v in vignettes:
@@ -77,10 +82,12 @@ def format_prompts(tok, vignettes: list[dict], answer_prefix: str = DEFAULT_ANSW
                     "id": v["id"], "foundation": v["foundation"], "foundation_coarse": v["foundation_coarse"],
                     "condition": cond, "frame": frame, "wrong": v.get("wrong", float("nan")),
                 })
-    return prompts, pd.DataFrame(rows)
+    meta = pd.DataFrame(rows)
+    meta.attrs["formatted_at"] = time.time()
+    return prompts, meta
 
 
-_ANSWER_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ANSWER_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def answer_token_ids(tok) -> tuple[list[int], list[int]]:
@@ -105,8 +112,6 @@ def answer_token_ids(tok) -> tuple[list[int], list[int]]:
             "so it needs a tokenizer whose vocabulary has Yes and No tokens"
         )
     result = (yes, no)
-    try:
+    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced: computed again next time
         _ANSWER_IDS[tok] = result
-    except TypeError:
-        pass
     return result

@@ -1,0 +1,67 @@
+"""The original project's documented lower-level API, run exactly as its README writes it.
+
+    prompts, meta = format_prompts(tok, vignettes)
+    # ... your own forward pass returning [N, V] logits at the answer position ...
+    scored = score_prompts(logits, tok)
+    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"])
+    print(report["info"])
+
+with ``vignettes = load_vignettes("scifi")`` (all 51 vignettes, 408 prompts) and a forward
+pass written here, independent of the engine: left-padded batches, positions that skip
+the padding, the last position's logits.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from tinymcf_callback import Probe, analyse, format_prompts, load_vignettes, score_prompts
+
+
+def my_forward(model, tok, prompts, batch_size=32):
+    """A user's own forward pass: ``[N, V]`` logits at each prompt's answer position."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            enc = tok(prompts[start:start + batch_size], add_special_tokens=False, padding=True,
+                      padding_side="left", return_tensors="pt")
+            positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+            out.append(model(**enc, position_ids=positions, logits_to_keep=1).logits[:, -1])
+    return torch.cat(out)
+
+
+def test_documented_snippet_runs_as_written(tiny_qwen, qwen_tok, capsys):
+    model, tok = tiny_qwen, qwen_tok
+    vignettes = load_vignettes("scifi")
+
+    prompts, meta = format_prompts(tok, vignettes)
+    logits = my_forward(model, tok, prompts)
+    scored = score_prompts(logits, tok)
+    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"])
+    print(report["info"])
+
+    printed = capsys.readouterr().out
+    assert logits.shape == (408, model.config.vocab_size)
+    for key in ("yn_mass_mean", "frame_agreement", "elapsed_s"):
+        assert key in printed and report["info"][key] is not None, key
+    assert report["info"]["elapsed_s"] > 0  # seconds since format_prompts: covers the forward pass above
+    assert isinstance(scored["p_yes"], np.ndarray) and isinstance(scored["yn_mass"], np.ndarray)
+
+    probe = Probe(tok, "scifi").run(model)  # the same numbers through the package's own engine
+    assert np.abs(scored["p_yes"] - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
+    assert np.abs(scored["yn_mass"] - probe["raw"]["yn_mass"].to_numpy()).max() < 1e-5
+    for key in ("score", "gap", "sn"):
+        assert abs(report[key] - probe[key]) < 1e-5, key
+    for key in ("yn_mass_mean", "yn_mass_min", "frame_agreement"):
+        assert abs(report["info"][key] - probe["info"][key]) < 1e-5, key
+
+
+def test_score_prompts_reads_as_a_mapping_and_as_the_old_tuple(tiny_qwen, qwen_tok):
+    logits = torch.randn(3, tiny_qwen.config.vocab_size)
+    scored = score_prompts(logits, qwen_tok)
+    p_yes, yn_mass = scored  # code written for the earlier tuple keeps working
+    assert p_yes is scored["p_yes"] is scored.p_yes is scored[0] and yn_mass is scored["yn_mass"]
+    assert list(scored.keys()) == ["p_yes", "yn_mass"] and "p_yes" in scored and "logits" not in scored
+    assert set(dict(scored)) == {"p_yes", "yn_mass"} and {**scored}["yn_mass"] is yn_mass
+    with pytest.raises(KeyError, match="p_yes, yn_mass"):
+        scored["p_no"]
