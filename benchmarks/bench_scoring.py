@@ -69,11 +69,10 @@ FOREIGN_LOAD_WARN = 0.2  # CPUs kept busy by other processes during the timed ru
 # --------------------------------------------------------------------------- worker side
 
 def load_model(key: str):
+    import offline_assets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    import offline_assets
 
     hf_logging.disable_progress_bar()
     if key == "smollm2":
@@ -334,9 +333,9 @@ def format_table(rows: list[dict]) -> str:
             f"{r['logits_mb']:.1f}", "-" if tiny else f"{r['max_abs_dp_yes']:.1e}",
             "ref" if tiny else ("PASS" if r["agree"] else "FAIL"), f"{r['foreign_cpu_cores']:.2f}",
         ))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
     fmt = lambda row: "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)  # noqa: E731
-                                for i, (x, w) in enumerate(zip(row, widths)))
+                                for i, (x, w) in enumerate(zip(row, widths, strict=True)))
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
 
 
@@ -366,7 +365,8 @@ def export_ref(ref: str, dest: Path) -> Path:
         subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", b"") or b""
-        raise SystemExit(f"--baseline-ref {ref}: cannot export that commit ({detail.decode(errors='replace').strip() or e})")
+        why = detail.decode(errors="replace").strip() or e
+        raise SystemExit(f"--baseline-ref {ref}: cannot export that commit ({why})") from None
     script = folder / "benchmarks" / "bench_scoring.py"
     if not script.is_file():
         raise SystemExit(f"--baseline-ref {ref}: that commit has no benchmarks/bench_scoring.py")
@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         if "@" in r["method"]:
             print(f"{r['model']}: the engine of {r['method'].split('@', 1)[1]} takes {r['tinymcf_speedup']:.2f}x "
                   "the time of today's (above 1: today's is faster)")
-    payload = {"date": date, "baseline_ref": args.baseline_ref or None, "machine": machine, "quick": args.quick, "runs": args.runs,
+    payload = {"date": date, "baseline_ref": args.baseline_ref or None, "machine": machine, "quick": args.quick,
+               "runs": args.runs,
                "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,
                "all_agree": all(r["agree"] for r in rows), "max_foreign_cpu_cores": busy, "total_wall_s": total,
                "waited_for_quiet_s": waited_total}

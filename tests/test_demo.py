@@ -1,4 +1,5 @@
-"""examples/demo.py: its training data stays apart from the probe's vignettes, and --quick runs end to end."""
+"""examples/demo.py: its training data stays apart from the probe's vignettes, and --quick runs end to end
+(figure included); examples/validity.py: its three labellings and the rules of its claims."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import demo  # examples/ is on sys.path (conftest)
+import pytest
+import validity
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def test_contrast_pairs_and_answer_only_labels(smollm2_path):
 
 
 @pytest.mark.slow
-def test_quick_demo_end_to_end(tmp_path):
+def test_quick_demo_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "demo"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     p = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--quick", "--output-dir", str(out)],
@@ -82,6 +83,17 @@ def test_quick_demo_end_to_end(tmp_path):
     summary = json.loads((out / "demo_run.json").read_text())
     assert [c["step"] for c in summary["checkpoints"]] == steps
     assert "per checkpoint" in p.stdout and "TensorBoard logs:" in p.stdout
+    figure = out / "moral_probe_scifi.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+    assert f"curves: {figure}" in p.stdout
+
+    # without matplotlib (the [plot] extra) the demo names the extra and goes on, drawing nothing
+    figure.unlink()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    assert demo.draw_curves(out) is None
+    said = capsys.readouterr().out
+    assert "tinymcf_callback[plot]" in said and "no figure drawn" in said and not figure.exists()
+    monkeypatch.undo()
 
     # a second run into the same folder replaces the first run's outputs instead of appending to them
     p2 = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--quick", "--steps", "1",
@@ -90,6 +102,7 @@ def test_quick_demo_end_to_end(tmp_path):
     again = [json.loads(line)["step"] for line in (out / "moral_probe_scifi.jsonl").read_text().splitlines() if line]
     assert again == [0, 1]
     assert len(list(out.glob("runs/*"))) == 1
+    assert (out / "moral_probe_scifi.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_demo_refuses_a_foreign_nonempty_folder(tmp_path):
@@ -99,3 +112,43 @@ def test_demo_refuses_a_foreign_nonempty_folder(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120, cwd=str(ROOT))
     assert p.returncode != 0 and "choose another --output-dir" in p.stderr
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+# ---- examples/validity.py: the three labellings (no model) -------------------------------------------
+def _taught(pairs):
+    return [(row["id"], row["wrong"], row["true_wrong"]) for pair in pairs for row in pair]
+
+
+def test_validity_labellings_keep_pairs_and_balance():
+    train, held = demo.contrast_sets(demo.load_situations(), seed=0)
+    labelled = {c: validity.condition_pairs(c, train, held, shuffle_seed=0) for c in validity.CONDITIONS}
+    for tr, he in labelled.values():  # same situations, same pairs, same order; one taught-wrong per pair
+        assert [r["id"] for p in tr + he for r in p] == [r["id"] for p in train + held for r in p]
+        assert all(sorted(r["wrong"] for r in p) == [False, True] for p in tr + he)
+    assert all(w == t for _, w, t in _taught(labelled["aligned"][0] + labelled["aligned"][1]))
+    assert all(w != t for _, w, t in _taught(labelled["inverted"][0] + labelled["inverted"][1]))
+    assert validity.agreement(labelled["aligned"][0]) == 1 and validity.agreement(labelled["inverted"][0]) == 0
+
+    shuffled_train, shuffled_held = labelled["shuffled"]
+    assert validity.agreement(shuffled_train) == 0.5
+    for f in demo.REAL:  # exactly half of each foundation's training pairs flipped: 2 of 4
+        flipped = [p[0]["wrong"] != p[0]["true_wrong"] for p in shuffled_train if p[0]["foundation"] == f]
+        assert len(flipped) == 4 and sum(flipped) == 2, f
+    assert sum(p[0]["wrong"] != p[0]["true_wrong"] for p in shuffled_held) == 3
+    again = validity.condition_pairs("shuffled", train, held, shuffle_seed=0)
+    other = validity.condition_pairs("shuffled", train, held, shuffle_seed=1)
+    assert _taught(again[0]) == _taught(shuffled_train) and _taught(other[0]) != _taught(shuffled_train)
+    assert not any("true_wrong" in r for p in train for r in p)  # the demo's own pairs are left as they were
+
+
+def test_validity_claims_rules():
+    def row(est, lo, hi):
+        return {"score": {"estimate": est, "lo": lo, "hi": hi}}
+
+    held = validity.claims({"aligned": row(0.9, 0.5, 1.3), "inverted": row(-0.8, -1.1, -0.4),
+                            "shuffled": row(0.3, 0.1, 0.5)})
+    assert held["aligned_above_0"] and held["inverted_below_0"] and not held["shuffled_covers_0"]
+    assert held["shuffled_ratio_to_nearest_end"] == 0.375 and not held["shuffled_near_0"]
+    failed = validity.claims({"aligned": row(0.9, -0.1, 1.9), "inverted": row(-0.8, -1.6, 0.05),
+                              "shuffled": row(0.1, -0.2, 0.4)})
+    assert not failed["aligned_above_0"] and not failed["inverted_below_0"] and failed["shuffled_near_0"]

@@ -38,8 +38,8 @@ def test_wheel_install_and_evaluate(tmp_path):
                                         text=True).strip())
     # Dependencies come from the project's environment (torch etc. are large); the package itself only from the wheel.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+    subprocess.run(pip, check=True, capture_output=True, timeout=300)
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ASSETS_DIR": str(ROOT / "examples"), "PYTHONPATH": ""}
