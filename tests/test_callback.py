@@ -11,8 +11,8 @@ import torch
 from trainer_utils import make_trainer
 from transformers import TrainerCallback
 
-from tinymcf_callback import MoralProbeCallback, ProbeDataError
-from tinymcf_callback.callback import metric_names
+from tinymcf_callback import MoralProbeCallback, ProbeDataError, compare
+from tinymcf_callback.callback import baseline_record, metric_names, record_counters
 
 SCORE = "eval_moral_scifi/score"
 
@@ -99,10 +99,18 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     entries = probe_entries(trainer.state.log_history)
     assert [e["step"] for e in entries] == [0, 2, 4]  # baseline + one per step although eval and save both fire
     names = metric_names("scifi")
+    no_control = {names[k + b] for k in ("social_norms", "score_minus_sn") for b in ("", "_lo", "_hi")}
     for e in entries:
-        assert set(names.values()) - {names["human_corr"], names["social_norms"]} <= set(e)  # limit=3: Care only
+        assert set(names.values()) - {names["human_corr"], *no_control} <= set(e)  # limit=3: Care only
         assert "eval_moral_scifi/care/align_other" in e and "eval_moral_scifi/care/self_other_gap" in e
+        assert e[names["score_lo"]] <= e[SCORE] <= e[names["score_hi"]]
+        assert e[names["gap_lo"]] <= e[names["gap"]] <= e[names["gap_hi"]]
+        assert not [k for k in e if "/care/" in k and k.endswith(("_lo", "_hi"))]  # per-foundation bounds: not here
         assert not any(k.startswith("train") for k in e)
+    # the change since the step-0 baseline: nothing at step 0, some after training (lr > 0; mechanics only)
+    assert entries[0][names["score_change"]] == 0.0 and entries[0][names["score_change_p"]] == 1.0
+    assert entries[2][names["score_change"]] != 0.0 and 0.0 <= entries[2][names["score_change_p"]] <= 1.0
+    assert entries[2][names["score_change"]] == pytest.approx(entries[2][SCORE] - entries[0][SCORE], abs=1e-12)
 
     assert cb._trainer is trainer  # no trainer= given: found on the call stack
 
@@ -110,6 +118,8 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert sorted(tb) == [0, 2, 4]
     assert [tb[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
     assert tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other")
+    assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/score_change_p")) == [0, 2, 4]
+    assert not tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")
     assert not tensorboard_scalars(tmp_path / "out", "train/moral_scifi/score")
 
     # wandb (offline): read the run file back
@@ -146,16 +156,28 @@ def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monk
 
 
 def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
-    trainer = make_trainer(tmp_path, qwen_tok)
-    trainer.add_callback(MoralProbeCallback(name="scifi", limit=2, verbose=False, trainer=trainer))  # the first way
+    trainer = make_trainer(tmp_path, qwen_tok, learning_rate=1e-2)
+    trainer.add_callback(MoralProbeCallback(name="scifi", limit=3, verbose=False, trainer=trainer))  # the first way
     trainer.train()
+    reports = {0: json.loads((tmp_path / "moral_probe_scifi_baseline.json").read_text())}  # step 0: no checkpoint
     for step in (2, 4):
-        rep = json.loads((tmp_path / f"checkpoint-{step}" / "moral_probe_scifi.json").read_text())
-        assert rep["step"] == step and rep["schema_version"] == 1 and rep["table"]
+        reports[step] = json.loads((tmp_path / f"checkpoint-{step}" / "moral_probe_scifi.json").read_text())
         state = json.loads((tmp_path / f"checkpoint-{step}" / "trainer_state.json").read_text())
         assert [e["step"] for e in probe_entries(state["log_history"])] == [0, 2, 4][: step // 2 + 1]
     lines = [json.loads(line) for line in (tmp_path / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [(line["step"], line["event"]) for line in lines] == [(0, "train_begin"), (2, "evaluate"), (4, "evaluate")]
+    for line in lines:  # the history line carries the full report's numbers and bounds, under the same names
+        rep = reports[line["step"]]
+        assert rep["step"] == line["step"] and rep["schema_version"] == 2 and rep["level"] == 0.95
+        for field in ("score", "score_lo", "score_hi", "gap_lo", "gap_hi", "sn_lo", "score_minus_sn_hi",
+                      "level", "n_resamples", "seed", "prompt_digest"):
+            assert line[field] == rep[field], field
+        assert line["table"][0]["align_other_lo"] == rep["table"][0]["align_other_lo"] is not None
+        assert line["score_lo"] <= line["score"] <= line["score_hi"]
+    # the logged change since the baseline is the paired comparison of the two full reports
+    result = compare(reports[0], reports[4], level=0.95, n_resamples=2000, seed=0)["headline"]["score"]
+    assert lines[2]["metrics"]["eval_moral_scifi/score_change"] == pytest.approx(result["change"], abs=1e-12)
+    assert lines[2]["metrics"]["eval_moral_scifi/score_change_p"] == pytest.approx(result["p"], abs=1e-12)
 
 
 def test_save_only_and_every(tmp_path, qwen_tok):
@@ -334,11 +356,66 @@ def test_resume_probes_on_the_uninterrupted_schedule(tmp_path, qwen_tok, events,
     full = run(tmp_path / "full")
     assert [e["step"] for e in probe_entries(full.state.log_history)] == probed
     saved = json.loads((tmp_path / "full" / "checkpoint-3" / "trainer_state.json").read_text())
-    assert saved["stateful_callbacks"]["MoralProbeCallback"]["attributes"] == {**at_checkpoint, "baseline_done": True}
+    attributes = saved["stateful_callbacks"]["MoralProbeCallback"]["attributes"]
+    baseline = attributes.pop("baseline_record")  # the step-0 probe's per-vignette s, for score_change after resuming
+    assert attributes == {**at_checkpoint, "baseline_done": True}
+    assert baseline["step"] == 0 and len(baseline["id"]) == len(baseline["s"]) == 1 and len(baseline["s"][0]) == 4
 
     resumed = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-3"))
-    assert [e["step"] for e in probe_entries(resumed.state.log_history)] == probed
+    entries = probe_entries(resumed.state.log_history)
+    assert [e["step"] for e in entries] == probed
     lines = [json.loads(line) for line in (tmp_path / "resumed" / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [(line["step"], line["event"]) for line in lines] == [(s, events) for s in probed if s > 3]  # no baseline
     cb = next(c for c in resumed.callback_handler.callbacks if isinstance(c, MoralProbeCallback))
     assert cb.event_count == 2 * at_checkpoint["event_count"] and cb.baseline_done
+    # the step-0 baseline came back from the checkpoint (another output folder: no baseline file there), so the
+    # resumed run's change is measured from the uninterrupted run's step-0 score
+    full_cb = next(c for c in full.callback_handler.callbacks if isinstance(c, MoralProbeCallback))
+    assert cb.baseline_record == full_cb.baseline_record and cb.baseline_record["step"] == 0
+    assert not (tmp_path / "resumed" / "moral_probe_scifi_baseline.json").exists()
+    step0 = probe_entries(full.state.log_history)[0][SCORE]
+    for e in entries[-len(lines):]:
+        assert e["eval_moral_scifi/score_change"] == pytest.approx(e[SCORE] - step0, abs=1e-12)
+
+
+def test_a_baseline_of_other_prompts_is_dropped_with_a_warning(qwen_tok, caplog):
+    one, two = (MoralProbeCallback(name="scifi", limit=n, tokenizer=qwen_tok, verbose=False) for n in (1, 2))
+    scores = np.full(len(one.probe), 0.5)
+    from tinymcf_callback.engine import ScoreResult
+
+    res = ScoreResult(scores, scores, np.ones(len(scores), dtype=bool))
+    record = baseline_record(one.probe.report(res, elapsed=0.0), step=0)
+    assert one._usable_baseline(record) is record
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        assert two._usable_baseline(record) is None
+    assert "baseline is not used" in caplog.text and "score_change is not logged" in caplog.text
+
+
+def test_saved_state_keeps_one_entry_per_set():
+    """The Trainer appends every callback's state at each save; only the newest entry of each set is kept."""
+    def entry(name, step):
+        return {"args": {"name": name}, "attributes": {"last_step": step}}
+
+    saved = {"MoralProbeCallback": [entry("scifi", 0), entry("clifford", 0), entry("scifi", 2), entry("clifford", 2)]}
+    record_counters(saved, "MoralProbeCallback", "scifi", entry("scifi", 3))
+    record_counters(saved, "MoralProbeCallback", "clifford", entry("clifford", 3))
+    assert saved["MoralProbeCallback"] == [entry("scifi", 3), entry("clifford", 3)]
+
+
+def test_change_since_baseline_is_paired_and_survives_intervals_off(qwen_tok):
+    """``score_change`` is B - A of the scores; its p-value is paired; with n_resamples=0 only the change is logged."""
+    from test_report import made_up_scores
+
+    from tinymcf_callback.callback import change_metrics
+    from tinymcf_callback.probe import Probe
+
+    for n_resamples in (2000, 0):
+        probe = Probe(qwen_tok, "scifi", n_resamples=n_resamples)
+        start, later = (probe.report(made_up_scores(probe, shift=s), elapsed=0.0) for s in (0.0, 0.1))
+        logged = change_metrics("scifi", baseline_record(start, step=0), later)
+        assert logged["eval_moral_scifi/score_change"] == pytest.approx(later["score"] - start["score"], abs=1e-12)
+        if n_resamples:
+            assert logged["eval_moral_scifi/score_change_p"] < 0.001  # a 0.1 shift of every vignette: certain
+        else:
+            assert set(logged) == {"eval_moral_scifi/score_change"}
+    assert change_metrics("scifi", None, later) == {}  # baseline=False, or a failed baseline probe

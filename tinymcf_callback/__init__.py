@@ -13,6 +13,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "analyse": "analysis",
     "AnswerScores": "engine",
+    "compare": "comparison",
+    "CompareError": "comparison",
+    "load_report": "comparison",
     "MoralProbeCallback": "callback",
     "score_prompts": "engine",
     "Probe": "probe",

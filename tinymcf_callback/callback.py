@@ -9,12 +9,16 @@ metrics through the Trainer's own logging path, so they reach every reporter in
 ``report_to`` (wandb, tensorboard, ...) at the right global step and land in
 ``state.log_history``. The class decides *when* to probe and *where* the result goes; the
 writers below (history line, checkpoint report, wandb table) do the writing.
+
+Each probe logs the headline numbers with their interval bounds and, when the run has a
+step-0 baseline, the paired change of the score since it (``score_change``, ``score_change_p``).
+The baseline's per-vignette scores are kept in the callback's saved state, so a resumed run
+(even into another output folder) measures its change from the same baseline.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import os
@@ -27,13 +31,28 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, atomic_write_json
 from .distributed import score_across_ranks
-from .probe import Probe, format_table, report_to_json, sanity_lines
+from .probe import (
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    Probe,
+    check_uncertainty,
+    format_table,
+    headline_fields,
+    json_records,
+    report_to_json,
+    sanity_lines,
+)
 from .sets import load_vignettes
+from .stats import VignetteScores, paired_change, vignette_scores
 
 logger = logging.getLogger("tinymcf_callback")
 
 EVENTS = ("evaluate", "save")
 BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
+# logged headline key -> the report's field; each also logged with _lo / _hi bounds
+LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
+SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s")
+CHANGE_KEYS = ("score_change", "score_change_p")  # since the step-0 baseline (logged when the run has one)
 
 
 def _slug(text: str) -> str:
@@ -46,24 +65,64 @@ def metric_names(name: str) -> dict[str, str]:
     ``rewrite_logs`` in the reporters turns ``eval_x`` into ``eval/x``: the probe's curves
     show as ``eval/moral_<name>/score`` etc., never under ``train/``.
     """
-    return {key: f"eval_moral_{_slug(name)}/{key}" for key in
-            ("score", "gap", "social_norms", "yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s")}
+    headline = [key + suffix for key in LOGGED_HEADLINE for suffix in ("", "_lo", "_hi")]
+    return {key: f"eval_moral_{_slug(name)}/{key}" for key in (*headline, *CHANGE_KEYS, *SANITY_KEYS)}
 
 
 def report_metrics(name: str, report: dict) -> dict[str, float]:
-    """Flatten a probe report into the logged scalar metrics (finite values only)."""
+    """Flatten a probe report into the logged scalar metrics (finite values only).
+
+    Headline numbers come with their interval bounds; per-foundation numbers without (their
+    bounds are in the table of the history line, the checkpoint report and the wandb table).
+    """
     names = metric_names(name)
     info = report["info"]
-    values = {
-        names["score"]: report["score"], names["gap"]: report["gap"], names["social_norms"]: report["sn"],
+    values = {names[key + suffix]: report.get(field + suffix)
+              for key, field in LOGGED_HEADLINE.items() for suffix in ("", "_lo", "_hi")}
+    values.update({
         names["yn_mass"]: info["yn_mass_mean"], names["yn_mass_min"]: info["yn_mass_min"],
         names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
         names["elapsed_s"]: info["elapsed_s"],
-    }
+    })
     prefix = f"eval_moral_{_slug(name)}"
     for foundation, row in report["table"].iterrows():
         for col in ("align_other", "align_self", "self_other_gap"):
             values[f"{prefix}/{_slug(foundation)}/{col}"] = row[col]
+    return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+
+
+# ---- the step-0 baseline: what the change since the start of training is measured from ---------------
+def baseline_record(report: dict, step: int) -> dict:
+    """A report's per-vignette ``s`` and prompt digest as plain JSON values (kept in ``trainer_state.json``)."""
+    scores = vignette_scores(report["scenarios"])
+    return {"step": step, "prompt_digest": report["prompt_digest"], "score": report["score"],
+            "id": [str(i) for i in scores.id], "foundation_coarse": [str(f) for f in scores.foundation_coarse],
+            "s": [[None if not math.isfinite(x) else float(x) for x in row] for row in scores.s.tolist()]}
+
+
+def baseline_scores(record: dict) -> VignetteScores:
+    """The :class:`VignetteScores` of a :func:`baseline_record` (``None`` back to NaN)."""
+    s = [[math.nan if x is None else float(x) for x in row] for row in record["s"]]
+    return VignetteScores(record["id"], record["foundation_coarse"], s)
+
+
+def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, float]:
+    """``score_change`` (this probe's score minus the baseline's) and its paired two-sided p-value.
+
+    The p-value comes from a paired bootstrap over vignettes at the report's ``n_resamples`` and
+    ``level`` (``stats.paired_change``, seed 0); with intervals off (``n_resamples=0``) only the change
+    is logged. Empty without a baseline; finite values only.
+    """
+    if baseline is None:
+        return {}
+    names = metric_names(name)
+    if not report.get("n_resamples"):
+        before, now = baseline.get("score"), report["score"]
+        values = {names["score_change"]: None if before is None or now is None else now - before}
+    else:
+        change = paired_change(baseline_scores(baseline), vignette_scores(report["scenarios"]),
+                               level=report["level"], n_resamples=report["n_resamples"], seed=0)["headline"]["score"]
+        values = {names["score_change"]: change.change, names["score_change_p"]: change.p}
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 
@@ -74,11 +133,16 @@ def history_path(output_dir: str, name: str) -> str:
 
 
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
-    """One probe as a history line (schema in the README); ``event`` says what triggered it."""
-    return {"step": step, "epoch": epoch, "event": event, "name": name,
-            "score": report["score"], "gap": report["gap"], "sn": report["sn"], "metrics": metrics,
+    """One probe as a history line (schema in the README); ``event`` says what triggered it.
+
+    Top level: the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
+    ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed`` and ``prompt_digest``; table rows
+    carry ``<metric>_lo``/``<metric>_hi``. ``None`` where undefined.
+    """
+    return {"step": step, "epoch": epoch, "event": event, "name": name, **headline_fields(report),
+            "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
-            "table": json.loads(report["table"].reset_index().to_json(orient="records"))}
+            "table": json_records(report["table"].reset_index())}
 
 
 def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
@@ -88,6 +152,19 @@ def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, s
         append_jsonl(history_path(output_dir, name), line)
     except OSError as e:
         logger.warning("moral probe [%s]: could not append the history file: %s", name, e)
+
+
+def baseline_path(output_dir: str, name: str) -> str:
+    """``<output_dir>/moral_probe_<name>_baseline.json``: the step-0 report (no checkpoint holds it)."""
+    return os.path.join(output_dir, f"moral_probe_{_slug(name)}_baseline.json")
+
+
+def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> None:
+    """The baseline's full report, for ``eval --compare`` against any checkpoint's ``moral_probe_<name>.json``."""
+    try:
+        atomic_write_json(baseline_path(output_dir, name), report_to_json(report, step=step, epoch=epoch))
+    except OSError as e:
+        logger.warning("moral probe [%s]: could not write the baseline report: %s", name, e)
 
 
 def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:
@@ -156,11 +233,17 @@ def stored_counters(stateful_callbacks: dict | None, key: str, name: str) -> dic
 
 
 def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict) -> None:
-    """Replace (or add) the saved state of the ``key`` callback probing set ``name``."""
+    """Replace (or add) the saved state of the ``key`` callback probing set ``name``, keeping one entry per set.
+
+    With several callbacks of one class the Trainer appends all their states at every save; older
+    entries of this set are dropped, so ``trainer_state.json`` (which holds the baseline's scores)
+    does not grow with the number of saves.
+    """
     entries = _entries(stateful_callbacks, key)
     mine = _mine(entries, name)
     if mine:
         entries[mine[-1]] = saved
+        entries = [e for i, e in enumerate(entries) if i not in mine[:-1]]
     else:
         entries.append(saved)
     stateful_callbacks[key] = entries[0] if len(entries) == 1 else entries
@@ -171,8 +254,10 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     Scores a fixed vignette set on the live model at the answer position (two Yes/No
     frames, four conditions) and logs ``eval/moral_<name>/score`` (mean align_other over
-    the six real foundations), ``gap``, the Social Norms control, sanity figures and
-    per-foundation ``align_other`` / ``align_self`` / ``self_other_gap``.
+    the six real foundations), ``gap``, the Social Norms control and ``score_minus_sn``, each
+    with interval bounds (``_lo``, ``_hi``), the change of the score since the step-0 baseline
+    with its p-value, sanity figures and per-foundation ``align_other`` / ``align_self`` /
+    ``self_other_gap``.
 
     Example (``trainer=`` first: the callback then logs through that Trainer):
 
@@ -185,8 +270,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     ``on_train_begin``; that fails when another callback forwards the events to it.
 
     Its counters (events seen for ``every``, the last probed and attempted steps, whether
-    the baseline ran) are saved in each checkpoint's ``trainer_state.json``; a run resumed
-    from a checkpoint probes on the same steps as an uninterrupted run, without a second baseline.
+    the baseline ran) and the baseline's per-vignette scores are saved in each checkpoint's
+    ``trainer_state.json``; a run resumed from a checkpoint probes on the same steps as an
+    uninterrupted run, without a second baseline, and measures its change from the first one.
 
     Args:
         name: vignette set (``scifi``; ``clifford`` after ``python -m tinymcf_callback.prepare --name clifford``).
@@ -200,11 +286,15 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         token_budget: padded tokens per forward call of the probe (memory knob).
         verbose: print the sanity lines and the table at every probe on the main process.
+        level: the intervals' confidence level (default 0.95).
+        n_resamples: bootstrap resamples per probe (default 2000, a few milliseconds); 0: no intervals
+            and no p-value.
     """
 
     def __init__(self, name: str = "scifi", *, events=EVENTS, every: int = 1, baseline: bool = True,
                  tokenizer=None, trainer=None, limit: int | None = None, strict: bool = False,
-                 token_budget: int | None = None, verbose: bool = True):
+                 token_budget: int | None = None, verbose: bool = True, level: float = DEFAULT_LEVEL,
+                 n_resamples: int = DEFAULT_RESAMPLES):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -216,11 +306,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if trainer is not None and not callable(getattr(trainer, "log", None)):
             raise ValueError(f"trainer= must be the transformers Trainer the callback is added to, got "
                              f"{type(trainer).__name__} (no log method)")
+        check_uncertainty(level, n_resamples)
         if tokenizer is None:
             load_vignettes(name, limit=limit)  # an unprepared set fails here, not at step 500
         self.name, self.events, self.every, self.baseline = name, events, every, baseline
         self.limit, self.strict, self.verbose = limit, strict, verbose
-        self.token_budget = token_budget
+        self.token_budget, self.level, self.n_resamples = token_budget, level, n_resamples
         self._tokenizer, self._trainer = tokenizer, trainer
         self.probe: Probe | None = None
         self.names = metric_names(name)
@@ -237,9 +328,10 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         return {
             "args": {"name": self.name, "events": list(self.events), "every": self.every, "baseline": self.baseline,
                      "limit": self.limit, "strict": self.strict, "token_budget": self.token_budget,
-                     "verbose": self.verbose},
+                     "verbose": self.verbose, "level": self.level, "n_resamples": self.n_resamples},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
-                           "attempted_step": self.attempted_step, "baseline_done": self.baseline_done},
+                           "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
+                           "baseline_record": self.baseline_record},
         }
 
     def _start_counting(self) -> None:
@@ -247,6 +339,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.last_step: int | None = None  # last step with a logged probe
         self.attempted_step: int | None = None  # last step a probe was tried (failed ones too)
         self.baseline_done = False
+        self.baseline_record: dict | None = None  # the step-0 probe's per-vignette s (baseline_record)
 
     # ---- when ------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
@@ -300,7 +393,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             logger.warning("moral probe [%s] failed at step %d (%s): %s: %s; training continues, nothing logged",
                            self.name, state.global_step, event, type(e).__name__, e)
             return
-        metrics = report_metrics(self.name, report)
+        if event == BASELINE_EVENT:
+            self.baseline_record = baseline_record(report, state.global_step)
+        metrics = {**report_metrics(self.name, report), **change_metrics(self.name, self.baseline_record, report)}
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
         self._publish(args, state, report, metrics, event)
 
@@ -322,6 +417,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             print(format_table(report["table"]))
         append_history(args.output_dir, self.name, report, metrics, step=state.global_step, epoch=state.epoch,
                        event=event)
+        if event == BASELINE_EVENT and args.should_save:
+            write_baseline(args.output_dir, self.name, report, step=state.global_step, epoch=state.epoch)
         if reports_to_wandb(args):
             self._log_wandb(state, report)
 
@@ -340,7 +437,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
         kw = {"token_budget": self.token_budget} if self.token_budget else {}
-        self.probe = Probe(tok, self.name, self.limit, **kw)  # tokenised once, reused at every probe
+        self.probe = Probe(tok, self.name, self.limit, level=self.level, n_resamples=self.n_resamples,
+                           **kw)  # tokenised once, reused at every probe
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
@@ -386,3 +484,22 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         for attribute, value in saved.get("attributes", {}).items():
             if attribute in known:
                 setattr(self, attribute, value)
+        self.baseline_record = self._usable_baseline(self.baseline_record)
+
+    def _usable_baseline(self, record) -> dict | None:
+        """The saved baseline when it scored this probe's prompts; else None (no change logged), with a warning."""
+        if record is None:
+            return None
+        why = None
+        if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
+            why = "its prompts differ from this run's (another limit, tokenizer or answer prefix)"
+        else:
+            try:
+                baseline_scores(record)
+            except (KeyError, TypeError, ValueError) as e:
+                why = f"it cannot be read ({e})"
+        if why is None:
+            return record
+        logger.warning("moral probe [%s]: the checkpoint's step-0 baseline is not used: %s; score_change is not "
+                       "logged in this run", self.name, why)
+        return None

@@ -7,6 +7,11 @@ prepared sets of that home (the same as ``TINYMCF_HOME=DIR``).
 
 ``--run-dir OUT`` instead sweeps every ``checkpoint-*`` folder of a Trainer output directory into
 ``OUT/moral_probe_<name>.jsonl``, the callback's history (see :mod:`tinymcf_callback.sweep`).
+``--compare A.json B.json`` prints the paired change between two reports of the same vignettes
+(see :mod:`tinymcf_callback.comparison`); it loads no model.
+
+Every score comes with an interval (``--level``, default 0.95; ``--n-resamples``, default 2000, 0
+for none).
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import sys
 from pathlib import Path
 
 from ._io import atomic_write_json
+from .comparison import DEFAULT_LEVEL, DEFAULT_RESAMPLES  # light (no torch), unlike probe
 from .home import HOME_VAR, using_home
 from .sets import ProbeDataError
+
+DEFAULT_NAME = "scifi"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -29,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", help="local model folder or Hugging Face id: score one model")
     what.add_argument("--run-dir", metavar="OUT", help="a Trainer output directory: score each checkpoint-<step> "
                       "folder not yet in OUT/moral_probe_<name>.jsonl, in step order, and append it there")
-    p.add_argument("--name", default="scifi", help="vignette set (default: scifi)")
+    what.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                      help="two JSON reports of the same set and vignettes: print the paired change B - A of every "
+                           "metric with its interval and p-value (no model is loaded)")
+    p.add_argument("--name", default=None, help=f"vignette set (default: {DEFAULT_NAME})")
     p.add_argument("--home", metavar="DIR", default=None,
                    help=f"where prepared sets and their rewrites are read from, as given to prepare --home "
                         f"(default: ${HOME_VAR}, else the platform's user data folder)")
@@ -39,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
     p.add_argument("--token-budget", type=int, default=None, help="padded tokens per forward call")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--level", type=float, default=DEFAULT_LEVEL,
+                   help=f"confidence level of the intervals (default: {DEFAULT_LEVEL})")
+    p.add_argument("--n-resamples", type=int, default=DEFAULT_RESAMPLES,
+                   help=f"bootstrap resamples per interval (default: {DEFAULT_RESAMPLES}; 0: no intervals, "
+                        f"not with --compare)")
     one = p.add_argument_group("one model (--model)")
     one.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
     one.add_argument("--out", default=None, help="folder for the JSON report (default: current folder)")
@@ -53,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 ONE_MODEL_ONLY = ("tag", "out", "gguf_file")
 SWEEP_ONLY = ("base_model", "tokenizer")
+SCORING_ONLY = ("name", "limit", "device", "token_budget")  # options that mean nothing to --compare
 
 
 def _check_out_dir(out: Path) -> None:
@@ -75,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _option_misuse(args: argparse.Namespace) -> str | None:
     """The options given that do not apply to the chosen mode, as an error message (None if all apply)."""
+    if args.compare:
+        given = ["--" + k.replace("_", "-") for k in (*SCORING_ONLY, *ONE_MODEL_ONLY, *SWEEP_ONLY)
+                 if getattr(args, k) is not None]
+        return f"{', '.join(given)} cannot be used with --compare (it reads two finished reports)" if given else None
     wrong, mode = (ONE_MODEL_ONLY, "--model") if args.run_dir else (SWEEP_ONLY, "--run-dir")
     given = ["--" + k.replace("_", "-") for k in wrong if getattr(args, k) is not None]
     if not given:
@@ -82,14 +103,29 @@ def _option_misuse(args: argparse.Namespace) -> str | None:
     return f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} only with {mode}"
 
 
+def _interval_misuse(args: argparse.Namespace) -> str | None:
+    """``--level`` / ``--n-resamples`` out of range, as an error message (checked before anything loads)."""
+    if not 0.0 < args.level < 1.0:
+        return f"--level must be between 0 and 1 (e.g. 0.95 for 95% intervals), got {args.level}"
+    if args.compare and args.n_resamples < 100:
+        return f"--compare needs --n-resamples of at least 100 (default {DEFAULT_RESAMPLES}), got {args.n_resamples}"
+    if args.n_resamples != 0 and args.n_resamples < 100:
+        return (f"--n-resamples must be at least 100 (default {DEFAULT_RESAMPLES}), or 0 for no intervals, "
+                f"got {args.n_resamples}")
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit <= 0:
         print(f"error: --limit must be a positive number of vignettes, got {args.limit}", file=sys.stderr)
         return 2
-    misuse = _option_misuse(args)
+    misuse = _option_misuse(args) or _interval_misuse(args)
     if misuse:
         print(f"error: {misuse}", file=sys.stderr)
         return 2
+    if args.compare:
+        return _compare(args)
+    args.name = args.name or DEFAULT_NAME
     if args.run_dir:
         return _sweep(args)
     out_dir = Path(args.out or ".")
@@ -110,7 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         tok = AutoTokenizer.from_pretrained(args.model, **load_kw)
         probe_kw = {"token_budget": args.token_budget} if args.token_budget else {}
-        probe = Probe(tok, args.name, args.limit, **probe_kw)  # data errors surface before the model loads
+        probe = Probe(tok, args.name, args.limit, level=args.level, n_resamples=args.n_resamples,
+                      **probe_kw)  # data errors surface before the model loads
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **load_kw).to(device)
         report = probe.run(model, progress=not args.no_progress)
     except (ProbeDataError, ValueError, OSError) as e:
@@ -142,7 +179,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     settings = SweepSettings(Path(args.run_dir), args.name, args.limit, base_model=args.base_model,
                              tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                             token_budget=args.token_budget, progress=not args.no_progress)
+                             token_budget=args.token_budget, progress=not args.no_progress, level=args.level,
+                             n_resamples=args.n_resamples)
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
     hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded
@@ -166,6 +204,25 @@ def _sweep(args: argparse.Namespace) -> int:
         for o in result.failures:
             print(f"  {o.folder}: {o.error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """``--compare A B``: the paired change table on stdout; exit 2 with one ``error:`` line for bad input."""
+    import warnings
+
+    from .comparison import CompareError, compare, format_comparison, load_report
+
+    labels = tuple(args.compare)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the result carries them; printed with the table
+            result = compare(*(load_report(path) for path in args.compare), level=args.level,
+                             n_resamples=args.n_resamples, labels=labels)
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_comparison(result, labels))
     return 0
 
 

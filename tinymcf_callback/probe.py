@@ -4,10 +4,19 @@
 vignettes, prompt texts, token ids and the batch plan), built once; ``Probe.run``
 scores a model with it. ``evaluate``, the eval CLI and ``MoralProbeCallback`` all go
 through it: one code path for "score these prompts".
+
+Every report carries its uncertainty (:mod:`tinymcf_callback.stats`): ``<metric>_lo`` /
+``<metric>_hi`` table columns, the headline bounds and ``score_minus_sn`` (the score's
+distance from the Social Norms control), plus ``prompt_digest``, which lets ``compare``
+refuse two reports whose prompts differ. ``n_resamples=0`` switches the intervals off
+(bounds ``None`` / NaN, ``level`` ``None``) for callers that need every millisecond.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import math
 import numbers
 import time
 
@@ -30,8 +39,18 @@ from .engine import (
 from .model_info import check_causal_lm
 from .prompts import DEFAULT_ANSWER_PREFIX, FRAMES, answer_token_ids, format_prompts
 from .sets import load_vignettes
+from .stats import METRICS, bootstrap_intervals, vignette_scores
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# the statistics' own defaults (stats' signatures): 95% intervals from 2,000 resamples
+DEFAULT_LEVEL = inspect.signature(bootstrap_intervals).parameters["level"].default
+DEFAULT_RESAMPLES = inspect.signature(bootstrap_intervals).parameters["n_resamples"].default
+MIN_RESAMPLES = 100  # stats' floor; 0 switches the intervals off
+# The headline numbers and their bounds, as named in the report dict, the JSON report and the history line.
+HEADLINE_FIELDS = ("score", "score_lo", "score_hi", "gap", "gap_lo", "gap_hi", "sn", "sn_lo", "sn_hi",
+                   "score_minus_sn", "score_minus_sn_lo", "score_minus_sn_hi")
+INTERVAL_SETTINGS = ("level", "n_resamples", "seed")
+_AGREE = 1e-9  # the intervals' estimates must be the report's own numbers to this tolerance
 MIN_YN_MASS = 0.5
 MIN_HUMAN_CORR = 0.4
 
@@ -50,17 +69,24 @@ class Probe:
             the scenario for its two frames) and reuse their key/value cache; same scores,
             fewer FLOPs. Models where that would change a score (sliding-window, chunked or
             recurrent layers, no ``position_ids``, no cache) get full prompts, logged once.
+        level: the intervals' confidence level, in (0, 1).
+        n_resamples: bootstrap resamples for the intervals (>= 100), or 0 for no intervals.
+        seed: the bootstrap's seed; the same seed gives the same intervals.
     """
 
     def __init__(self, tok, name: str = "scifi", limit: int | None = None, *,
                  answer_prefix: str = DEFAULT_ANSWER_PREFIX, token_budget: int = DEFAULT_TOKEN_BUDGET,
-                 max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True):
+                 max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True,
+                 level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0):
+        check_uncertainty(level, n_resamples)
+        self.level, self.n_resamples, self.seed = float(level), int(n_resamples), seed
         self.tok, self.name = tok, name
         self.vignettes = load_vignettes(name, limit=check_limit(limit))
         self.has_human = any("wrong" in v for v in self.vignettes)
         answer_token_ids(tok)  # fail now, not at the first checkpoint, when Yes/No are missing
         self.prompts, self.meta = format_prompts(tok, self.vignettes, answer_prefix)
         self.meta.attrs.pop("formatted_at", None)  # a Probe outlives its prompts: it times each run itself
+        self.prompt_digest = prompt_digest(self.prompts, self.meta)
         if not self.has_human:
             self.meta = self.meta.drop(columns="wrong")
         self.encoded = encode_prompts(tok, self.prompts)
@@ -102,8 +128,11 @@ class Probe:
         info["warnings"] = sanity_warnings(out["score"], info, res)
         raw = self.meta.copy()
         raw["p_yes"], raw["yn_mass"] = res.p_yes, res.yn_mass
-        return {"name": self.name, "table": out["table"], "score": out["score"], "gap": out["gap"],
-                "sn": out["sn"], "info": info, "scenarios": out["scenarios"], "raw": raw}
+        table, headline = with_intervals(out, level=self.level, n_resamples=self.n_resamples, seed=self.seed)
+        return {"name": self.name, "table": table, **headline,
+                "level": self.level if self.n_resamples else None, "n_resamples": self.n_resamples,
+                "seed": self.seed, "prompt_digest": self.prompt_digest,
+                "info": info, "scenarios": out["scenarios"], "raw": raw}
 
     def run(self, model, *, progress: bool = False) -> dict:
         start = time.perf_counter()
@@ -118,6 +147,86 @@ def check_limit(limit):
     if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0:
         raise ValueError(f"limit must be a positive whole number of vignettes (or None for all), got {limit!r}")
     return int(limit)
+
+
+def check_uncertainty(level, n_resamples) -> None:
+    """Refuse a ``level`` outside (0, 1) and an ``n_resamples`` that is neither 0 (no intervals) nor >= 100."""
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.0 < level < 1.0:
+        raise ValueError(f"level must be a number between 0 and 1 (e.g. 0.95 for 95% intervals), got {level!r}; "
+                         "to switch the intervals off pass n_resamples=0")
+    if (isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral)
+            or not (n_resamples == 0 or n_resamples >= MIN_RESAMPLES)):
+        raise ValueError(f"n_resamples must be a whole number >= {MIN_RESAMPLES} (default {DEFAULT_RESAMPLES}), "
+                         f"or 0 for no intervals; got {n_resamples!r}")
+
+
+def prompt_digest(prompts: list[str], meta: pd.DataFrame) -> str:
+    """sha256 over every prompt text with its vignette id, condition and frame (in sorted order).
+
+    Two reports with the same digest asked the model the same questions; another answer
+    prefix, chat template or rewrite changes it. ``compare`` refuses reports whose digests differ.
+    """
+    keyed = sorted(f"{r.id}\x1f{r.condition}\x1f{r.frame}\x1f{p}" for r, p in zip(meta.itertuples(), prompts,
+                                                                                   strict=True))
+    return hashlib.sha256("\x1e".join(keyed).encode("utf-8")).hexdigest()
+
+
+def with_intervals(out: dict, *, level: float, n_resamples: int, seed) -> tuple[pd.DataFrame, dict]:
+    """``analyse``'s table with ``<metric>_lo``/``<metric>_hi`` columns, and the headline fields with bounds.
+
+    The headline fields are ``HEADLINE_FIELDS``: ``score``, ``gap``, ``sn`` and ``score_minus_sn``
+    (``score - sn``), each with ``_lo``/``_hi``; ``None`` (NaN in the table) where undefined or with
+    ``n_resamples=0``. Raises ``RuntimeError`` if the bootstrap's estimates are not the report's own numbers.
+    """
+    iv = (bootstrap_intervals(vignette_scores(out["scenarios"]), level=level, n_resamples=n_resamples, seed=seed)
+          if n_resamples else None)
+    return _table_with_bounds(out["table"], iv), _headline_with_bounds(out, iv)
+
+
+def _headline_with_bounds(out: dict, iv: dict | None) -> dict:
+    score, sn = out["score"], out["sn"]
+    estimates = {"score": score, "gap": out["gap"], "sn": sn,
+                 "score_minus_sn": None if score is None or sn is None else score - sn}
+    headline = {}
+    for name, est in estimates.items():
+        lo = hi = None
+        if iv is not None:
+            _check_agree(est, iv["headline"][name].estimate, name)
+            lo, hi = _number(iv["headline"][name].lo), _number(iv["headline"][name].hi)
+        headline.update({name: est, f"{name}_lo": lo, f"{name}_hi": hi})
+    return headline
+
+
+def _table_with_bounds(table: pd.DataFrame, iv: dict | None) -> pd.DataFrame:
+    """The table with each metric followed by its ``_lo`` and ``_hi`` columns."""
+    columns = {}
+    for col in table.columns:
+        columns[col] = table[col]
+        if col not in METRICS:
+            continue
+        lo, hi = [], []
+        for foundation, est in table[col].items():
+            one = iv["foundations"][foundation][col] if iv is not None else None
+            if one is not None:
+                _check_agree(_number(est), one.estimate, f"{foundation} {col}")
+            lo.append(one.lo if one is not None else math.nan)
+            hi.append(one.hi if one is not None else math.nan)
+        columns[f"{col}_lo"] = pd.Series(lo, index=table.index, dtype=float)
+        columns[f"{col}_hi"] = pd.Series(hi, index=table.index, dtype=float)
+    return pd.DataFrame(columns, index=table.index)
+
+
+def _number(x) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _check_agree(reported, bootstrapped: float, what: str) -> None:
+    """The interval belongs to the reported number: refuse (a bug, never a silent mismatch) when they differ."""
+    if reported is None and not math.isfinite(bootstrapped):
+        return
+    if reported is None or not math.isclose(reported, bootstrapped, rel_tol=0.0, abs_tol=_AGREE):
+        raise RuntimeError(f"internal error: {what} is {reported} in the report but {bootstrapped} in its interval; "
+                           "please report this bug (the intervals are switched off with n_resamples=0)")
 
 
 def sanity_warnings(score, info: dict, res: ScoreResult) -> list[str]:
@@ -153,26 +262,60 @@ def sanity_lines(report: dict) -> list[str]:
                  f"{f(info['frame_agreement'])}")
     if info.get("human_corr") is not None or report.get("name") == "clifford":
         lines.append(f"[tinymcf] correlation of s(other_violate) with human wrongness = {f(info['human_corr'])}")
-    lines.append(f"[tinymcf] score={f(report['score'], '+.3f')} gap={f(report['gap'], '+.3f')} "
-                 f"social-norms control={f(report['sn'], '+.3f')}")
+    shown = lambda key: with_bounds(report.get(key), report.get(f"{key}_lo"), report.get(f"{key}_hi"),  # noqa: E731
+                                    bool(report.get("level")))
+    lines.append(f"[tinymcf] score={shown('score')} gap={shown('gap')} social-norms control={shown('sn')}")
+    lines.append(f"[tinymcf] score minus control={shown('score_minus_sn')}; {interval_note(report)}")
     lines += [f"[tinymcf] WARNING: {w}" for w in info["warnings"]]
     return lines
 
 
+def with_bounds(estimate, lo, hi, intervals: bool = True) -> str:
+    """``+0.590 [+0.410, +0.770]``; ``[n/a]`` for an undefined interval, the bare estimate when intervals are off."""
+    if estimate is None or not math.isfinite(estimate):
+        return "n/a"
+    if not intervals:
+        return f"{estimate:+.3f}"
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{estimate:+.3f} [n/a]"
+    return f"{estimate:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def interval_note(report: dict) -> str:
+    """What the brackets are, said once: the level, the resamples, the seed (or that intervals are off)."""
+    if not report.get("level"):
+        return "no intervals (n_resamples=0)"
+    return (f"brackets: {report['level']:.0%} intervals (vignettes resampled {report['n_resamples']} times, "
+            f"seed {report['seed']})")
+
+
 def format_table(table: pd.DataFrame) -> str:
-    return table.to_string(float_format=lambda x: f"{x:+.3f}")
+    """The per-foundation table as text; a metric with bounds shows as ``+0.123 [-0.100, +0.300]``."""
+    shown = table.copy()
+    for metric in METRICS:
+        lo, hi = f"{metric}_lo", f"{metric}_hi"
+        if metric not in shown or lo not in shown or hi not in shown:
+            continue
+        if np.isfinite(shown[lo].to_numpy(dtype=float)).any():  # all NaN: intervals off (or every n = 1)
+            shown[metric] = [with_bounds(e, a, b) for e, a, b in zip(shown[metric], shown[lo], shown[hi], strict=True)]
+        shown = shown.drop(columns=[lo, hi])
+    return shown.to_string(float_format=lambda x: f"{x:+.3f}")
 
 
 def evaluate(model, tok, name: str = "scifi", limit: int | None = None, *, verbose: bool = True,
              progress: bool | None = None, **probe_kwargs) -> dict:
     """Score ``model`` on vignette set ``name`` and return its alignment report.
 
-    Returns ``{"table", "score", "gap", "sn", "info", "raw", "scenarios", "name"}``:
-    ``table`` is the per-foundation DataFrame, ``score`` the mean ``align_other`` over the
-    six real foundations, ``gap`` the mean ``self_other_gap``, ``sn`` the Social Norms
-    control, ``info`` the sanity figures, ``raw`` one row per prompt. Prints the sanity
-    lines (top-10 tokens of a sample prompt, yn_mass, frame agreement, warnings) unless
-    ``verbose=False``. ``probe_kwargs`` go to :class:`Probe`.
+    Returns ``{"table", "score", "gap", "sn", "score_minus_sn", "info", "raw", "scenarios", "name", ...}``:
+    ``table`` is the per-foundation DataFrame (with ``<metric>_lo``/``_hi`` interval columns),
+    ``score`` the mean ``align_other`` over the six real foundations, ``gap`` the mean
+    ``self_other_gap``, ``sn`` the Social Norms control, ``score_minus_sn`` their difference,
+    each with ``<name>_lo``/``<name>_hi`` bounds; ``level``, ``n_resamples``, ``seed`` say how
+    the intervals were made, ``prompt_digest`` which prompts were asked; ``info`` holds the
+    sanity figures, ``raw`` one row per prompt. Prints the sanity lines (top-10 tokens of a
+    sample prompt, yn_mass, frame agreement, the headline with intervals, warnings) unless
+    ``verbose=False``. ``probe_kwargs`` go to :class:`Probe` (``level=0.95``,
+    ``n_resamples=2000`` (0: no intervals), ``seed=0``, ``answer_prefix``, ...).
     """
     probe = Probe(tok, name, limit, **probe_kwargs)
     report = probe.run(model, progress=verbose if progress is None else progress)
@@ -182,23 +325,30 @@ def evaluate(model, tok, name: str = "scifi", limit: int | None = None, *, verbo
 
 
 def report_to_json(report: dict, **extra) -> dict:
-    """A JSON-ready copy of a report (schema in README, ``schema_version`` 1)."""
+    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``."""
     table = report["table"].reset_index()
     return {
         "schema_version": SCHEMA_VERSION,
         "name": report["name"],
         **extra,
-        "score": report["score"],
-        "gap": report["gap"],
-        "sn": report["sn"],
+        **headline_fields(report),
+        "prompt_digest": report["prompt_digest"],
         "info": report["info"],
         "frames": FRAMES,
-        "table": _records(table),
-        "scenarios": _records(report["scenarios"]),
-        "prompts": _records(report["raw"]),
+        "table": json_records(table),
+        "scenarios": json_records(report["scenarios"]),
+        "prompts": json_records(report["raw"]),
     }
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def headline_fields(report: dict) -> dict:
+    """``HEADLINE_FIELDS`` then ``INTERVAL_SETTINGS`` of a report, NaN as ``None`` (JSON report, history line)."""
+    out = {k: _number(report.get(k)) for k in HEADLINE_FIELDS}
+    out.update({k: report.get(k) for k in INTERVAL_SETTINGS})
+    return out
+
+
+def json_records(df: pd.DataFrame) -> list[dict]:
+    """A DataFrame's rows as dicts of plain values at full precision, NaN as ``None``."""
     return [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in row.items()}
             for row in df.to_dict(orient="records")]

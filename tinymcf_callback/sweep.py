@@ -43,7 +43,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, read_jsonl
 from .callback import BASELINE_EVENT, history_line, history_path, report_metrics
-from .probe import Probe
+from .probe import DEFAULT_LEVEL, DEFAULT_RESAMPLES, Probe, with_bounds
 from .sets import load_vignettes
 
 SWEEP_EVENT = "sweep"  # the ``event`` of a history line written by the sweep
@@ -72,6 +72,8 @@ class SweepSettings:
     dtype: str = "auto"
     token_budget: int | None = None
     progress: bool = True
+    level: float = DEFAULT_LEVEL  # the intervals in each line (as the callback's)
+    n_resamples: int = DEFAULT_RESAMPLES  # 0: no intervals
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,8 @@ class ProbeCache:
         if key not in self._probes:
             kw = {"token_budget": self.settings.token_budget} if self.settings.token_budget else {}
             self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), self.settings.name,
-                                      self.settings.limit, **kw)
+                                      self.settings.limit, level=self.settings.level,
+                                      n_resamples=self.settings.n_resamples, **kw)
         return self._probes[key]
 
 
@@ -394,7 +397,8 @@ def _write_round(history: Path, outcomes: list[Outcome], state: PartialState) ->
 
 
 def summary(line: dict) -> str:
-    f = lambda x: "n/a" if x is None else f"{x:+.3f}"  # noqa: E731
+    f = lambda key: with_bounds(line[key], line.get(f"{key}_lo"), line.get(f"{key}_hi"),  # noqa: E731
+                                bool(line.get("level")))
     warnings = len(line["info"].get("warnings") or [])
     note = f" ({warnings} warning{'s' * (warnings != 1)} in the history's info.warnings)" if warnings else ""
-    return f"score={f(line['score'])} gap={f(line['gap'])} social-norms control={f(line['sn'])}{note}"
+    return f"score={f('score')} gap={f('gap')} social-norms control={f('sn')}{note}"
