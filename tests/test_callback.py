@@ -242,10 +242,11 @@ def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
-def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_csv):
+def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
     from tinymcf_callback.prepare import main as prepare_main
 
-    assert prepare_main(["--name", "clifford", "--source", str(clifford_csv)]) == 0
+    clifford_source.ready()
+    assert prepare_main(["--name", "clifford", "--source", str(clifford_source.path), *clifford_source.flags]) == 0
     a = MoralProbeCallback(name="scifi", limit=1, verbose=False)
     b = MoralProbeCallback(name="clifford", limit=2, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [a, b], max_steps=2)
@@ -419,3 +420,27 @@ def test_change_since_baseline_is_paired_and_survives_intervals_off(qwen_tok):
         else:
             assert set(logged) == {"eval_moral_scifi/score_change"}
     assert change_metrics("scifi", None, later) == {}  # baseline=False, or a failed baseline probe
+
+
+@pytest.mark.parametrize("kind", ["BertForMaskedLM", "LlamaModel"])
+def test_a_model_the_probe_cannot_read_stops_at_train_begin(tmp_path, qwen_tok, kind):
+    """A wrong model kind is a setup error: refused at step 0, before any forward call, even with strict=False."""
+    import transformers
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tinymcf_callback import UnsupportedModelError
+
+    if kind == "BertForMaskedLM":
+        cfg = transformers.BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=64)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=2, intermediate_size=64)
+    model = getattr(transformers, kind)(cfg)
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    cb = MoralProbeCallback(name="scifi", limit=1, tokenizer=qwen_tok, verbose=False)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.raises(UnsupportedModelError, match="AutoModelForCausalLM"):
+        cb.on_train_begin(args, TrainerState(), TrainerControl(), model=model)
+    assert calls == []

@@ -31,6 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, atomic_write_json
 from .distributed import score_across_ranks
+from .model_info import UnsupportedModelError, check_causal_lm
 from .probe import (
     DEFAULT_LEVEL,
     DEFAULT_RESAMPLES,
@@ -345,6 +346,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.probe is None:
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
+        if kwargs.get("model") is not None:
+            check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
         self._find_trainer()
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
@@ -387,6 +390,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         try:
             start = time.perf_counter()
             report = self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
+        except UnsupportedModelError:
+            raise  # a setup error (not a causal LM), already refused at on_train_begin
         except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
             if self.strict:
                 raise
