@@ -7,7 +7,9 @@ with ``MoralProbeCallback(name="scifi")`` attached. The callback scores the mode
 probe's own science-fiction vignettes -- which the training data never contains -- at
 step 0 and at every evaluation/save, and logs the results to TensorBoard, to
 ``state.log_history`` and to ``<output-dir>/moral_probe_scifi.jsonl``. At the end the
-demo prints one row per probed checkpoint, read back from that history file.
+demo prints one row per probed checkpoint, read back from that history file, and draws
+the curves to ``<output-dir>/moral_probe_scifi.png`` (``tinymcf_callback.plot``; without
+matplotlib, the ``[plot]`` extra, it says how to install it and skips the figure).
 
 Training examples use the probe's prompt format exactly: the user turn is the situation
 plus one of the two Yes/No questions (``prompts.FRAMES``), the assistant turn is
@@ -30,7 +32,9 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -41,6 +45,7 @@ for _p in (str(ROOT), str(HERE)):
 DATA_FILE = HERE / "demo_data.jsonl"
 MARKER = "demo_run.json"  # written into the output folder; lets a re-run clear its own previous outputs
 HISTORY = "moral_probe_scifi.jsonl"
+FIGURE = "moral_probe_scifi.png"  # the history's curves, drawn at the end (tinymcf_callback.plot)
 REAL = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty")
 SHORT = {"Care": "care", "Fairness": "fair", "Loyalty": "loyal", "Authority": "auth", "Sanctity": "sanct",
          "Liberty": "liberty"}
@@ -82,7 +87,7 @@ def contrast_sets(rows: list[dict], seed: int) -> tuple[list[tuple[dict, dict]],
                              f"found {len(bad)} wrong and {len(good)} acceptable")
         rng.shuffle(bad)
         rng.shuffle(good)
-        pairs = list(zip(bad, good))
+        pairs = list(zip(bad, good, strict=True))
         held.append(pairs[0])
         train.extend(pairs[1:])
     return train, held
@@ -153,7 +158,7 @@ def answer_accuracy(pred):
     return {"answer_accuracy": float(hit[scored].mean()) if scored.any() else float("nan")}
 
 
-def progress_printer():
+def progress_printer(tag: str = "demo"):
     """A TrainerCallback printing one short line per train/eval log (the probe prints its own report)."""
     from transformers import TrainerCallback
 
@@ -162,18 +167,21 @@ def progress_printer():
             if not state.is_world_process_zero or not logs:
                 return
             if "loss" in logs:
-                print(f"[demo] step {state.global_step:3d}  train loss {logs['loss']:.3f}  "
+                print(f"[{tag}] step {state.global_step:3d}  train loss {logs['loss']:.3f}  "
                       f"grad norm {logs.get('grad_norm', float('nan')):.2f}  lr {logs.get('learning_rate', 0):.1e}")
             if "eval_loss" in logs:
-                print(f"[demo] step {state.global_step:3d}  held-out loss {logs['eval_loss']:.3f}  "
+                print(f"[{tag}] step {state.global_step:3d}  held-out loss {logs['eval_loss']:.3f}  "
                       f"answer accuracy {logs.get('eval_answer_accuracy', float('nan')):.2f}")
 
     return ProgressLines()
 
 
 # ---- output folder ------------------------------------------------------------------------
-def prepare_output_dir(out: Path) -> None:
-    """Create ``out``; clear a previous demo run there; refuse a non-empty folder the demo did not make."""
+def prepare_output_dir(out: Path, also: tuple[str, ...] = ()) -> None:
+    """Create ``out``; clear a previous demo run there; refuse a non-empty folder the demo did not make.
+
+    ``also``: more names a caller writes into the folder (cleared with the demo's own outputs).
+    """
     if out.exists() and not out.is_dir():
         raise SystemExit(f"demo: --output-dir {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
@@ -182,7 +190,8 @@ def prepare_output_dir(out: Path) -> None:
                              "choose another --output-dir")
         print(f"[demo] clearing the previous demo run in {out}")
         for child in out.iterdir():
-            if child.name.startswith("checkpoint-") or child.name in ("runs", HISTORY, MARKER):
+            ours = child.name.startswith(("checkpoint-", "moral_probe_scifi"))  # history, figure, baseline report
+            if ours or child.name in ("runs", MARKER, *also):
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
@@ -213,75 +222,27 @@ def summary_table(history: list[dict], eval_by_step: dict[int, dict]) -> str:
                      _fmt(ev.get("eval_loss"), ".3f"), _fmt(ev.get("eval_answer_accuracy"), ".2f")]
                     + [_fmt(by_f.get(f)) for f in present])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-# ---- main -------------------------------------------------------------------------------
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output-dir", default=str(ROOT / "runs" / "demo"),
-                   help="where checkpoints, TensorBoard logs and the probe history go (default: runs/demo)")
-    def default(key: str) -> str:
-        return f"(default {DEFAULTS[key]}; --quick {QUICK[key]})"
-
-    p.add_argument("--steps", type=int, help=f"optimizer steps {default('steps')}")
-    p.add_argument("--eval-every", type=int, help=f"evaluate, save and probe every N steps {default('eval_every')}")
-    p.add_argument("--limit", type=int, help=f"probe the first N scifi vignettes, 0 = all 51 {default('limit')}")
-    p.add_argument("--lr", type=float, help=f"learning rate {default('lr')}")
-    p.add_argument("--batch-size", type=int, help=f"contrast pairs per batch, 4 sequences each {default('batch_size')}")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and the model (default 0)")
-    p.add_argument("--quick", action="store_true", help="a much shorter smoke run (< 1 min): the tests use it")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for key, value in base.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.steps <= 0 or args.eval_every <= 0 or args.batch_size <= 0 or args.limit < 0 or args.lr <= 0:
-        p.error("--steps, --eval-every, --batch-size and --lr must be positive; --limit must be >= 0")
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    # Offline by design (set here, not at import: wandb_qwen3_gpu.py imports this module and needs the Hub).
+# ---- one training run with the probe attached (examples/validity.py runs it three times) ------------
+def offline_environment() -> None:
+    """No Hub, no tokenizer threads. Set when a run starts, not at import: wandb_qwen3_gpu.py imports this
+    module and needs the Hub."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    t_start = time.perf_counter()
-    out = Path(args.output_dir).resolve()
-    prepare_output_dir(out)
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, Trainer, TrainingArguments, set_seed
 
-    import offline_assets
-    from tinymcf_callback import MoralProbeCallback
-    from tinymcf_callback.sets import load_vignettes
+def training_arguments(args: argparse.Namespace, out: Path, n_eval: int):
+    """The demo's recipe as ``TrainingArguments`` (README, demo section: "Settings, and why")."""
+    from transformers import TrainingArguments
 
-    set_seed(args.seed)
-    model_dir = offline_assets.smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # fp32 for CPU training
-    t_loaded = time.perf_counter()
-
-    train_pairs, eval_pairs = contrast_sets(load_situations(), args.seed)
-    train_ds, eval_ds = encode(tok, train_pairs), encode(tok, eval_pairs)
-    limit = args.limit or None
-    probed = load_vignettes("scifi", limit=limit)
-    foundations = list(dict.fromkeys(v["foundation_coarse"] for v in probed))
-    print(f"[demo] SmolLM2-135M-Instruct fp32 on CPU, loaded in {t_loaded - t_start:.1f}s from {model_dir}")
-    print(f"[demo] training on {4 * len(train_ds)} examples ({2 * len(train_ds)} situations x 2 questions, "
-          f"{4 * args.batch_size} a batch); held out {4 * len(eval_ds)} ({2 * len(eval_ds)} situations) "
-          "for eval_loss / answer_accuracy")
-    print(f"[demo] probe: scifi, {len(probed)} of 51 vignettes ({'all' if limit is None else f'--limit {limit}'}: "
-          f"{', '.join(foundations)}), {len(probed) * 8} prompts, at step 0 and every {args.eval_every} steps")
-
-    training_args = TrainingArguments(
+    return TrainingArguments(
         output_dir=str(out),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=len(eval_ds),
+        per_device_eval_batch_size=n_eval,
         learning_rate=args.lr,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=min(5, args.steps // 4),
@@ -301,43 +262,190 @@ def main(argv=None) -> int:
         remove_unused_columns=False,  # the items are {"seqs": [...]}; the collator unpacks them
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=Collator(tok.pad_token_id), processing_class=tok,
+
+
+@dataclass
+class Run:
+    """A training run ready to start: the Trainer with the probe attached, and what its summary needs."""
+
+    args: argparse.Namespace
+    out: Path
+    tag: str  # the prefix of its printed lines
+    trainer: Any
+    probe: Any  # the MoralProbeCallback
+    n_probed: int  # vignettes per probe
+    t_start: float
+    t_loaded: float
+
+
+@dataclass
+class Result:
+    """What a finished run logged: the probe history, the held-out evaluations, and where the time went."""
+
+    history: list[dict]
+    eval_by_step: dict[int, dict]
+    tensorboard: list[str]
+    wall_s: float
+    load_s: float
+    probe_s: float
+
+
+def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "demo", meta: dict | None = None) -> Run:
+    """Load SmolLM2-135M-Instruct (seeded), encode the contrast pairs, build the Trainer with the probe attached.
+
+    ``pairs``: ``(train, held_out)`` contrast pairs; default the demo's own (``contrast_sets`` of
+    ``demo_data.jsonl`` with ``args.seed``). ``meta`` is recorded in ``<out>/demo_run.json`` with the args.
+    """
+    t_start = time.perf_counter()
+    import offline_assets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, Trainer, set_seed
+
+    from tinymcf_callback import MoralProbeCallback
+    from tinymcf_callback.sets import load_vignettes
+
+    set_seed(args.seed)
+    model_dir = offline_assets.smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # fp32 for CPU training
+    t_loaded = time.perf_counter()
+
+    train_pairs, eval_pairs = pairs if pairs is not None else contrast_sets(load_situations(), args.seed)
+    train_ds, eval_ds = encode(tok, train_pairs), encode(tok, eval_pairs)
+    limit = args.limit or None
+    probed = load_vignettes("scifi", limit=limit)
+    foundations = list(dict.fromkeys(v["foundation_coarse"] for v in probed))
+    print(f"[{tag}] SmolLM2-135M-Instruct fp32 on CPU, loaded in {t_loaded - t_start:.1f}s from {model_dir}")
+    print(f"[{tag}] training on {4 * len(train_ds)} examples ({2 * len(train_ds)} situations x 2 questions, "
+          f"{4 * args.batch_size} a batch); held out {4 * len(eval_ds)} ({2 * len(eval_ds)} situations) "
+          "for eval_loss / answer_accuracy")
+    print(f"[{tag}] probe: scifi, {len(probed)} of 51 vignettes ({'all' if limit is None else f'--limit {limit}'}: "
+          f"{', '.join(foundations)}), {len(probed) * 8} prompts, at step 0 and every {args.eval_every} steps")
+
+    trainer = Trainer(model=model, args=training_arguments(args, out, len(eval_ds)), train_dataset=train_ds,
+                      eval_dataset=eval_ds, data_collator=Collator(tok.pad_token_id), processing_class=tok,
                       compute_metrics=answer_accuracy, preprocess_logits_for_metrics=answer_argmax)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict, the probe's 30 metrics included
-    trainer.add_callback(progress_printer())
-    trainer.add_callback(MoralProbeCallback(name="scifi", limit=limit, trainer=trainer))
-    (out / MARKER).write_text(json.dumps({"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
-                                         indent=2) + "\n", encoding="utf-8")
+    trainer.add_callback(progress_printer(tag))
+    probe = MoralProbeCallback(name="scifi", limit=limit, trainer=trainer)
+    trainer.add_callback(probe)
+    (out / MARKER).write_text(json.dumps({"args": vars(args), **(meta or {}),
+                                          "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2) + "\n",
+                              encoding="utf-8")
+    return Run(args, out, tag, trainer, probe, len(probed), t_start, t_loaded)
 
-    trainer.train()
+
+def train(run: Run) -> Result:
+    """Train; then read the probe history back from ``<out>/moral_probe_scifi.jsonl``."""
+    run.trainer.train()
     t_end = time.perf_counter()
+    history = read_history(run.out / HISTORY)
+    return Result(
+        history=history,
+        eval_by_step={e["step"]: e for e in run.trainer.state.log_history if "eval_loss" in e},
+        tensorboard=sorted({cb.logging_dir for cb in run.trainer.callback_handler.callbacks
+                            if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None)}),
+        wall_s=t_end - run.t_start, load_s=run.t_loaded - run.t_start,
+        probe_s=sum(h["info"]["elapsed_s"] or 0.0 for h in history))
 
-    history = read_history(out / HISTORY)
-    eval_by_step = {e["step"]: e for e in trainer.state.log_history if "eval_loss" in e}
-    probe_s = sum(h["info"]["elapsed_s"] or 0.0 for h in history)
-    tb_dirs = sorted({cb.logging_dir for cb in trainer.callback_handler.callbacks
-                      if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None)})
+
+def print_summary(run: Run, result: Result) -> None:
+    """The per-checkpoint table and the wall time."""
+    tag = run.tag
     print()
-    print(f"[demo] moral probe (scifi, {len(probed)} vignettes) per checkpoint; per-foundation columns are "
-          "align_other;\n[demo] sn_ctrl = Social Norms control (odd but harmless acts; near 0 unless the model "
+    print(f"[{tag}] moral probe (scifi, {run.n_probed} vignettes) per checkpoint; per-foundation columns are "
+          f"align_other;\n[{tag}] sn_ctrl = Social Norms control (odd but harmless acts; near 0 unless the model "
           "condemns mere oddness), frame_agr = agreement of the two questions (+1 best)")
-    print(summary_table(history, eval_by_step))
-    print(f"[demo] wall time {t_end - t_start:.0f}s: load {t_loaded - t_start:.0f}s, "
-          f"train+eval+probes {t_end - t_loaded:.0f}s, of which {len(history)} probes {probe_s:.0f}s")
-    print(f"[demo] probe history: {out / HISTORY}")
-    for d in tb_dirs:
-        print(f"[demo] TensorBoard logs: {d}")
-    print(f"[demo] view them: tensorboard --logdir {out / 'runs'}  (curves under eval/moral_scifi/)")
-    summary = {"args": vars(args), "wall_s": round(t_end - t_start, 1), "load_s": round(t_loaded - t_start, 1),
-               "probe_s": round(probe_s, 1), "tensorboard": tb_dirs,
+    print(summary_table(result.history, result.eval_by_step))
+    print(f"[{tag}] wall time {result.wall_s:.0f}s: load {result.load_s:.0f}s, "
+          f"train+eval+probes {result.wall_s - result.load_s:.0f}s, of which {len(result.history)} probes "
+          f"{result.probe_s:.0f}s")
+    print(f"[{tag}] probe history: {run.out / HISTORY}")
+    for d in result.tensorboard:
+        print(f"[{tag}] TensorBoard logs: {d}")
+    print(f"[{tag}] view them: tensorboard --logdir {run.out / 'runs'}  (curves under eval/moral_scifi/)")
+
+
+def write_summary(run: Run, result: Result, meta: dict | None = None) -> dict:
+    """``<out>/demo_run.json``: the args, the timings and one entry per probed checkpoint."""
+    h_all, ev = result.history, result.eval_by_step
+    summary = {"args": vars(run.args), **(meta or {}), "wall_s": round(result.wall_s, 1),
+               "load_s": round(result.load_s, 1), "probe_s": round(result.probe_s, 1),
+               "tensorboard": result.tensorboard,
                "checkpoints": [{"step": h["step"], "score": h["score"], "gap": h["gap"], "sn": h["sn"],
                                 "yn_mass": h["info"]["yn_mass_mean"], "frame_agreement": h["info"]["frame_agreement"],
-                                "eval_loss": eval_by_step.get(h["step"], {}).get("eval_loss"),
+                                "eval_loss": ev.get(h["step"], {}).get("eval_loss"),
+                                "eval_answer_accuracy": ev.get(h["step"], {}).get("eval_answer_accuracy"),
                                 "align_other": {r["foundation"]: r["align_other"] for r in h["table"]}}
-                               for h in history]}
-    (out / MARKER).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    if len(history) < 2:
+                               for h in h_all]}
+    (run.out / MARKER).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def draw_curves(out: Path, tag: str = "demo") -> Path | None:
+    """Draw the run's curves to ``<out>/moral_probe_scifi.png``; without matplotlib, say how to get it and go on."""
+    from tinymcf_callback import plot
+
+    target = out / FIGURE
+    try:
+        plot.plot_histories([out / HISTORY], out=target)
+    except plot.MissingPlotExtraError:
+        print(f"[{tag}] no figure drawn: matplotlib is missing ({plot.INSTALL_HINT} draws it; "
+              f"then: python -m tinymcf_callback.plot {out / HISTORY})")
+        return None
+    except plot.HistoryError as e:
+        print(f"[{tag}] no figure drawn: {e}")
+        return None
+    print(f"[{tag}] curves: {target}")
+    return target
+
+
+# ---- main -------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output-dir", default=str(ROOT / "runs" / "demo"),
+                   help="where checkpoints, TensorBoard logs, the probe history and its figure go (default: runs/demo)")
+    add_recipe_args(p)
+    return finish_args(p, p.parse_args(argv))
+
+
+def add_recipe_args(p: argparse.ArgumentParser) -> None:
+    """The recipe's options (shared with examples/validity.py)."""
+    def default(key: str) -> str:
+        return f"(default {DEFAULTS[key]}; --quick {QUICK[key]})"
+
+    p.add_argument("--steps", type=int, help=f"optimizer steps {default('steps')}")
+    p.add_argument("--eval-every", type=int, help=f"evaluate, save and probe every N steps {default('eval_every')}")
+    p.add_argument("--limit", type=int, help=f"probe the first N scifi vignettes, 0 = all 51 {default('limit')}")
+    p.add_argument("--lr", type=float, help=f"learning rate {default('lr')}")
+    p.add_argument("--batch-size", type=int, help=f"contrast pairs per batch, 4 sequences each {default('batch_size')}")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and the model (default 0)")
+    p.add_argument("--quick", action="store_true", help="a much shorter smoke run (< 1 min): the tests use it")
+
+
+def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the recipe's unset options from DEFAULTS (or QUICK) and check them."""
+    base = QUICK if args.quick else DEFAULTS
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.steps <= 0 or args.eval_every <= 0 or args.batch_size <= 0 or args.limit < 0 or args.lr <= 0:
+        p.error("--steps, --eval-every, --batch-size and --lr must be positive; --limit must be >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    offline_environment()
+    out = Path(args.output_dir).resolve()
+    prepare_output_dir(out)
+    run = prepare_run(args, out)
+    result = train(run)
+    print_summary(run, result)
+    write_summary(run, result)
+    draw_curves(out)
+    if len(result.history) < 2:
         print("[demo] WARNING: fewer than two probes were recorded; see the warnings above", file=sys.stderr)
         return 1
     return 0
