@@ -131,3 +131,20 @@ def test_malformed_set_line_names_file_and_line(tmp_path):
     p.write_text("[1, 2]\n")
     with pytest.raises(ProbeDataError, match=r"s\.jsonl:1"):
         read_set_file(p, "s")
+
+
+def test_atomic_writes_get_normal_file_modes(tmp_path):
+    """A new file gets what open() would give (umask applied), a rewritten one keeps its mode; never 0600 only."""
+    import os
+
+    from tinymcf_callback._io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "new.json", "{}")
+        assert path.stat().st_mode & 0o777 == 0o644
+        os.chmod(path, 0o664)
+        atomic_write_text(path, "{}\n")
+        assert path.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)

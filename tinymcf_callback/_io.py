@@ -20,6 +20,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600; keep the old file's mode, else what open() gives
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -30,6 +31,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _file_mode(path: Path) -> int:
+    """The mode ``path`` keeps (if it exists) or a new file gets under the process's umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
