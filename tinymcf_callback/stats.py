@@ -323,6 +323,15 @@ def _headline_terms(boot: dict[str, _Foundation], side: int, sign: float) -> dic
     return out
 
 
+def _per_foundation(boot: dict, make, undefined) -> dict:
+    """``{foundation: {metric: make(resampled foundation, metric index, metric)}}`` for all seven foundations.
+
+    A foundation without vignettes gets ``undefined`` (NaN fields) for every metric.
+    """
+    return {f: {metric: (make(boot[f], m, metric) if f in boot else undefined) for m, metric in enumerate(METRICS)}
+            for f in FOUNDATIONS}
+
+
 def bootstrap_intervals(data: VignetteScores, *, level: float = 0.95, n_resamples: int = 2000,
                         seed: int | None = 0) -> dict:
     """Intervals for every per-foundation metric and the headline ``score``, ``gap``, ``sn``, ``score_minus_sn``.
@@ -334,17 +343,13 @@ def bootstrap_intervals(data: VignetteScores, *, level: float = 0.95, n_resample
     """
     _check(level, n_resamples)
     boot = _bootstrap(data.s, data.foundation_coarse, int(n_resamples), seed, sides=1)
-    foundations = {}
-    for f in FOUNDATIONS:
-        fd = boot.get(f)
-        foundations[f] = {}
-        for m, metric in enumerate(METRICS):
-            if fd is None:
-                foundations[f][metric] = Interval(math.nan, math.nan, math.nan)
-                continue
-            est = float(fd.est[0, m])
-            var, df = _combine([(1.0, fd, 0, m)])
-            foundations[f][metric] = Interval(est, *_t_interval(est, var, df, level, _RANGE[metric]))
+
+    def interval(fd, m, metric):
+        est = float(fd.est[0, m])
+        var, df = _combine([(1.0, fd, 0, m)])
+        return Interval(est, *_t_interval(est, var, df, level, _RANGE[metric]))
+
+    foundations = _per_foundation(boot, interval, Interval(math.nan, math.nan, math.nan))
     headline = {}
     for name, (est, terms) in _headline_terms(boot, 0, 1.0).items():
         var, df = _combine(terms) if terms else (math.nan, 0.0)
@@ -391,16 +396,10 @@ def paired_change(a: VignetteScores, b: VignetteScores, *, level: float = 0.95, 
         var, df = _combine(terms) if terms and np.isfinite(est) else (math.nan, 0.0)
         return Change(est, *_t_interval(est, var, df, level, 2 * bound), _p_value(est, var, df))
 
-    foundations = {}
-    for f in FOUNDATIONS:
-        fd = boot.get(f)
-        foundations[f] = {}
-        for m, metric in enumerate(METRICS):
-            if fd is None:
-                foundations[f][metric] = Change(math.nan, math.nan, math.nan, math.nan)
-                continue
-            terms = [(-1.0, fd, 0, m), (1.0, fd, 1, m)]
-            foundations[f][metric] = change(float(fd.est[0, m]), float(fd.est[1, m]), terms, _RANGE[metric])
+    def foundation_change(fd, m, metric):
+        return change(float(fd.est[0, m]), float(fd.est[1, m]), [(-1.0, fd, 0, m), (1.0, fd, 1, m)], _RANGE[metric])
+
+    foundations = _per_foundation(boot, foundation_change, Change(math.nan, math.nan, math.nan, math.nan))
     head_a, head_b = _headline_terms(boot, 0, -1.0), _headline_terms(boot, 1, 1.0)
     headline = {name: change(head_a[name][0], head_b[name][0], head_a[name][1] + head_b[name][1], _RANGE[name])
                 for name in HEADLINE}
