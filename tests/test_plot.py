@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import one_error_line
 
 pytest.importorskip("matplotlib")  # the [plot] extra (in dev); its absence is tested in a subprocess below
 
@@ -197,10 +198,9 @@ def test_runs_in_folders_of_the_same_name_get_distinct_labels(tmp_path):
 
 def test_histories_of_different_sets_are_refused_naming_both(tmp_path, three_steps, capsys):
     other = write_history(tmp_path / "run_c", [probe_line(0, 0.0, 0.0, 0.0, name="clifford")], "clifford")
-    assert main([str(three_steps), str(other)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: histories of different vignette sets")
-    assert "'scifi'" in err[0] and "'clifford'" in err[0] and str(three_steps) in err[0] and str(other) in err[0]
+    rc = main([str(three_steps), str(other)])
+    one_error_line(rc, capsys.readouterr().err, "error: histories of different vignette sets", "'scifi'", "'clifford'",
+                   str(three_steps), str(other))
 
 
 # ---- files ---------------------------------------------------------------------------------------------
@@ -222,10 +222,10 @@ def test_cli_writes_png_next_to_a_single_history_and_svg_by_suffix(three_steps, 
 
 
 def test_unknown_image_suffix_is_refused_before_drawing(three_steps, tmp_path, capsys):
-    assert main([str(three_steps), "--out", str(tmp_path / "curves.jpeg")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: cannot tell the image format of {tmp_path / 'curves.jpeg'}: end --out with .png, .svg "
-                   f"or .pdf"]
+    rc = main([str(three_steps), "--out", str(tmp_path / "curves.jpeg")])
+    line = one_error_line(rc, capsys.readouterr().err)
+    assert line == (f"error: cannot tell the image format of {tmp_path / 'curves.jpeg'}: end --out with .png, .svg "
+                    f"or .pdf")
 
 
 # ---- bad input -------------------------------------------------------------------------------------------
@@ -249,11 +249,9 @@ def test_bad_history_gives_one_error_line_and_exit_2(tmp_path, capsys, case):
         path.write_text(json.dumps({"step": "ten", "name": "scifi"}) + "\n")
     elif case == "folder":
         arg = path.parent
-    assert main([str(arg)]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], captured.err
-    assert "Traceback" not in captured.err and not list(path.parent.glob("*.png"))
+    rc = main([str(arg)])
+    one_error_line(rc, capsys.readouterr().err, expected)
+    assert not list(path.parent.glob("*.png"))
 
 
 def test_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
@@ -320,11 +318,10 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", script, str(three_steps)], capture_output=True, text=True, env=env,
                          timeout=120)
-    assert res.returncode == 2, res.stderr
+    line = one_error_line(res.returncode, res.stderr)
     assert "raised: drawing the curves needs matplotlib" in res.stdout
-    err = res.stderr.strip().splitlines()
-    assert err == ["error: drawing the curves needs matplotlib, the optional [plot] extra: "
-                   "pip install 'tinymcf_callback[plot]'"]
+    assert line == "error: drawing the curves needs matplotlib, the optional [plot] extra: pip install " \
+                   "'tinymcf_callback[plot]'"
     assert not three_steps.with_suffix(".png").exists()
 
 

@@ -5,6 +5,7 @@ server driven through the ``openai`` client."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import http.server
 import io
 import json
@@ -18,13 +19,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cli_checks import one_error_line
 from fake_llm_server import FakeLLM
 
 from tinymcf_callback import evaluate, load_vignettes, rules
 from tinymcf_callback._io import read_jsonl
 from tinymcf_callback.home import folders
-from tinymcf_callback.llm import Answer, find_api_key, parse_json_answer, read_dotenv, scrub
-from tinymcf_callback.prepare import PrepareError, main, normalize_clifford, read_user_source
+from tinymcf_callback.llm import Answer, ChatClient, ItemFailed, find_api_key, parse_json_answer, read_dotenv, scrub
+from tinymcf_callback.prepare import PrepareError, main, normalize_clifford, read_user_source, rewrite_messages
 from tinymcf_callback.sets import RewriteCache, md5, registry, shipped_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +167,7 @@ def test_changed_clifford_texts_get_new_rewrites(generated_clifford, capsys, mon
     """Texts the shipped cache does not know (an upstream change) need new rewrites: asked of the LLM."""
     src = generated_clifford.path
     rc, out, err = cli(capsys, "--name", "clifford", "--source", src, "--allow-checksum-change", "--limit", "3")
-    assert rc == 2 and "no API key" in err and "9 of the 9 rewrites of set 'clifford'" in err
+    one_error_line(rc, err, "no API key", "9 of the 9 rewrites of set 'clifford'")
     assert len(cache_lines(folders().sets / "clifford.jsonl")) == 132  # the checked set is stored all the same
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
@@ -230,6 +232,7 @@ def site(clifford_source):
         "/disguised.csv": (b"<!doctype html>\n<html><p>rate limited</p></html>", "text/plain"),
     })
     s.source = clifford_source
+    s.changed = changed.encode()
     yield s
     s.close()
 
@@ -263,7 +266,7 @@ def test_download_uses_configured_url(monkeypatch, capsys, clifford_source):
 ])
 def test_bad_downloads_are_refused(site, capsys, path, message):
     rc, out, err = cli(capsys, "--name", "clifford", "--url", site.url + path)
-    assert rc == 2 and err.startswith("error: ") and message in err
+    one_error_line(rc, err, message)
     assert "--source" in err or path in ("/short.csv", "/nocol.csv")
     assert not folders().sets.exists() and not folders().raw.exists()
 
@@ -275,12 +278,15 @@ def test_unreachable_download(capsys):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     rc, out, err = cli(capsys, "--name", "clifford", "--url", f"http://127.0.0.1:{port}/x.csv", "--timeout", "5")
-    assert rc == 2 and "download of" in err and "failed" in err
+    one_error_line(rc, err, "download of", "failed", "--source")
 
 
 def test_checksum_change(site, capsys):
     rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv")
-    assert rc == 2 and "sha256" in err and CLIFFORD_SHA in err and "--allow-checksum-change" in err
+    actual = hashlib.sha256(site.changed).hexdigest()
+    assert actual != CLIFFORD_SHA
+    # both digests: the expected one (configs/sets.json) and the file's own
+    one_error_line(rc, err, "sha256", f"expected {CLIFFORD_SHA}", f"actual {actual}", "--allow-checksum-change")
     assert not folders().sets.exists()
     site.source.ready()
     rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv", "--allow-checksum-change")
@@ -290,7 +296,29 @@ def test_checksum_change(site, capsys):
 
 def test_clifford_name_with_wrong_file(tmp_path, capsys):
     rc, out, err = cli(capsys, "--name", "clifford", "--source", my_csv(tmp_path))
-    assert rc == 2 and "missing columns" in err
+    one_error_line(rc, err, "missing columns")
+
+
+def test_force_download_fetches_the_stored_copy_again(site, monkeypatch, capsys):
+    """A verified copy in ``<home>/raw`` is reused; ``--force-download`` fetches the configured URL again."""
+    import tinymcf_callback.clifford as clifford
+
+    real_download, fetched = clifford.download, []
+
+    def configured_url_served_here(url, timeout):  # no internet here: the local site answers for the real URL
+        fetched.append(url)
+        return real_download(f"{site.url}/changed.csv", timeout)
+
+    site.source.ready()
+    assert cli(capsys, "--name", "clifford", "--source", site.source.path, *site.source.flags)[0] == 0
+    monkeypatch.setattr(clifford, "download", configured_url_served_here)
+    assert cli(capsys, "--name", "clifford", *site.source.flags)[0] == 0
+    assert fetched == [] and (folders().raw / "clifford.csv").read_bytes() == site.source.path.read_bytes()
+    rc, out, err = cli(capsys, "--name", "clifford", "--force-download", "--allow-checksum-change")
+    assert rc == 0, err
+    assert fetched == [registry()["clifford"]["url"]]
+    assert (folders().raw / "clifford.csv").read_bytes() == site.changed  # the new copy replaced the stored one
+    assert load_vignettes("clifford")[0]["wrong"] == 3.5
 
 
 # --------------------------------------------------------------------------- users' own sets
@@ -306,13 +334,21 @@ def test_user_set_end_to_end(tmp_path, llm, capsys, tiny_qwen, qwen_tok):
     entries = cache_lines(folders().cache / "myset.jsonl")
     assert len(entries) == 12 and all(list(e) == ["source_md5", "condition", "text", "producer", "rules_version"]
                                       for e in entries)
-    assert {e["producer"] for e in entries} == {"llm:good-model"} and {e["rules_version"] for e in entries} == {1}
+    assert {e["producer"] for e in entries} == {"llm:good-model"}
+    assert {e["rules_version"] for e in entries} == {rules.RULES_VERSION}
     assert all(rules.rewrite_problems(e["text"], e["condition"]) == [] for e in entries)
     vs = load_vignettes("myset")
     assert [v["foundation"] for v in vs] == ["Care (p, a)", "Fairness", "Loyalty", "Social Norms"]
     assert vs[0]["wrong"] == 3.2 and vs[0]["self_violate"].startswith("You break")
-    # each request carried the rules and the vignette
-    assert llm.count(kind="rewrite") == 12
+    # Each request carried the rules and its vignette: the server refuses (400) a request without the
+    # original text, its foundation label or the rules, which would have failed the run above.
+    asked = [r for r in llm.requests if r["kind"] == "rewrite"]
+    assert len(asked) == 12 and llm.count(status=400) == 0
+    conditions = ("other_uphold", "self_violate", "self_uphold")
+    expected = sorted((t, c) for t, _, _ in MY_ROWS for c in conditions)
+    assert sorted((r["text"], r["condition"]) for r in asked) == expected
+    label_of = {t: f for t, f, _ in MY_ROWS}
+    assert all(r["label"].startswith(label_of[r["text"]]) for r in asked)
 
     # rerun: nothing is requested again
     rc, out, err = cli(capsys, "--name", "myset", "--source", src, *api(llm))
@@ -344,7 +380,7 @@ def test_user_set_from_jsonl(tmp_path, llm, capsys):
 def test_bad_user_files(tmp_path, capsys, rows, header, message):
     src = write_csv(tmp_path / "bad.csv", rows, header or ("Scenario", "Foundation", "Wrong"))
     rc, out, err = cli(capsys, "--name", "bad", "--source", src)
-    assert rc == 2 and message in err and str(src) in err, err
+    one_error_line(rc, err, message, str(src))
     assert "bad" not in registry()
 
 
@@ -357,11 +393,13 @@ def test_bad_jsonl_names_the_line(tmp_path):
 
 def test_builtin_names_are_protected(tmp_path, capsys):
     rc, out, err = cli(capsys, "--name", "scifi", "--source", my_csv(tmp_path))
-    assert rc == 2 and "built-in" in err
+    one_error_line(rc, err, "built-in", "--name")
     rc, out, err = cli(capsys, "--name", "nosuchset")
-    assert rc == 2 and "--source" in err
+    one_error_line(rc, err, "unknown set 'nosuchset'", "--source")
     rc, out, err = cli(capsys, "--name", "../evil", "--source", my_csv(tmp_path))
-    assert rc == 2 and "bad set name" in err
+    one_error_line(rc, err, "bad set name")
+    rc, out, err = cli(capsys, "--name", "myset", "--limit", "0")
+    one_error_line(rc, err, "--limit must be a positive integer")
     # the bundled set needs nothing
     rc, out, err = cli(capsys, "--name", "scifi")
     assert rc == 0 and "nothing to request" in out
@@ -370,9 +408,24 @@ def test_builtin_names_are_protected(tmp_path, capsys):
 def test_no_key_is_a_clear_error_and_changes_no_cache(tmp_path, capsys):
     before = snapshot(folders().cache)
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path))
-    assert rc == 2
-    assert "OPENROUTER_API_KEY" in err and "OPENAI_API_KEY" in err and "shipped cache" in err
+    one_error_line(rc, err, "OPENROUTER_API_KEY", "OPENAI_API_KEY", "shipped cache")
     assert snapshot(folders().cache) == before
+
+
+def test_rejected_key_or_bad_file_leaves_the_home_byte_for_byte(tmp_path, llm, capsys, monkeypatch):
+    src = my_csv(tmp_path)
+    assert cli(capsys, "--name", "myset", "--source", src, "--limit", "2", *api(llm))[0] == 0  # 6 rewrites cached
+    before = snapshot(folders().home, shipped_dir("cache"))
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 6
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong-key-000")
+    rc, out, err = cli(capsys, "--name", "myset", "--source", src, *api(llm))
+    one_error_line(rc, err, "rejected the API key")
+    assert llm.count(status=200) == 6 and snapshot(folders().home, shipped_dir("cache")) == before
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    bad = write_csv(tmp_path / "bad.csv", [*MY_ROWS, ("You see a man kicking a dog.", "Kindness", "1")])
+    rc, out, err = cli(capsys, "--name", "myset", "--source", bad, *api(llm))
+    one_error_line(rc, err, "unknown foundation label 'Kindness'", str(bad))
+    assert llm.count(status=200) == 6 and snapshot(folders().home, shipped_dir("cache")) == before
 
 
 def test_key_from_dotenv(tmp_path, clean_env, capsys, monkeypatch):
@@ -422,14 +475,15 @@ def test_unwritable_home(tmp_path, llm, capsys):
     blocker.write_text("not a folder")
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--home", blocker / "home",
                        *api(llm))
-    assert rc == 2 and "not writable" in err and "--home" in err and llm.count() == 0
+    one_error_line(rc, err, "not writable", "--home")
+    assert llm.count() == 0
     assert blocker.read_text() == "not a folder"
 
 
 def test_unknown_model_404(tmp_path, llm, capsys):
     before = snapshot(folders().cache)
     rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm, "no/such-model"))
-    assert rc == 2 and "'no/such-model'" in err and "404" in err
+    one_error_line(rc, err, "'no/such-model'", "404", "--model")
     assert snapshot(folders().cache) == before
 
 
@@ -495,6 +549,89 @@ def test_rule_feedback_fixes_the_rewrite(tmp_path, llm, capsys):
                        *api(llm, "fixes-on-retry"))
     assert rc == 0 and llm.count() == 6
     assert {e["producer"] for e in cache_lines(folders().cache / "myset.jsonl")} == {"llm:fixes-on-retry"}
+
+
+# --------------------------------------------------------------------------- the request itself
+
+
+ROW = {"id": md5(MY_ROWS[0][0]), "text": MY_ROWS[0][0], "foundation": MY_ROWS[0][1]}
+
+
+def test_the_fake_server_refuses_a_rewrite_request_without_its_vignette_or_rules(llm):
+    """The user-set tests rely on this: a request that drops what the rewrite needs fails with a 400."""
+    client = ChatClient(llm.base_url, KEY, timeout=5, retries=0)
+    good = rewrite_messages(ROW, "self_violate")
+    assert client.chat("good-model", good).content  # the real request passes
+    system, user = good[0]["content"], good[1]["content"]
+    no_original = user.replace(f"Original (other_violate): {ROW['text']}", "Original (other_violate):")
+    no_label = user.replace(f"Foundation: {ROW['foundation']}", "Foundation:")
+    no_rules = system.replace(f"at most {rules.MAX_WORDS} words", "short")
+    for system_text, user_text, lacks in ((system, no_original, "the original text"),
+                                          (system, no_label, "its foundation label"),
+                                          (no_rules, user, "the rules")):
+        messages = [{"role": "system", "content": system_text}, {"role": "user", "content": user_text}]
+        with pytest.raises(ItemFailed, match=rf"request rejected \(400: .*rewrite request lacks {lacks}"):
+            client.chat("good-model", messages)
+    assert llm.count(status=400) == 3
+
+
+class FakeClock(threading.Event):
+    """The client's cancel event used as its clock: records each back-off wait instead of sleeping it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_backoff_doubles_up_to_its_cap(llm):
+    """``--backoff 1``: waits of 1, 2, 4, 8, 16 s, then the 30 s cap (each jittered down by at most 25%)."""
+    clock = FakeClock()
+    client = ChatClient(llm.base_url, KEY, timeout=5, retries=8, backoff=1.0, cancel=clock)
+    llm.faults.extend(["500"] * 9)
+    with pytest.raises(ItemFailed, match="server error \\(500\\), gave up after 9 tries"):
+        client.chat("good-model", rewrite_messages(ROW, "self_violate"))
+    assert llm.count(status=500) == 9
+    nominal = [1, 2, 4, 8, 16, 30, 30, 30]  # uncapped, the last two would be at least 48 and 96 s
+    assert len(clock.waits) == len(nominal)
+    for wait, expected in zip(clock.waits, nominal, strict=True):
+        assert 0.75 * expected <= wait <= expected, (clock.waits, nominal)
+
+
+@pytest.mark.parametrize("retry_after, lowest, highest", [("7", 7.0, 7.0), ("120", 0.0, 30.0)])
+def test_retry_after_is_honoured_within_the_cap(llm, retry_after, lowest, highest):
+    """A 429's ``Retry-After`` sets the wait (not the 0.01 s back-off); one beyond the 30 s cap is not obeyed."""
+    clock = FakeClock()
+    client = ChatClient(llm.base_url, KEY, timeout=5, retries=3, backoff=0.01, cancel=clock)
+    llm.retry_after = retry_after
+    llm.faults.append("429")
+    assert client.chat("good-model", rewrite_messages(ROW, "self_violate")).content
+    assert llm.count(status=429) == 1 and llm.count(status=200) == 1
+    assert len(clock.waits) == 1 and lowest <= clock.waits[0] <= highest, clock.waits
+
+
+def test_no_json_mode_sends_no_response_format(tmp_path, llm, capsys):
+    src = my_csv(tmp_path)
+    rc, out, err = cli(capsys, "--name", "myset", "--source", src, "--limit", "1", *api(llm), "--no-json-mode")
+    assert rc == 0, out + err
+    assert llm.count() == 3 and llm.count(json_mode=False) == 3
+    rc, out, err = cli(capsys, "--name", "myset", "--limit", "2", *api(llm))  # the default asks for JSON mode
+    assert rc == 0, out + err
+    assert llm.count() == 6 and llm.count(json_mode=True) == 3
+
+
+def test_an_endpoint_without_json_mode_is_detected_once(tmp_path, llm, capsys):
+    """The first request's 400 about ``response_format`` switches JSON mode off; every later one goes without it."""
+    llm.json_mode_supported = False
+    rc, out, err = cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), "--limit", "2", *api(llm),
+                       "--concurrency", "1")
+    assert rc == 0, out + err
+    assert llm.count(status=400) == 1 and llm.count(status=400, json_mode=True) == 1
+    assert llm.count(status=200) == 6 and llm.count(status=200, json_mode=False) == 6
+    assert len(cache_lines(folders().cache / "myset.jsonl")) == 6
 
 
 # --------------------------------------------------------------------------- the key, kills, resume
@@ -582,6 +719,58 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, clean_env):
     assert keys.keys() == {(md5(t), c) for t, _, _ in rows for c in ("other_uphold", "self_violate", "self_uphold")}
 
 
+# ``python -m tinymcf_callback.prepare ARGS`` with Ctrl-C meaning what it means in a terminal. A process started
+# with SIGINT ignored (any command run in the background, e.g. ``make test &``) passes that on, and Python then
+# never raises KeyboardInterrupt; this restores it first.
+PREPARE_WITH_CTRL_C = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "runpy.run_module('tinymcf_callback.prepare', run_name='__main__', alter_sys=True)")
+
+
+def test_ctrl_c_stops_at_once_and_the_rerun_resumes(tmp_path, clean_env):
+    """A real SIGINT while both workers wait out a 25 s ``Retry-After``: exit 130 at once, every answer kept."""
+    rows = [(f"You see a person number {i} breaking a promise to a friend.", "Loyalty", "2") for i in range(16)]
+    src = write_csv(tmp_path / "many.csv", rows)
+    cache = tmp_path / "home" / "cache" / "many.jsonl"
+    env = {**os.environ, **SUBPROCESS_ENV, "OPENAI_API_KEY": KEY}
+    with FakeLLM(KEY) as server:
+        args = ["--name", "many", "--source", src, "--home", tmp_path / "home", "--base-url", server.base_url,
+                "--model", "good-model", "--concurrency", "2", "--no-progress"]
+        server.delay = 0.05
+        proc = subprocess.Popen([sys.executable, "-c", PREPARE_WITH_CTRL_C, *map(str, args)], cwd=clean_env,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(cache_lines(cache)) < 6:
+            time.sleep(0.02)
+        server.retry_after = "25"
+        server.faults.extend(["429"] * 100)
+        while time.time() < deadline and server.count(status=429) < 2:  # both workers are now waiting
+            time.sleep(0.02)
+        assert server.count(status=429) == 2, "the workers never reached their back-off wait"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("prepare was still waiting out its back-off 15 s after Ctrl-C")
+        stopped_after = time.monotonic() - start
+        assert proc.returncode == 130, err
+        assert stopped_after < 8, f"Ctrl-C took {stopped_after:.1f} s"
+        assert "Traceback" not in err and "Rerun the same command" in err
+        saved = cache_lines(cache)
+        assert 6 <= len(saved) < 48 and len(saved) == server.count(status=200)  # every answer received is saved
+        assert f"interrupted: {len(saved)} new rewrites saved" in out
+        server.faults.clear()
+        server.retry_after, server.delay = "0", 0.0
+        before = server.count()
+        done = _run(args, env, clean_env)
+        assert done.returncode == 0, done.stderr
+        assert server.count() - before == 48 - len(saved) and f"{48 - len(saved)} done" in done.stdout
+    keys = Counter((e["source_md5"], e["condition"]) for e in cache_lines(cache))
+    assert len(keys) == 48 and set(keys.values()) == {1}
+
+
 # --------------------------------------------------------------------------- judge validation
 
 
@@ -613,6 +802,32 @@ def test_validate(tmp_path, llm, capsys):
                           "--judge-model", "good-model"]) == 0
     assert llm.count(kind="judge") == n and (Path.cwd() / "validate_myset.jsonl").exists()
     assert len(load_vignettes("myset")) == 4
+
+
+def register_without_rewrites(sets: Path, name: str) -> None:
+    """A user set as ``prepare`` registers it (``<home>/sets/<name>.jsonl`` and ``.json``), with no rewrites made."""
+    sets.mkdir(parents=True)
+    rows = [{"id": md5(t), "foundation": f, "foundation_coarse": f.split(" (")[0], "text": t, "wrong": float(w)}
+            for t, f, w in MY_ROWS]
+    (sets / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (sets / f"{name}.json").write_text(json.dumps({"description": "test", "source": "user", "human_ratings": True,
+                                                   "rows": len(rows), "format": "jsonl"}))
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--name", "nosuchset"], ("unknown vignette set 'nosuchset'", "--home")),
+    (["--name", "scifi", "--limit", "0"], ("--limit must be a positive integer",)),
+    (["--name", "scifi", "--judge-model", "good-model"], ("no API key", "OPENAI_API_KEY")),
+    (["--name", "myset"], ("has no other_uphold rewrite", "python -m tinymcf_callback.prepare --name myset")),
+])
+def test_validate_bad_input_exits_2_with_one_error_line(tmp_path, capsys, args, needles):
+    from tinymcf_callback.validate import main as validate_main
+
+    home = tmp_path / "home"
+    register_without_rewrites(home / "sets", "myset")
+    rc = validate_main([*args, "--home", str(home), "--no-progress", "--out", str(tmp_path / "v.jsonl")])
+    one_error_line(rc, capsys.readouterr().err, *needles)
+    assert not (tmp_path / "v.jsonl").exists()
 
 
 # --------------------------------------------------------------------------- small parts

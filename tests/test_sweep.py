@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_checks import one_error_line
 from trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -183,8 +184,8 @@ def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys)
     (run / HISTORY).write_bytes(callback_lines[0])  # the callback's step-1 line only
 
     rc, out = sweep(run, home, capsys=capsys)
-    assert rc == 2 and "checkpoint-2 is a PEFT adapter" in out.err and "pass --base-model PATH" in out.err
-    assert len(out.err.strip().splitlines()) == 1 and (run / HISTORY).read_bytes() == callback_lines[0]
+    one_error_line(rc, out.err, "checkpoint-2 is a PEFT adapter", "pass --base-model PATH")
+    assert (run / HISTORY).read_bytes() == callback_lines[0]
 
     rc, _ = sweep(run, home, "--base-model", str(base))
     assert rc == 0
@@ -249,9 +250,7 @@ def test_bad_input_exits_2_with_one_error_line(case, needle, swept, tmp_path, ho
         "other_limit": ["--run-dir", str(swept), "--limit", "3"],
     }[case]
     rc = eval_main([*args, "--home", str(home), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and needle in err
+    one_error_line(rc, capsys.readouterr().err, needle)
     assert (swept / HISTORY).read_bytes() == before
 
 
