@@ -28,6 +28,7 @@ _EXPORTS = {
     "ProbeDataError": "sets",
     "available_sets": "sets",
     "load_vignettes": "sets",
+    "show_rewrites": "show",
     "UnsupportedModelError": "model_info",
     "unwrap_model": "model_info",
 }

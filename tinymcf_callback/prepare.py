@@ -9,6 +9,9 @@
   LLM through any OpenAI-compatible API (:mod:`tinymcf_callback.rewrites`).
 * ``--validate --name NAME`` asks a judge model which foundation each text engages
   (:mod:`tinymcf_callback.validate`).
+* ``--show N --name NAME [--seed S]`` prints N random vignettes of a prepared set with
+  their four conditions side by side, for a spot check before trusting an eval
+  (:mod:`tinymcf_callback.show`).
 
 Everything is written to, and read back from, one home: ``--home DIR`` or
 ``$TINYMCF_HOME`` (:mod:`tinymcf_callback.home`). Only rewrites missing from the caches
@@ -30,6 +33,7 @@ from .home import folders
 from .prepare_cli import build_parser, run_cli
 from .rewrites import make_rewrites, rewrite_messages
 from .sets import builtin_sets, read_set_file, registry, set_path
+from .show import show_set
 from .store import check_writable, store_raw, store_set
 from .userset import read_user_source
 from .validate import validate_set
@@ -118,6 +122,8 @@ def run_prepare(args, secrets: list, say: Callable[[str], None]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.show is not None:
+        return run_cli(args, show_set)
     return run_cli(args, validate_set if args.validate else run_prepare)
 
 

@@ -58,6 +58,10 @@ def build_parser(prog: str = "python -m tinymcf_callback.prepare") -> argparse.A
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--validate", action="store_true", help="ask a judge model about every text of the set")
     p.add_argument("--out", help="--validate results (JSONL; default ./validate_<name>.jsonl)")
+    p.add_argument("--show", type=int, metavar="N",
+                   help="spot check: print N random vignettes of a prepared set with their four conditions side by "
+                        "side (and the judge's verdicts where --validate has run); reads local files only")
+    p.add_argument("--seed", type=int, default=0, help="which vignettes --show draws (default: %(default)s)")
     return p
 
 
@@ -69,6 +73,14 @@ def option_problem(args: argparse.Namespace) -> str | None:
         return "--concurrency and --attempts must be >= 1, --retries and --backoff >= 0, --timeout > 0"
     if args.home is not None and not args.home.strip():
         return "--home needs a folder"
+    if args.show is not None:
+        if args.show <= 0:
+            return "--show must be a positive integer (how many vignettes to print)"
+        clash = [o for o, on in (("--validate", args.validate), ("--source", args.source), ("--url", args.url),
+                                 ("--dry-run", args.dry_run), ("--force-download", args.force_download)) if on]
+        if clash:
+            return (f"--show only reads what is prepared: run the step with {' '.join(clash)} first, then "
+                    f"python -m tinymcf_callback.prepare --show N --name NAME without it")
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import rules
+from .errors import PrepareError
 from .home import HOME_VAR, Folders, folders, shipped_dir
 from .request_loop import Job, model_list, open_client, run_job
 from .sets import REWRITE_CONDITIONS, RewriteCache, builtin_sets
@@ -31,15 +32,19 @@ REWRITE_SYSTEM = (
     "- describe the act only, never how to judge it; do not use these words or phrases: "
     + ", ".join(rules.DENY_LIST) + ";\n"
     '- third-person versions start with "You see "; first-person versions start with "You " but not '
-    '"You see".\n'
+    '"You see";\n'
+    "- an upholding version describes a plainly positive act of the same foundation (a loyal act, not a "
+    "refused betrayal; tending a grave, not reburying what robbers dug up): it adds no negative word "
+    "(refuse, attack, dangerous, thieves, funeral, broken...) that the original does not contain.\n"
     'Answer with a JSON object {"rewrite": "<the sentence>"} and nothing else.'
 )
 REWRITE_TASKS = {
     "other_uphold": 'Keep the third person (start with "You see "): the same kind of person, in the same '
-                    "situation, does something that upholds this foundation instead of violating it.",
+                    "situation, does something plainly positive that upholds this foundation (not a refusal to "
+                    "violate it).",
     "self_violate": 'Make the reader the actor (start with "You ", not "You see"): you do the same act.',
     "self_uphold": 'Make the reader the actor (start with "You ", not "You see"): in the same situation, you '
-                   "do something that upholds this foundation instead of violating it.",
+                   "do something plainly positive that upholds this foundation (not a refusal to violate it).",
 }
 
 
@@ -78,7 +83,7 @@ def check_rewrite(row: dict, condition: str) -> Callable[[dict], tuple[str | Non
         if not isinstance(text, str):
             return None, ['the answer has no "rewrite" string']
         text = text.strip()
-        problems = rules.rewrite_problems(text, condition)
+        problems = rules.rewrite_problems(text, condition, original=row["text"])
         if text == row["text"].strip():
             problems.append("identical to the original")
         return text, problems
@@ -98,6 +103,26 @@ def rewrite_entry(row: dict, condition: str, text: str, model: str) -> dict:
 def missing_rewrites(rows: list[dict], cache: RewriteCache) -> list[tuple[dict, str]]:
     """``(row, condition)`` of every rewrite of ``rows`` that no cache folder has, in stored order."""
     return [(r, c) for r in rows for c in REWRITE_CONDITIONS if (r["id"], c) not in cache]
+
+
+def outdated_rewrites(rows: list[dict], cache: RewriteCache) -> list[tuple[dict, dict]]:
+    """``(row, entry)`` of every cached rewrite of ``rows`` made under older rules than :data:`rules.RULES_VERSION`.
+
+    Such rewrites are used as they are (never dropped or re-requested); :func:`note_outdated`
+    says which of them break today's rules.
+    """
+    out = []
+    for r in rows:
+        for c in REWRITE_CONDITIONS:
+            entry = cache.get(r["id"], c)
+            if entry is not None and _version(entry) < rules.RULES_VERSION:
+                out.append((r, entry))
+    return out
+
+
+def _version(entry: dict) -> int:
+    v = entry.get("rules_version")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def legacy_only_rewrites(rows: list[dict], f: Folders) -> list[dict]:
@@ -130,7 +155,9 @@ def make_rewrites(name: str, rows: list[dict], args, secrets: list, say: Callabl
     out_path = f.rewrites_file(name)
     adopt_legacy_rewrites(name, rows, f, dry_run=args.dry_run, say=say)
     todo = rows[: args.limit] if args.limit else rows
-    missing = missing_rewrites(todo, RewriteCache(f.rewrite_dirs))
+    cache = RewriteCache(f.rewrite_dirs)
+    note_outdated(name, outdated_rewrites(todo, cache), say)
+    missing = missing_rewrites(todo, cache)
     total = 3 * len(todo)
     scope = f"the first {len(todo)} of {len(rows)} vignettes" if len(todo) < len(rows) else f"{len(rows)} vignettes"
     if not missing:
@@ -144,6 +171,7 @@ def make_rewrites(name: str, rows: list[dict], args, secrets: list, say: Callabl
         for r, c in missing:
             say(f"  {r['id']}  {c:<13} [{r['foundation']}] {r['text'][:70]}")
         return 0
+    rules.sentiment_analyzer()  # the lexical-cue rule checks every uphold: fail before any request
     client = open_client(args, secrets, f"{len(missing)} of the {total} rewrites of set {name!r} are missing "
                                         f"from the cache")
     check_writable(f.cache)
@@ -163,7 +191,30 @@ def make_rewrites(name: str, rows: list[dict], args, secrets: list, say: Callabl
             say(f"  {row['id']} {cond}: {why}")
         return 1
     say(ready_line(name, args) + f"; new rewrites in {out_path}")
+    say(f"spot-check them before trusting the eval: {show_command(name, args)}")
     return 0
+
+
+def note_outdated(name: str, outdated: list[tuple[dict, dict]], say: Callable[[str], None]) -> None:
+    """Say which cached rewrites made under older rules break today's; they stay in use, untouched."""
+    if not outdated:
+        return
+    try:
+        broken = [(row, e, p) for row, e in outdated
+                  if (p := rules.rewrite_problems(e["text"], e["condition"], original=row["text"]))]
+    except PrepareError as e:  # no lexicon: say what could not be checked, do not stop a run that needs none
+        say(f"note: {len(outdated)} cached rewrites of {name!r} were made under older rules than version "
+            f"{rules.RULES_VERSION}; they are used as they are, unchecked ({e})")
+        return
+    if not broken:
+        return
+    say(f"note: {len(broken)} cached rewrites of {name!r} made under older rules break rules version "
+        f"{rules.RULES_VERSION}; they are used as they are. To have one remade, delete its line from the file "
+        f"named and rerun this command:")
+    for row, e, problems in broken[:10]:
+        say(f"  {e['_file']}:{e['_line']} {row['id']} {e['condition']}: {'; '.join(problems)}")
+    if len(broken) > 10:
+        say(f"  ... and {len(broken) - 10} more")
 
 
 def adopt_legacy_rewrites(name: str, rows: list[dict], f: Folders, *, dry_run: bool,
@@ -183,6 +234,12 @@ def adopt_legacy_rewrites(name: str, rows: list[dict], f: Folders, *, dry_run: b
     say(f"{name}: copied {n} rewrites from the deprecated cache folder {legacy} into {dest} (the old folder is "
         f"left as it is; evaluate() no longer needs it)")
     return n
+
+
+def show_command(name: str, args) -> str:
+    """The spot-check command for set ``name`` (with ``--home`` when this run used one)."""
+    home = f" --home {args.home}" if getattr(args, "home", None) else ""
+    return f"python -m tinymcf_callback.prepare --show 10 --name {name}{home}"
 
 
 def ready_line(name: str, args) -> str:
