@@ -21,6 +21,10 @@ two Yes and two No: no yes-bias and no question-only rule can fit the data.
     python examples/demo.py                         # the default run (~3.5 min on 2 idle CPU cores)
     python examples/demo.py --quick                 # smoke run (< 1 min), used by the tests
     python examples/demo.py --limit 16              # faster probes: first 16 vignettes (Care, Fairness)
+    python examples/demo.py --answer-format json    # probe with JSON true/false answers (training stays Yes/No)
+
+``--answer-format json`` changes only what the probe asks (``{"is_wrong": true|false}``, P(true)); the
+training data, and so the fine-tune, are the same: the probe never changes the run it watches.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ for _p in (str(ROOT), str(HERE)):
 DATA_FILE = HERE / "demo_data.jsonl"
 MARKER = "demo_run.json"  # written into the output folder; lets a re-run clear its own previous outputs
 HISTORY = "moral_probe_scifi.jsonl"
-FIGURE = "moral_probe_scifi.png"  # the history's curves, drawn at the end (tinymcf_callback.plot)
 REAL = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty")
 SHORT = {"Care": "care", "Fairness": "fair", "Loyalty": "loyal", "Authority": "auth", "Sanctity": "sanct",
          "Liberty": "liberty"}
@@ -211,7 +214,9 @@ def _fmt(x, spec: str = "+.3f") -> str:
 def summary_table(history: list[dict], eval_by_step: dict[int, dict]) -> str:
     """One row per probe: headline figures, sanity figures, held-out eval and per-foundation align_other."""
     present = [f for f in REAL if any(r["foundation"] == f for h in history for r in h["table"])]
-    head = ["step", "score", "gap", "sn_ctrl", "yn_mass", "frame_agr", "ev_loss", "ev_acc"]
+    json_answers = any(h.get("answer_format") == "json" for h in history)
+    head = ["step", "score", "gap", "sn_ctrl", "tf_mass" if json_answers else "yn_mass", "frame_agr", "ev_loss",
+            "ev_acc"]
     head += [SHORT[f] for f in present]
     rows = [head]
     for h in history:
@@ -271,6 +276,7 @@ class Run:
     args: argparse.Namespace
     out: Path
     tag: str  # the prefix of its printed lines
+    history: Path  # the probe's history file (moral_probe_scifi.jsonl; moral_probe_scifi_json.jsonl for JSON answers)
     trainer: Any
     probe: Any  # the MoralProbeCallback
     n_probed: int  # vignettes per probe
@@ -290,11 +296,13 @@ class Result:
     probe_s: float
 
 
-def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "demo", meta: dict | None = None) -> Run:
+def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "demo", meta: dict | None = None,
+                answer_format: str = "yesno") -> Run:
     """Load SmolLM2-135M-Instruct (seeded), encode the contrast pairs, build the Trainer with the probe attached.
 
     ``pairs``: ``(train, held_out)`` contrast pairs; default the demo's own (``contrast_sets`` of
     ``demo_data.jsonl`` with ``args.seed``). ``meta`` is recorded in ``<out>/demo_run.json`` with the args.
+    ``answer_format``: the probe's (``"yesno"`` or ``"json"``); the training examples are Yes/No either way.
     """
     t_start = time.perf_counter()
     import offline_assets
@@ -302,6 +310,7 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, Trainer, set_seed
 
     from tinymcf_callback import MoralProbeCallback
+    from tinymcf_callback.callback import history_path
     from tinymcf_callback.sets import load_vignettes
 
     set_seed(args.seed)
@@ -320,26 +329,28 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
           f"{4 * args.batch_size} a batch); held out {4 * len(eval_ds)} ({2 * len(eval_ds)} situations) "
           "for eval_loss / answer_accuracy")
     print(f"[{tag}] probe: scifi, {len(probed)} of 51 vignettes ({'all' if limit is None else f'--limit {limit}'}: "
-          f"{', '.join(foundations)}), {len(probed) * 8} prompts, at step 0 and every {args.eval_every} steps")
+          f"{', '.join(foundations)}), {len(probed) * 8} prompts, {answer_format} answers, at step 0 and every "
+          f"{args.eval_every} steps")
 
     trainer = Trainer(model=model, args=training_arguments(args, out, len(eval_ds)), train_dataset=train_ds,
                       eval_dataset=eval_ds, data_collator=Collator(tok.pad_token_id), processing_class=tok,
                       compute_metrics=answer_accuracy, preprocess_logits_for_metrics=answer_argmax)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict, the probe's 30 metrics included
     trainer.add_callback(progress_printer(tag))
-    probe = MoralProbeCallback(name="scifi", limit=limit, trainer=trainer)
+    probe = MoralProbeCallback(name="scifi", limit=limit, trainer=trainer, answer_format=answer_format)
     trainer.add_callback(probe)
     (out / MARKER).write_text(json.dumps({"args": vars(args), **(meta or {}),
                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2) + "\n",
                               encoding="utf-8")
-    return Run(args, out, tag, trainer, probe, len(probed), t_start, t_loaded)
+    return Run(args, out, tag, Path(history_path(str(out), "scifi", answer_format)), trainer, probe, len(probed),
+               t_start, t_loaded)
 
 
 def train(run: Run) -> Result:
-    """Train; then read the probe history back from ``<out>/moral_probe_scifi.jsonl``."""
+    """Train; then read the probe history back from ``run.history`` (``<out>/moral_probe_scifi.jsonl``)."""
     run.trainer.train()
     t_end = time.perf_counter()
-    history = read_history(run.out / HISTORY)
+    history = read_history(run.history)
     return Result(
         history=history,
         eval_by_step={e["step"]: e for e in run.trainer.state.log_history if "eval_loss" in e},
@@ -351,6 +362,8 @@ def train(run: Run) -> Result:
 
 def print_summary(run: Run, result: Result) -> None:
     """The per-checkpoint table and the wall time."""
+    from tinymcf_callback.callback import probe_key
+
     tag = run.tag
     print()
     print(f"[{tag}] moral probe (scifi, {run.n_probed} vignettes) per checkpoint; per-foundation columns are "
@@ -360,10 +373,11 @@ def print_summary(run: Run, result: Result) -> None:
     print(f"[{tag}] wall time {result.wall_s:.0f}s: load {result.load_s:.0f}s, "
           f"train+eval+probes {result.wall_s - result.load_s:.0f}s, of which {len(result.history)} probes "
           f"{result.probe_s:.0f}s")
-    print(f"[{tag}] probe history: {run.out / HISTORY}")
+    print(f"[{tag}] probe history: {run.history}")
     for d in result.tensorboard:
         print(f"[{tag}] TensorBoard logs: {d}")
-    print(f"[{tag}] view them: tensorboard --logdir {run.out / 'runs'}  (curves under eval/moral_scifi/)")
+    key = probe_key("scifi", run.probe.answer_format)
+    print(f"[{tag}] view them: tensorboard --logdir {run.out / 'runs'}  (curves under eval/moral_{key}/)")
 
 
 def write_summary(run: Run, result: Result, meta: dict | None = None) -> dict:
@@ -382,16 +396,18 @@ def write_summary(run: Run, result: Result, meta: dict | None = None) -> dict:
     return summary
 
 
-def draw_curves(out: Path, tag: str = "demo") -> Path | None:
-    """Draw the run's curves to ``<out>/moral_probe_scifi.png``; without matplotlib, say how to get it and go on."""
+def draw_curves(out: Path, tag: str = "demo", history: Path | None = None) -> Path | None:
+    """Draw the run's curves next to its history (``<out>/moral_probe_scifi.png``); without matplotlib, say how
+    to get it and go on."""
     from tinymcf_callback import plot
 
-    target = out / FIGURE
+    history = history or out / HISTORY
+    target = history.with_suffix(".png")
     try:
-        plot.plot_histories([out / HISTORY], out=target)
+        plot.plot_histories([history], out=target)
     except plot.MissingPlotExtraError:
         print(f"[{tag}] no figure drawn: matplotlib is missing ({plot.INSTALL_HINT} draws it; "
-              f"then: python -m tinymcf_callback.plot {out / HISTORY})")
+              f"then: python -m tinymcf_callback.plot {history})")
         return None
     except plot.HistoryError as e:
         print(f"[{tag}] no figure drawn: {e}")
@@ -406,6 +422,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", default=str(ROOT / "runs" / "demo"),
                    help="where checkpoints, TensorBoard logs, the probe history and its figure go (default: runs/demo)")
+    p.add_argument("--answer-format", choices=("yesno", "json"), default="yesno",
+                   help="how the probe asks (default yesno; json: {\"is_wrong\": true|false}, P(true)); the "
+                        "training data stay Yes/No")
     add_recipe_args(p)
     return finish_args(p, p.parse_args(argv))
 
@@ -440,11 +459,11 @@ def main(argv=None) -> int:
     offline_environment()
     out = Path(args.output_dir).resolve()
     prepare_output_dir(out)
-    run = prepare_run(args, out)
+    run = prepare_run(args, out, answer_format=args.answer_format)
     result = train(run)
     print_summary(run, result)
     write_summary(run, result)
-    draw_curves(out)
+    draw_curves(out, history=run.history)
     if len(result.history) < 2:
         print("[demo] WARNING: fewer than two probes were recorded; see the warnings above", file=sys.stderr)
         return 1

@@ -1,7 +1,10 @@
 """Run by test_distributed.py, alone or under torchrun: a Trainer with the probe, learning rate 0.
 
 With the weights frozen every probe sees the same model, so metrics from any number of
-processes must agree with the single-process run.
+processes must agree with the single-process run. Each rank also records, per probe, which of
+the probe's batches it scored (watching the real ``Probe.score``, which it still calls) and how
+many forward calls its model received in inference mode (the probe's; training and the
+Trainer's evaluation run outside it), so the test can check the split itself, not just its result.
 """
 
 import json
@@ -11,12 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package of this tree, as the test process has
 
 import offline_assets  # noqa: E402
+import torch  # noqa: E402
 from trainer_utils import make_trainer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from tinymcf_callback import MoralProbeCallback  # noqa: E402
+from tinymcf_callback.probe import Probe  # noqa: E402
 
 out = Path(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())
@@ -27,9 +33,28 @@ cb = MoralProbeCallback(name="scifi", limit=3, token_budget=budget, tokenizer=to
 assert len(cb.probe.batches) % 2 == 1, len(cb.probe.batches)  # an odd number: one rank gets a padded share
 trainer = make_trainer(out, tok, [cb], max_steps=2, eval_steps=1, save_steps=1, learning_rate=0.0,
                        per_device_train_batch_size=2)
+
+probe_forwards = []  # one entry per forward call of the model made in inference mode
+trainer.model.register_forward_pre_hook(lambda *_: probe_forwards.append(1) if torch.is_inference_mode_enabled()
+                                        else None)
+shares = []  # per Probe.score call on this rank: the batch numbers scored, the forward calls seen and counted
+real_score = Probe.score
+
+
+def watched_score(self, model, **kwargs):
+    before = len(probe_forwards)
+    res = real_score(self, model, **kwargs)
+    given = kwargs.get("batches")
+    numbers = list(range(len(self.batches))) if given is None else [self.batches.index(b) for b in given]
+    shares.append({"batches": numbers, "prompts": sorted({int(i) for b in numbers for i in self.batches[b]}),
+                   "forward_calls": len(probe_forwards) - before, "n_forward": res.n_forward})
+    return res
+
+
+Probe.score = watched_score
 trainer.train()
 rank = int(os.environ.get("RANK", "0"))
 (out / f"log_history_rank{rank}.json").write_text(json.dumps({
-    "log_history": trainer.state.log_history, "n_batches": len(cb.probe.batches),
-    "world": int(os.environ.get("WORLD_SIZE", "1")),
+    "log_history": trainer.state.log_history, "n_batches": len(cb.probe.batches), "n_prompts": len(cb.probe),
+    "world": int(os.environ.get("WORLD_SIZE", "1")), "shares": shares,
 }))

@@ -23,6 +23,7 @@ from tinymcf_callback.probe import Probe
 VOCAB = 151936  # the Qwen3 tokenizer's ids fit
 INIT = 0.125
 TOLERANCE = 1e-4
+MASS_REL_TOLERANCE = 1e-3
 SHARED, FULL, UNPADDED = "shared", "full", "unpadded"
 
 
@@ -88,12 +89,12 @@ def probes(qwen_tok):
     return shared, full
 
 
-def score_alone(model, probe, tok) -> np.ndarray:
-    """The reference: each prompt alone, no padding, no mask, no position ids, no cache."""
+def score_alone(model, probe, tok):
+    """The reference: each prompt alone, no padding, no mask, no position ids, no cache (P(Yes), Yes+No mass)."""
     with torch.inference_mode():
         logits = torch.cat([model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[:, -1]
                             for ids in probe.encoded])
-    return score_prompts(logits, tok)["p_yes"]
+    return score_prompts(logits, tok)
 
 
 def _expected_forward_calls(path: str, probe: Probe) -> int:
@@ -110,7 +111,7 @@ def test_scores_equal_each_prompt_alone(arch, probes, qwen_tok, caplog):
     shared, full = probes
     torch.manual_seed(0)
     model = factory().eval()
-    reference = score_alone(model, shared, qwen_tok)
+    reference, reference_mass = score_alone(model, shared, qwen_tok)
     assert reference.std() > 1e-3  # the random weights spread P(Yes): a wrong mask would show
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         a = shared.score(model)
@@ -119,6 +120,8 @@ def test_scores_equal_each_prompt_alone(arch, probes, qwen_tok, caplog):
     shared_diff, full_diff = np.abs(a.p_yes - reference).max(), np.abs(b.p_yes - reference).max()
     print(f"\n| {arch} | {shared_diff:.1e} | {full_diff:.1e} | {path} |", end="")
     assert shared_diff < TOLERANCE and full_diff < TOLERANCE
+    for res in (a, b):  # the Yes+No mass is ~1e-4 on random weights: compare it relatively
+        assert (np.abs(res.yn_mass - reference_mass) / reference_mass).max() < MASS_REL_TOLERANCE
     assert a.n_forward == _expected_forward_calls(path, shared)
     notes = [r.getMessage() for r in caplog.records if type(model).__name__ in r.getMessage()]
     if path == SHARED:

@@ -4,6 +4,7 @@ import glob
 import json
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,11 +129,30 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
              for r in rows if "eval/moral_scifi/score" in r}
     assert sorted(found) == [0, 2, 4]
     assert [found[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
-    tables = [int(float(r["train/global_step"])) for r in rows if "eval/moral_scifi/table/_type" in r]
-    assert tables == [0, 2, 4]
-    # three probes, one definition of the probe's x-axis
-    ours = [m for m in metrics if m.glob_name == "eval/moral_scifi/*"]
-    assert len(ours) == 1 and ours[0].step_metric == "train/global_step"
+    # What the probe adds itself (the Trainer's own wandb callback writes neither): one metric definition
+    # binding its keys to the Trainer's step, and at each probe the per-foundation table of that step's report.
+    ours = [m for m in metrics if "moral" in m.glob_name + m.name]
+    assert len(ours) == 1 and ours[0].glob_name == "eval/moral_scifi/*"
+    assert ours[0].step_metric == "train/global_step"
+    tables = {int(float(r["train/global_step"])): json.loads(r["eval/moral_scifi/table/path"])
+              for r in rows if "eval/moral_scifi/table/path" in r}
+    assert sorted(tables) == [0, 2, 4]
+    [run_dir] = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    reports = {0: tmp_path / "out" / "moral_probe_scifi_baseline.json",
+               **{s: tmp_path / "out" / f"checkpoint-{s}" / "moral_probe_scifi.json" for s in (2, 4)}}
+    for step, path in tables.items():
+        logged = json.loads((Path(run_dir) / "files" / path).read_text())
+        expected = json.loads(reports[step].read_text())["table"]
+        assert logged["columns"] == list(expected[0])
+        assert len(logged["data"]) == len(expected) == 1  # limit=3: Care only
+        for row, want in zip(logged["data"], expected, strict=True):
+            for got, (column, value) in zip(row, want.items(), strict=True):
+                if value is None:  # undefined in the report (null), NaN in the wandb table
+                    assert got is None or got != got, column
+                elif isinstance(value, str):  # the foundation
+                    assert got == value
+                else:
+                    assert got == pytest.approx(value, rel=1e-12, abs=1e-15), column
 
 
 def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monkeypatch):
@@ -181,10 +201,21 @@ def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
 
 
 def test_save_only_and_every(tmp_path, qwen_tok):
+    """Saves only (no evaluation): the Trainer writes trainer_state.json *before* on_save, so only the callback's
+    refresh puts this step's probe and this save's counters into the checkpoint. Read them back."""
     cb = MoralProbeCallback(name="scifi", limit=1, events="save", every=2, baseline=False, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=8, eval=False)
     trainer.train()
-    assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [4, 8]
+    entries = probe_entries(trainer.state.log_history)
+    assert [e["step"] for e in entries] == [4, 8]
+    for step, probed, counters in [(2, [], (1, None)), (4, [4], (2, 4)), (6, [4], (3, 4)), (8, [4, 8], (4, 8))]:
+        state = json.loads((tmp_path / f"checkpoint-{step}" / "trainer_state.json").read_text())
+        saved = probe_entries(state["log_history"])
+        assert [e["step"] for e in saved] == probed, step
+        assert [e[SCORE] for e in saved] == [e[SCORE] for e in entries[:len(saved)]]
+        attributes = state["stateful_callbacks"]["MoralProbeCallback"]["attributes"]
+        assert (attributes["event_count"], attributes["last_step"]) == counters, step
+        assert (tmp_path / f"checkpoint-{step}" / "moral_probe_scifi.json").exists() == (step in (4, 8))
 
 
 def _weights(model):
@@ -242,6 +273,24 @@ def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
+def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
+    """EarlyStoppingCallback, placed after the probe, reads the probe's score from the evaluation metrics: with
+    the weights frozen (learning rate 0) the score never improves, so patience 2 stops the run at step 3 of 8."""
+    from transformers import EarlyStoppingCallback
+
+    cb = MoralProbeCallback(name="scifi", limit=1, baseline=False, verbose=False, n_resamples=0)
+    stopper = EarlyStoppingCallback(early_stopping_patience=2)
+    trainer = make_trainer(tmp_path, qwen_tok, [cb, stopper], max_steps=8, eval_steps=1, save_steps=1,
+                           learning_rate=0.0, metric_for_best_model="moral_scifi/score", greater_is_better=True,
+                           load_best_model_at_end=True)
+    trainer.train()
+    entries = probe_entries(trainer.state.log_history)
+    assert trainer.state.global_step == 3 and [e["step"] for e in entries] == [1, 2, 3]
+    assert stopper.early_stopping_patience_counter == 2
+    assert trainer.state.best_metric == entries[0][SCORE]
+    assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
+
+
 def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
     from tinymcf_callback.prepare import main as prepare_main
 
@@ -278,29 +327,78 @@ def test_bad_input(tmp_path, qwen_tok):
         trainer.train()
 
 
-def test_peft_lora_model(tmp_path, qwen_tok):
+def assert_scores_like_plain(report_path, plain_model, tok, limit, tolerance) -> float:
+    """The callback's report at ``report_path`` has the per-prompt P(Yes) and the score of ``Probe`` run on
+    ``plain_model`` (a plain fp32 model with the weights the probe saw), within ``tolerance``."""
+    from tinymcf_callback.probe import Probe
+
+    report = json.loads(Path(report_path).read_text())
+    logged = np.array([p["p_yes"] for p in report["prompts"]])
+    plain = Probe(tok, "scifi", limit=limit).run(plain_model)
+    difference = np.abs(logged - plain["raw"]["p_yes"].to_numpy()).max()
+    assert difference < tolerance and abs(report["score"] - plain["score"]) < tolerance, (report_path, difference)
+    return difference
+
+
+def test_peft_lora_model_scores_like_the_merged_plain_model(tmp_path, qwen_tok):
+    """A LoRA model (random adapter weights, so the adapter moves the scores) is probed like the plain model
+    that has the adapter merged into its weights, within 1e-5 per prompt, at step 0 and after training."""
+    import copy
+
     from peft import LoraConfig, get_peft_model
+
+    from tinymcf_callback.probe import Probe
 
     cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=2)
-    trainer.model = get_peft_model(trainer.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    base = copy.deepcopy(trainer.model)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    trainer.model = get_peft_model(trainer.model, lora)
     trainer.model_wrapped = trainer.model
+    at_start = copy.deepcopy(trainer.model).merge_and_unload()
+    assert type(at_start) is type(base)  # a plain Qwen3 model again
     trainer.train()
     assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
+    assert_scores_like_plain(tmp_path / "moral_probe_scifi_baseline.json", at_start, qwen_tok, 1, 1e-5)
+    at_end = copy.deepcopy(trainer.model).merge_and_unload()
+    assert_scores_like_plain(tmp_path / "checkpoint-2" / "moral_probe_scifi.json", at_end, qwen_tok, 1, 1e-5)
+    # the adapter matters: without it the scores are elsewhere
+    assert np.abs(Probe(qwen_tok, "scifi", limit=1).score(base).p_yes - Probe(qwen_tok, "scifi", limit=1).score(
+        at_end).p_yes).max() > 1e-4
 
 
-@pytest.mark.parametrize("options", [
-    {"bf16": True},
+# P(Yes) of the probe inside a bf16 mixed-precision run (accelerate runs the model's forward under bf16 autocast)
+# against the same weights in plain fp32; measured on the tiny random Qwen3: 1.5e-4.
+BF16_AUTOCAST_TOLERANCE = 5e-4
+
+
+@pytest.mark.parametrize("options, tolerance", [
+    ({"bf16": True}, BF16_AUTOCAST_TOLERANCE),
     # dynamo graph capture; inductor codegen is minutes on CPU
-    {"torch_compile": True, "torch_compile_backend": "eager"},
-])
-def test_bf16_and_torch_compile(tmp_path, qwen_tok, options):
+    ({"torch_compile": True, "torch_compile_backend": "eager"}, 1e-5),
+], ids=["bf16", "torch_compile"])
+def test_bf16_and_torch_compile_score_like_the_plain_model(tmp_path, qwen_tok, options, tolerance):
+    """The probe inside a bf16 or torch.compile run gives the scores of a plain fp32 model with the same weights:
+    the model before training (step 0) and the last checkpoint loaded from disk (step 2).
+
+    (transformers 5.24 hands callbacks the uncompiled module, which shares its weights with the compiled one;
+    the engine on a compiled module itself: test_engine.py::test_compiled_model_scores_like_eager.)
+    """
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
     cb = MoralProbeCallback(name="scifi", limit=1, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=2, **options)
+    at_start = copy.deepcopy(trainer.model).eval()
     trainer.train()
-    entries = probe_entries(trainer.state.log_history)
-    assert [e["step"] for e in entries] == [0, 2]
-    assert all(np.isfinite(e[SCORE]) for e in entries)
+    assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
+    at_end = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2", dtype=torch.float32).eval()
+    differences = [assert_scores_like_plain(tmp_path / "moral_probe_scifi_baseline.json", at_start, qwen_tok, 1,
+                                            tolerance),
+                   assert_scores_like_plain(tmp_path / "checkpoint-2" / "moral_probe_scifi.json", at_end, qwen_tok, 1,
+                                            tolerance)]
+    print(f"\n{options}: largest P(Yes) difference from the plain fp32 model {max(differences):.1e}")
 
 
 class Forwarder(TrainerCallback):

@@ -1,5 +1,6 @@
 """Scoring across ranks: shards merge back to the one-process result; two-process DDP on CPU (torchrun,
-gloo) gives the same metrics as one process, logged once, no hang."""
+gloo) gives the same metrics as one process, logged once, no hang, with each rank scoring its own half of the
+batches (recorded by the script: the batches each rank scored and the forward calls its model received)."""
 
 import glob
 import json
@@ -87,3 +88,21 @@ def test_ddp_two_processes_match_single(tmp_path):
     lines = (ddp / "moral_probe_scifi.jsonl").read_text().splitlines()
     assert len(lines) == 3
     assert len(glob.glob(str(ddp / "checkpoint-*" / "moral_probe_scifi.json"))) == 2
+    n = s_data["n_batches"]
+    assert [(s["batches"], s["forward_calls"]) for s in s_data["shares"]] == [(list(range(n)), 1 + 2 * n)] * 3
+    assert_each_rank_scored_its_own_share(d_data, json.loads((ddp / "log_history_rank1.json").read_text()))
+
+
+def assert_each_rank_scored_its_own_share(rank0: dict, rank1: dict) -> None:
+    """Per probe: equal numbers of batches and of forward calls on both ranks (what sharded models need),
+    disjoint shares of the batches that together cover every prompt; the forward calls are the shared path's
+    for the rank's own share (1 + 2 per batch), not the whole set's."""
+    n_batches, n_prompts = rank0["n_batches"], rank0["n_prompts"]
+    assert len(rank0["shares"]) == len(rank1["shares"]) == 3  # steps 0, 1, 2
+    for one, two in zip(rank0["shares"], rank1["shares"], strict=True):
+        assert len(one["batches"]) == len(two["batches"]) == (n_batches + 1) // 2  # padded to equal length
+        assert one["forward_calls"] == two["forward_calls"] == one["n_forward"] == two["n_forward"]
+        assert one["forward_calls"] == 1 + 2 * len(one["batches"])
+        assert not set(one["batches"]) & set(two["batches"])  # nothing scored twice (padding repeats one's own)
+        assert set(one["batches"]) | set(two["batches"]) == set(range(n_batches))
+        assert sorted(one["prompts"] + two["prompts"]) == list(range(n_prompts))

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from tinymcf_callback import score_prompts
-from tinymcf_callback.engine import plan_batches, probe_mode, run_batches
+from tinymcf_callback.engine import DEFAULT_TOKEN_BUDGET, plan_batches, probe_mode, run_batches
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.prompts import answer_token_ids
+
+BF16_TOLERANCE = 1e-3  # P(Yes), bf16 against the same weights in fp32 (tiny random Qwen3: 1.4e-4 measured)
 
 
 def test_plan_batches_respects_budget_and_covers_all():
@@ -39,12 +41,26 @@ def test_score_prompts_exact(qwen_tok):
     assert mass[1] == pytest.approx(3 / 8, abs=1e-6)   # Yes+No = 3 of 3 + 5
 
 
-def _alone_vs_batched(model, probe, idx):
-    res_batch = probe.score(model, batches=[idx])
-    alone = [probe.score(model, batches=[[i]]) for i in idx]
-    p_alone = np.array([r.p_yes[i] for r, i in zip(alone, idx, strict=True)])
-    m_alone = np.array([r.yn_mass[i] for r, i in zip(alone, idx, strict=True)])
-    return res_batch.p_yes[idx], p_alone, res_batch.yn_mass[idx], m_alone
+def reference_alone(model, encoded, tok) -> tuple[np.ndarray, np.ndarray]:
+    """The simplest reference, apart from the engine: each prompt alone (no padding, mask, position ids or
+    cache), P(Yes) and the Yes+No mass by a plain float64 softmax over the model's last logits."""
+    yes, no = answer_token_ids(tok)
+    p_yes, mass = [], []
+    with torch.inference_mode():
+        for ids in encoded:
+            probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
+            y, n = probs[yes].sum().item(), probs[no].sum().item()
+            p_yes.append(y / (y + n))
+            mass.append(y + n)
+    return np.array(p_yes), np.array(mass)
+
+
+def assert_scores_match(res, idx, reference, p_tol=1e-4, mass_rel_tol=1e-3):
+    """P(Yes) within ``p_tol``; the Yes+No mass within a *relative* ``mass_rel_tol`` (random weights give a mass
+    near 1e-4, where an absolute 1e-4 would accept any value)."""
+    p_ref, m_ref = reference
+    assert np.abs(res.p_yes[idx] - p_ref).max() < p_tol
+    assert (np.abs(res.yn_mass[idx] - m_ref) / m_ref).max() < mass_rel_tol
 
 
 def _mixed_lengths(probe, k):
@@ -55,18 +71,48 @@ def _mixed_lengths(probe, k):
     return idx
 
 
-def test_batching_invariance_tiny_qwen3(tiny_qwen, qwen_tok):
-    probe = Probe(qwen_tok, "scifi")
-    p_b, p_a, m_b, m_a = _alone_vs_batched(tiny_qwen, probe, _mixed_lengths(probe, 24))
-    assert np.abs(p_b - p_a).max() < 1e-4 and np.abs(m_b - m_a).max() < 1e-4
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    """Absolute (learned) position embeddings: a padding position that leaks into a prompt moves its score."""
+    from test_architectures import ARCHITECTURES
+
+    torch.manual_seed(0)
+    return ARCHITECTURES["gpt2"][0]().eval()
 
 
-def test_batching_invariance_smollm2(smollm2):
-    model, tok = smollm2
-    probe = Probe(tok, "scifi", limit=10)
-    p_b, p_a, m_b, m_a = _alone_vs_batched(model, probe, _mixed_lengths(probe, 8))
-    assert np.abs(p_b - p_a).max() < 1e-4 and np.abs(m_b - m_a).max() < 1e-4
-    assert m_a.mean() > 0.3  # a real model puts real mass on Yes/No
+def _model_and_tok(which, request):
+    if which == "smollm2":
+        return request.getfixturevalue("smollm2")
+    model = request.getfixturevalue("tiny_qwen" if which == "tiny_qwen3" else "tiny_gpt2")
+    return model, request.getfixturevalue("qwen_tok")
+
+
+@pytest.mark.parametrize("which, limit, k", [("tiny_qwen3", None, 24), ("tiny_gpt2", 6, 24), ("smollm2", 10, 8)])
+def test_batching_invariance(which, limit, k, request):
+    """One left-padded batch of mixed lengths gives each prompt's own P(Yes) and Yes+No mass."""
+    model, tok = _model_and_tok(which, request)
+    shared, full = (Probe(tok, "scifi", limit=limit, share_prefix=share) for share in (True, False))
+    idx = _mixed_lengths(shared, k)
+    reference = reference_alone(model, [shared.encoded[i] for i in idx], tok)
+    for probe in (shared, full):
+        assert_scores_match(probe.score(model, batches=[idx]), idx, reference)
+    if which == "smollm2":
+        assert reference[1].mean() > 0.3  # a real model puts real mass on Yes/No
+
+
+def test_absolute_positions_need_the_position_ids(tiny_gpt2, qwen_tok):
+    """Guard for the invariance tests: on the tiny GPT-2, a left-padded batch scored with the model's default
+    positions (padding counted) is far from each prompt alone, so a lost ``position_ids`` cannot pass them."""
+    probe = Probe(qwen_tok, "scifi", limit=1)
+    idx = _mixed_lengths(probe, 6)
+    seqs = [probe.encoded[i] for i in idx]
+    width = max(map(len, seqs))
+    ids = torch.tensor([[0] * (width - len(q)) + q for q in seqs])
+    mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in seqs])
+    with torch.inference_mode():
+        logits = tiny_gpt2(input_ids=ids, attention_mask=mask).logits[:, -1]
+    p_default = score_prompts(logits, qwen_tok)["p_yes"]
+    assert np.abs(p_default - reference_alone(tiny_gpt2, seqs, qwen_tok)[0]).max() > 1e-2
 
 
 def test_only_last_position_logits(tiny_qwen, qwen_tok):
@@ -81,13 +127,52 @@ def test_only_last_position_logits(tiny_qwen, qwen_tok):
 
 
 def test_model_dtype_is_respected(qwen_tok):
+    """A bf16 model is scored as it is: the engine's forward calls reach this very model, which computes in
+    bf16 and returns bf16 logits (an fp32 copy, or an upcast of the weights, would show here)."""
     import offline_assets
 
     model = offline_assets.tiny_qwen3(seed=1).to(torch.bfloat16)
-    probe = Probe(qwen_tok, "scifi", limit=2)
-    res = probe.score(model)
-    assert next(model.parameters()).dtype == torch.bfloat16
+    seen = []  # (dtype of the hidden states reaching the LM head, dtype of the logits it returns), per forward call
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    try:
+        probe = Probe(qwen_tok, "scifi", limit=2)
+        res = probe.score(model)
+    finally:
+        hook.remove()
+    assert len(seen) == res.n_forward > 0
+    assert set(seen) == {(torch.bfloat16, torch.bfloat16)}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert np.isfinite(res.p_yes).all()
+    # bf16 changes the numbers a little: same weights in fp32 (1.4e-4 measured; P(Yes) spreads 2.7e-3 here)
+    fp32 = probe.score(offline_assets.tiny_qwen3(seed=1).to(torch.bfloat16).float())
+    assert 0 < np.abs(res.p_yes - fp32.p_yes).max() < BF16_TOLERANCE
+
+
+def test_token_budget_bounds_each_forward_call_and_the_longest_prompts_go_first(tiny_qwen, qwen_tok):
+    """README: left-padded, length-sorted batches of at most ``token_budget`` padded tokens, largest batch first.
+
+    Read off the forward calls the model really receives (full prompts: one call per batch): no call holds more
+    padded tokens than the budget (unless a single prompt), the widths never grow, the first call holds the
+    longest prompt and, at the default budget, the most padded tokens.
+    """
+    shapes = []
+    hook = tiny_qwen.register_forward_pre_hook(lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        for budget in (DEFAULT_TOKEN_BUDGET, 600):
+            shapes.clear()
+            probe = Probe(qwen_tok, "scifi", token_budget=budget, share_prefix=False)
+            probe.score(tiny_qwen)
+            assert len(shapes) == len(probe.batches) > 1
+            assert all(rows * width <= budget or rows == 1 for rows, width in shapes), shapes
+            widths = [width for _, width in shapes]
+            assert widths == sorted(widths, reverse=True) and widths[0] == max(map(len, probe.encoded))
+            assert sum(rows for rows, _ in shapes) == len(probe)
+            if budget == DEFAULT_TOKEN_BUDGET:
+                sizes = [rows * width for rows, width in shapes]
+                assert sizes[0] == max(sizes), sizes
+    finally:
+        hook.remove()
 
 
 def test_prompt_longer_than_context_is_refused(qwen_tok):
@@ -155,14 +240,10 @@ def test_run_batches_scores_only_given_batches(tiny_qwen, qwen_tok):
     assert np.isfinite(res.p_yes[[0, 3]]).all() and np.isnan(np.delete(res.p_yes, [0, 3])).all()
 
 
-@pytest.mark.parametrize("which", ["tiny_qwen3", "smollm2"])
-def test_shared_prefix_matches_full_prompts(which, request):
-    if which == "smollm2":
-        model, tok = request.getfixturevalue("smollm2")
-        limit = 4
-    else:
-        model, tok = request.getfixturevalue("tiny_qwen"), request.getfixturevalue("qwen_tok")
-        limit = 12
+@pytest.mark.parametrize("which, limit", [("tiny_qwen3", 12), ("tiny_gpt2", 6), ("smollm2", 4)])
+def test_shared_prefix_matches_full_prompts(which, limit, request):
+    """Shared prefixes (header and scenario from the cache) give the full prompts' scores and each prompt's own."""
+    model, tok = _model_and_tok(which, request)
     shared = Probe(tok, "scifi", limit=limit, token_budget=1200)
     full = Probe(tok, "scifi", limit=limit, token_budget=1200, share_prefix=False)
     plan = shared.prefix_plan
@@ -170,8 +251,11 @@ def test_shared_prefix_matches_full_prompts(which, request):
     for i, seq in enumerate(shared.encoded):  # the plan only splits, never changes, the token sequence
         assert plan.root + plan.mid[plan.group_of[i]] + plan.tail(shared.encoded, i) == seq
     a, b = shared.score(model), full.score(model)
-    assert np.abs(a.p_yes - b.p_yes).max() < 1e-4 and np.abs(a.yn_mass - b.yn_mass).max() < 1e-4
-    assert a.n_forward == 1 + 2 * len(shared.batches)  # root once, then scenario + questions per batch
+    everything = list(range(len(shared)))
+    assert_scores_match(a, everything, (b.p_yes, b.yn_mass))
+    if which != "smollm2":  # SmolLM2 against each prompt alone: test_batching_invariance (cheaper there)
+        assert_scores_match(a, everything, reference_alone(model, shared.encoded, tok))
+    assert len(shared.batches) > 1 and a.n_forward == 1 + 2 * len(shared.batches)  # root once, then per batch
 
 
 class _Inner(torch.nn.Module):

@@ -32,6 +32,22 @@ def test_plain_format_without_chat_template(qwen_tok):
     assert p == f"Question: {SCENE}\n\n{FRAMES['wrong']}\nAnswer:"  # Qwen adds no BOS
 
 
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_plain_format_starts_with_bos_exactly_when_the_tokenizer_adds_one(smollm2_path, add_bos):
+    """Without a chat template the prompt opens with BOS when the tokenizer adds it, once (never twice)."""
+    from transformers import AutoTokenizer
+
+    from tinymcf_callback.probe import Probe
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path, add_bos_token=add_bos)
+    tok.chat_template = None
+    assert (tok("x").input_ids[0] == tok.bos_token_id) == add_bos  # the tokenizer's own habit, both ways
+    p = format_prompt(tok, SCENE, FRAMES["wrong"])
+    assert p == f"{tok.bos_token if add_bos else ''}Question: {SCENE}\n\n{FRAMES['wrong']}\nAnswer:"
+    encoded = Probe(tok, "scifi", limit=1).encoded
+    assert all((ids[0] == tok.bos_token_id) == add_bos and ids[1] != tok.bos_token_id for ids in encoded)
+
+
 def test_trailing_space_prefill_is_refused(qwen_tok):
     with pytest.raises(ValueError, match="whitespace"):
         format_prompt(qwen_tok, SCENE, FRAMES["wrong"], answer_prefix="A: ")

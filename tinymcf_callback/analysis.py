@@ -12,6 +12,9 @@ in [-1, 1]. Per coarse foundation:
 The headline ``score`` is the mean ``align_other`` over the six real foundations;
 Social Norms (odd but harmless acts) is the control, its ``align_other`` (``sn``)
 should stay near 0.
+
+The answer format does not matter here: with JSON answers ``p_yes`` holds P(true) and
+``yn_mass`` the true+false mass, and every formula is the same.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ Each probe logs the headline numbers with their interval bounds and, when the ru
 step-0 baseline, the paired change of the score since it (``score_change``, ``score_change_p``).
 The baseline's per-vignette scores are kept in the callback's saved state, so a resumed run
 (even into another output folder) measures its change from the same baseline.
+
+With ``answer_format="json"`` (true/false answers) everything the callback writes carries the
+format in its name: metrics under ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``,
+``moral_probe_<name>_json.json``; Yes/No (the default) keeps the plain names. So two formats never
+share a curve, a file or a dashboard panel, and both can probe one run side by side.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ._io import append_jsonl, atomic_write_json
 from .distributed import score_across_ranks
 from .model_info import UnsupportedModelError, check_causal_lm
 from .probe import (
+    DEFAULT_ANSWER_FORMAT,
     DEFAULT_LEVEL,
     DEFAULT_RESAMPLES,
     Probe,
@@ -43,6 +49,7 @@ from .probe import (
     report_to_json,
     sanity_lines,
 )
+from .prompts import answer_format_of
 from .sets import load_vignettes
 from .stats import VignetteScores, paired_change, vignette_scores
 
@@ -60,14 +67,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def metric_names(name: str) -> dict[str, str]:
-    """Documented logged-metric names for set ``name`` (prefix ``eval_moral_<name>/``).
+def probe_key(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
+    """The set's name in metric and file names: ``scifi`` for Yes/No answers, ``scifi_json`` for JSON ones."""
+    answer_format_of(answer_format)
+    suffix = "" if answer_format == DEFAULT_ANSWER_FORMAT else f"_{answer_format}"
+    return _slug(name) + suffix
+
+
+def _format(report: dict) -> str:
+    return report.get("answer_format", DEFAULT_ANSWER_FORMAT)
+
+
+def metric_names(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict[str, str]:
+    """Documented logged-metric names for set ``name`` (prefix ``eval_moral_<name>/``, ``eval_moral_<name>_json/``).
 
     ``rewrite_logs`` in the reporters turns ``eval_x`` into ``eval/x``: the probe's curves
-    show as ``eval/moral_<name>/score`` etc., never under ``train/``.
+    show as ``eval/moral_<name>/score`` etc., never under ``train/``. With JSON answers
+    ``yn_mass`` is the true+false mass (the name stays, so dashboards read both formats alike).
     """
     headline = [key + suffix for key in LOGGED_HEADLINE for suffix in ("", "_lo", "_hi")]
-    return {key: f"eval_moral_{_slug(name)}/{key}" for key in (*headline, *CHANGE_KEYS, *SANITY_KEYS)}
+    prefix = f"eval_moral_{probe_key(name, answer_format)}"
+    return {key: f"{prefix}/{key}" for key in (*headline, *CHANGE_KEYS, *SANITY_KEYS)}
 
 
 def report_metrics(name: str, report: dict) -> dict[str, float]:
@@ -76,7 +96,7 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
     Headline numbers come with their interval bounds; per-foundation numbers without (their
     bounds are in the table of the history line, the checkpoint report and the wandb table).
     """
-    names = metric_names(name)
+    names = metric_names(name, _format(report))
     info = report["info"]
     values = {names[key + suffix]: report.get(field + suffix)
               for key, field in LOGGED_HEADLINE.items() for suffix in ("", "_lo", "_hi")}
@@ -85,7 +105,7 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
         names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
         names["elapsed_s"]: info["elapsed_s"],
     })
-    prefix = f"eval_moral_{_slug(name)}"
+    prefix = f"eval_moral_{probe_key(name, _format(report))}"
     for foundation, row in report["table"].iterrows():
         for col in ("align_other", "align_self", "self_other_gap"):
             values[f"{prefix}/{_slug(foundation)}/{col}"] = row[col]
@@ -116,7 +136,7 @@ def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, 
     """
     if baseline is None:
         return {}
-    names = metric_names(name)
+    names = metric_names(name, _format(report))
     if not report.get("n_resamples"):
         before, now = baseline.get("score"), report["score"]
         values = {names["score_change"]: None if before is None or now is None else now - before}
@@ -128,19 +148,23 @@ def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, 
 
 
 # ---- writers: where a finished probe goes besides Trainer.log (main process only) -----------------
-def history_path(output_dir: str, name: str) -> str:
-    """``<output_dir>/moral_probe_<name>.jsonl``: the run's curve of set ``name`` (also appended to by the sweep)."""
-    return os.path.join(output_dir, f"moral_probe_{_slug(name)}.jsonl")
+def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
+    """``<output_dir>/moral_probe_<name>.jsonl``: the run's curve of set ``name`` (also appended to by the sweep).
+
+    ``moral_probe_<name>_json.jsonl`` with JSON answers: one history holds one answer format.
+    """
+    return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}.jsonl")
 
 
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
     """One probe as a history line (schema in the README); ``event`` says what triggered it.
 
     Top level: the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
-    ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed`` and ``prompt_digest``; table rows
-    carry ``<metric>_lo``/``<metric>_hi``. ``None`` where undefined.
+    ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed``, ``prompt_digest`` and ``answer_format``;
+    table rows carry ``<metric>_lo``/``<metric>_hi``. ``None`` where undefined.
     """
-    return {"step": step, "epoch": epoch, "event": event, "name": name, **headline_fields(report),
+    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": _format(report),
+            **headline_fields(report),
             "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
             "table": json_records(report["table"].reset_index())}
@@ -150,20 +174,21 @@ def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, s
     """Append one line per probe to ``<output_dir>/moral_probe_<name>.jsonl`` (the run's whole curve)."""
     line = history_line(name, report, metrics, step=step, epoch=epoch, event=event)
     try:
-        append_jsonl(history_path(output_dir, name), line)
+        append_jsonl(history_path(output_dir, name, _format(report)), line)
     except OSError as e:
         logger.warning("moral probe [%s]: could not append the history file: %s", name, e)
 
 
-def baseline_path(output_dir: str, name: str) -> str:
+def baseline_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """``<output_dir>/moral_probe_<name>_baseline.json``: the step-0 report (no checkpoint holds it)."""
-    return os.path.join(output_dir, f"moral_probe_{_slug(name)}_baseline.json")
+    return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}_baseline.json")
 
 
 def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> None:
     """The baseline's full report, for ``eval --compare`` against any checkpoint's ``moral_probe_<name>.json``."""
     try:
-        atomic_write_json(baseline_path(output_dir, name), report_to_json(report, step=step, epoch=epoch))
+        atomic_write_json(baseline_path(output_dir, name, _format(report)),
+                          report_to_json(report, step=step, epoch=epoch))
     except OSError as e:
         logger.warning("moral probe [%s]: could not write the baseline report: %s", name, e)
 
@@ -171,7 +196,8 @@ def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch
 def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:
     """Add the probe to a checkpoint the Trainer has just written.
 
-    Writes ``moral_probe_<name>.json`` (the full report) when this step was probed, and
+    Writes ``moral_probe_<name>.json`` (``moral_probe_<name>_json.json`` for JSON answers; the full
+    report) when this step was probed, and
     rewrites ``trainer_state.json``: the Trainer wrote it before ``on_save``, so without the
     refresh it would miss this step's log entry and this save's callback counters.
     """
@@ -179,7 +205,7 @@ def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None
         return
     try:
         if report is not None:
-            atomic_write_json(os.path.join(folder, f"moral_probe_{_slug(name)}.json"),
+            atomic_write_json(os.path.join(folder, f"moral_probe_{probe_key(name, _format(report))}.json"),
                               report_to_json(report, step=state.global_step, epoch=state.epoch))
         if os.path.exists(os.path.join(folder, "trainer_state.json")):
             state.save_to_json(os.path.join(folder, "trainer_state.json"))
@@ -202,9 +228,9 @@ def active_wandb_run():
     return getattr(wandb, "run", None)
 
 
-def define_wandb_metrics(run, name: str) -> None:
+def define_wandb_metrics(run, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
     """Plot every ``eval/moral_<name>/...`` key against the Trainer's step (once per run)."""
-    run.define_metric(f"eval/moral_{_slug(name)}/*", step_metric="train/global_step")
+    run.define_metric(f"eval/moral_{probe_key(name, answer_format)}/*", step_metric="train/global_step")
 
 
 def log_wandb_table(run, name: str, report: dict, step: int) -> None:
@@ -212,7 +238,7 @@ def log_wandb_table(run, name: str, report: dict, step: int) -> None:
     import wandb
 
     table = wandb.Table(dataframe=report["table"].reset_index())
-    run.log({f"eval/moral_{_slug(name)}/table": table, "train/global_step": step})
+    run.log({f"eval/moral_{probe_key(name, _format(report))}/table": table, "train/global_step": step})
 
 
 # ---- the callback's counters in trainer_state.json ------------------------------------------------
@@ -221,27 +247,33 @@ def _entries(stateful_callbacks: dict | None, key: str) -> list:
     return stored if isinstance(stored, list) else [stored] if stored else []
 
 
-def _mine(entries: list, name: str) -> list[int]:
-    # Several callbacks of one class share a key (a list, appended to at each save): match the set name.
-    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name]
+def _mine(entries: list, name: str, answer_format: str) -> list[int]:
+    # Several callbacks of one class share a key (a list, appended to at each save): match the set name and the
+    # answer format (states saved before formats existed are Yes/No).
+    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name
+            and e["args"].get("answer_format", DEFAULT_ANSWER_FORMAT) == answer_format]
 
 
-def stored_counters(stateful_callbacks: dict | None, key: str, name: str) -> dict | None:
-    """The newest saved state of the ``key`` callback probing set ``name``, or None."""
+def stored_counters(stateful_callbacks: dict | None, key: str, name: str,
+                    answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict | None:
+    """The newest saved state of the ``key`` callback probing set ``name`` in ``answer_format``, or None."""
     entries = _entries(stateful_callbacks, key)
-    mine = _mine(entries, name)
+    mine = _mine(entries, name, answer_format)
     return entries[mine[-1]] if mine else None
 
 
-def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict) -> None:
-    """Replace (or add) the saved state of the ``key`` callback probing set ``name``, keeping one entry per set.
+def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict,
+                    answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
+    """Replace (or add) the saved state of the ``key`` callback probing set ``name`` in ``answer_format``.
+
+    One entry is kept per set and answer format.
 
     With several callbacks of one class the Trainer appends all their states at every save; older
     entries of this set are dropped, so ``trainer_state.json`` (which holds the baseline's scores)
     does not grow with the number of saves.
     """
     entries = _entries(stateful_callbacks, key)
-    mine = _mine(entries, name)
+    mine = _mine(entries, name, answer_format)
     if mine:
         entries[mine[-1]] = saved
         entries = [e for i, e in enumerate(entries) if i not in mine[:-1]]
@@ -253,8 +285,8 @@ def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict) 
 class MoralProbeCallback(TrainerCallback, ExportableState):
     """Log per-checkpoint moral-foundations alignment of the model being trained.
 
-    Scores a fixed vignette set on the live model at the answer position (two Yes/No
-    frames, four conditions) and logs ``eval/moral_<name>/score`` (mean align_other over
+    Scores a fixed vignette set on the live model at the answer position (two frames answered
+    Yes/No, or true/false in JSON; four conditions) and logs ``eval/moral_<name>/score`` (mean align_other over
     the six real foundations), ``gap``, the Social Norms control and ``score_minus_sn``, each
     with interval bounds (``_lo``, ``_hi``), the change of the score since the step-0 baseline
     with its p-value, sanity figures and per-foundation ``align_other`` / ``align_self`` /
@@ -290,12 +322,15 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         level: the intervals' confidence level (default 0.95).
         n_resamples: bootstrap resamples per probe (default 2000, a few milliseconds); 0: no intervals
             and no p-value.
+        answer_format: ``"yesno"`` (default) or ``"json"`` (asks for ``{"is_wrong": true|false}``, reads
+            P(true)); a JSON probe logs under ``eval/moral_<name>_json/`` and writes
+            ``moral_probe_<name>_json.jsonl``, so both formats can watch one run.
     """
 
     def __init__(self, name: str = "scifi", *, events=EVENTS, every: int = 1, baseline: bool = True,
                  tokenizer=None, trainer=None, limit: int | None = None, strict: bool = False,
                  token_budget: int | None = None, verbose: bool = True, level: float = DEFAULT_LEVEL,
-                 n_resamples: int = DEFAULT_RESAMPLES):
+                 n_resamples: int = DEFAULT_RESAMPLES, answer_format: str = DEFAULT_ANSWER_FORMAT):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -308,14 +343,16 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             raise ValueError(f"trainer= must be the transformers Trainer the callback is added to, got "
                              f"{type(trainer).__name__} (no log method)")
         check_uncertainty(level, n_resamples)
+        answer_format_of(answer_format)
         if tokenizer is None:
             load_vignettes(name, limit=limit)  # an unprepared set fails here, not at step 500
         self.name, self.events, self.every, self.baseline = name, events, every, baseline
         self.limit, self.strict, self.verbose = limit, strict, verbose
         self.token_budget, self.level, self.n_resamples = token_budget, level, n_resamples
+        self.answer_format = answer_format
         self._tokenizer, self._trainer = tokenizer, trainer
         self.probe: Probe | None = None
-        self.names = metric_names(name)
+        self.names = metric_names(name, answer_format)
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
         self._wandb_run_id: str | None = None  # the wandb run whose metrics are defined
@@ -329,7 +366,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         return {
             "args": {"name": self.name, "events": list(self.events), "every": self.every, "baseline": self.baseline,
                      "limit": self.limit, "strict": self.strict, "token_budget": self.token_budget,
-                     "verbose": self.verbose, "level": self.level, "n_resamples": self.n_resamples},
+                     "verbose": self.verbose, "level": self.level, "n_resamples": self.n_resamples,
+                     "answer_format": self.answer_format},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
                            "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
                            "baseline_record": self.baseline_record},
@@ -367,7 +405,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if "save" in self.events:
             self._maybe_probe(args, state, kwargs, "save")
         # The Trainer stored the counters just before this event: store them as they are now.
-        record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state())
+        record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state(), self.answer_format)
         if args.should_save:
             report = self.last_report if self.last_step == state.global_step else None
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -433,7 +471,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             return
         try:
             if self._wandb_run_id != run.id:
-                define_wandb_metrics(run, self.name)
+                define_wandb_metrics(run, self.name, self.answer_format)
                 self._wandb_run_id = run.id
             log_wandb_table(run, self.name, report, state.global_step)
         except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
@@ -443,7 +481,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def _build_probe(self, tok) -> None:
         kw = {"token_budget": self.token_budget} if self.token_budget else {}
         self.probe = Probe(tok, self.name, self.limit, level=self.level, n_resamples=self.n_resamples,
-                           **kw)  # tokenised once, reused at every probe
+                           answer_format=self.answer_format, **kw)  # tokenised once, reused at every probe
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
@@ -478,7 +516,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         The Trainer restores callbacks itself only with ``restore_callback_states_from_checkpoint=True``
         (and then into a new instance); reading the state here makes resuming right by default.
         """
-        saved = stored_counters(state.stateful_callbacks, type(self).__name__, self.name)
+        saved = stored_counters(state.stateful_callbacks, type(self).__name__, self.name, self.answer_format)
         if saved is None:
             logger.info("moral probe [%s]: the checkpoint holds no MoralProbeCallback counters; `every` counts "
                         "from step %d", self.name, state.global_step)
@@ -497,7 +535,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             return None
         why = None
         if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
-            why = "its prompts differ from this run's (another limit, tokenizer or answer prefix)"
+            why = "its prompts differ from this run's (another limit, tokenizer, answer prefix or answer format)"
         else:
             try:
                 baseline_scores(record)

@@ -11,8 +11,9 @@ vignettes, so what a vignette always does cancels out.
 
 A paired change means something only when both reports asked the model the same questions, so
 :func:`compare` refuses (:class:`CompareError`, saying why) reports of different sets, of the same
-set with different vignettes (another ``limit``), and of the same vignettes with different prompts
-(their ``prompt_digest`` differs: another answer prefix, chat template or rewrite). A schema-1 JSON
+set with different vignettes (another ``limit``), of different answer formats (``answer_format``:
+Yes/No against JSON true/false; a report without the field is Yes/No), and of the same vignettes with
+different prompts (their ``prompt_digest`` differs: another answer prefix, chat template or rewrite). A schema-1 JSON
 report has no digest: it is accepted when the vignettes match, with a warning that the prompts could
 not be checked.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .prompts import DEFAULT_ANSWER_FORMAT
 from .stats import HEADLINE, METRICS, paired_change, vignette_scores
 
 # the statistics' own defaults (stats' signatures), for the CLI's options
@@ -83,6 +85,11 @@ def _digest(report: dict) -> str | None:
     return report.get("prompt_digest")
 
 
+def answer_format(report: dict) -> str:
+    """The answer format a report was scored in; reports written before formats existed are Yes/No."""
+    return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
+
+
 def _ids(report: dict) -> list[str]:
     return list(dict.fromkeys(str(i) for i in pd.DataFrame(report["scenarios"])["id"]))
 
@@ -113,6 +120,10 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> 
     if a["name"] != b["name"]:
         raise CompareError(f"{la} is a report of set {a['name']!r} and {lb} of set {b['name']!r}: a paired change "
                            f"needs two reports of the same set (--name)")
+    if answer_format(a) != answer_format(b):
+        raise CompareError(f"{la} was scored with answer format {answer_format(a)!r} and {lb} with "
+                           f"{answer_format(b)!r}: P(Yes) and P(true) are read off different questions and tokens, so "
+                           f"their change is not the model's; score both with the same --answer-format")
     ids_a, ids_b = _ids(a), _ids(b)
     if set(ids_a) != set(ids_b):
         only_a, only_b = [i for i in ids_a if i not in set(ids_b)], [i for i in ids_b if i not in set(ids_a)]
@@ -159,7 +170,7 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
     """The paired change ``B - A`` of every headline and per-foundation metric between two reports.
 
     ``report_a``/``report_b``: report dicts (``evaluate``, or a loaded JSON report of schema 1 or
-    2) or paths to JSON reports. Returns ``{"name", "n_vignettes", "level", "n_resamples", "seed",
+    2) or paths to JSON reports. Returns ``{"name", "answer_format", "n_vignettes", "level", "n_resamples", "seed",
     "method", "headline", "table", "warnings"}``: ``headline`` maps ``score``, ``gap``, ``sn`` and
     ``score_minus_sn`` to ``{"a", "b", "change", "lo", "hi", "p"}`` (``None`` where undefined);
     ``table`` is a DataFrame with one row per present foundation and metric (``foundation``,
@@ -192,7 +203,8 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
             row = _row(va, vb, result["foundations"][foundation][metric], f"{foundation} {metric}", labels)
             table.append({"foundation": foundation, "metric": metric, "n": n,
                           **{k: _value(v) for k, v in row.items()}})
-    return {"name": a["name"], "n_vignettes": sum(result["n"].values()), "level": result["level"],
+    return {"name": a["name"], "answer_format": answer_format(a), "n_vignettes": sum(result["n"].values()),
+            "level": result["level"],
             "n_resamples": result["n_resamples"], "seed": result["seed"], "method": result["method"],
             "headline": headline, "table": pd.DataFrame(table), "warnings": notes}
 
@@ -214,7 +226,9 @@ def _row(va: float, vb: float, change, what: str, labels: tuple[str, str]) -> di
 def format_comparison(result: dict, labels: tuple[str, str] = ("A", "B")) -> str:
     """The comparison as text: a header, the headline rows and the per-foundation rows (change, interval, p)."""
     level = f"{result['level']:.0%}"
-    lines = [f"[tinymcf] compare {result['name']} ({result['n_vignettes']} vignettes): A = {labels[0]}, "
+    fmt = result.get("answer_format", DEFAULT_ANSWER_FORMAT)
+    answers = "" if fmt == DEFAULT_ANSWER_FORMAT else f", {fmt} answers"
+    lines = [f"[tinymcf] compare {result['name']} ({result['n_vignettes']} vignettes{answers}): A = {labels[0]}, "
              f"B = {labels[1]}",
              f"[tinymcf] change B - A with {level} intervals and two-sided p-values (paired bootstrap over "
              f"vignettes, {result['n_resamples']} resamples, seed {result['seed']})"]

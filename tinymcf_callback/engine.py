@@ -1,4 +1,4 @@
-"""The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out.
+"""The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out (P(true), true+false with JSON answers).
 
 Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]``
 tensor: it asks the model for the last position's logits (``logits_to_keep=1``) on
@@ -43,7 +43,7 @@ from .model_info import (
     shared_prefix_blocker,
     unwrap_model,
 )
-from .prompts import answer_token_ids
+from .prompts import DEFAULT_ANSWER_FORMAT, answer_token_ids
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -186,14 +186,16 @@ class AnswerScores(NamedTuple):
         return getattr(self, key) if key in self._fields else default
 
 
-def score_prompts(logits, tok) -> AnswerScores:
+def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> AnswerScores:
     """Per-prompt ``p_yes`` (Yes against No only) and ``yn_mass`` (Yes+No over the vocabulary).
 
     ``logits``: ``[n_prompts, vocab]`` at the answer position (a tensor or an array).
-    Every Yes and No variant of the tokenizer counts (see ``answer_token_ids``).
+    Every Yes and No variant of the tokenizer counts (see ``answer_token_ids``). With
+    ``answer_format="json"`` the answers are true and false: ``p_yes`` is P(true) against
+    false and ``yn_mass`` the true+false mass (the names stay, the roles are the same).
     Returns :class:`AnswerScores`: ``scored["p_yes"]`` or ``p_yes, yn_mass = scored``.
     """
-    yes, no = answer_token_ids(tok)
+    yes, no = answer_token_ids(tok, answer_format)
     logits = torch.as_tensor(logits)
     logp = torch.log_softmax(logits.float(), dim=-1)
     lyes = torch.logsumexp(logp[:, yes], dim=-1)
@@ -415,15 +417,18 @@ class ScoreResult:
 
     p_yes: np.ndarray
     yn_mass: np.ndarray
-    yn_top3: np.ndarray  # does a Yes/No token rank in the top 3 next tokens?
+    yn_top3: np.ndarray  # does an answer token (Yes/No, or true/false) rank in the top 3 next tokens?
     top_tokens: list = field(default_factory=list)  # [(token, prob)] x 10 for the sample prompt
     n_forward: int = 0
 
 
 def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, *, pad_id: int | None = None,
                 sample_index: int | None = None, progress: bool = False, desc: str = "moral probe",
-                prefix_plan: PrefixPlan | None = None) -> ScoreResult:
+                prefix_plan: PrefixPlan | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT) -> ScoreResult:
     """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model``.
+
+    ``answer_format`` names the answer tokens read at the answer position (``prompts.ANSWER_FORMATS``):
+    the prompts must have been formatted for it.
 
     With a ``prefix_plan`` the shared prefixes are run once and their key/value cache is
     reused (fewer FLOPs, same scores) where the model allows it (:func:`choose_strategy`).
@@ -437,26 +442,26 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     device = model_device(model)
     strategy = choose_strategy(model, encoded, pad_id, device, prefix_plan)
-    yes, no = answer_token_ids(tok)
+    yes, no = answer_token_ids(tok, answer_format)
     answer_ids = torch.tensor(sorted(set(yes) | set(no)), device=device)
     with _progress_bar(progress, sum(len(b) for b in batches), desc) as bar:
         for batch in batches:
             for idx, logits in split_on_oom(strategy.logits, batch, device):
-                _record(res, idx, logits, tok, answer_ids, sample_index)
+                _record(res, idx, logits, tok, answer_ids, sample_index, answer_format)
                 bar.update(len(idx))
     res.n_forward = strategy.call.n_forward
     return res
 
 
 def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_ids: torch.Tensor,
-            sample_index: int | None) -> None:
+            sample_index: int | None, answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
     """Write one batch's answer-position logits into ``res`` at the prompts' own indices."""
     # One summing pass instead of isfinite().all() (~15x faster on a 151k vocabulary): the sum is finite
     # exactly when every logit is (a NaN or an infinity anywhere makes it NaN or infinite).
     if not torch.isfinite(torch.sum(logits, dtype=torch.float32)):
         raise FloatingPointError("the model produced NaN or infinite logits at the answer position "
                                  f"(batch of {len(idx)} prompts)")
-    p_yes, yn_mass = score_prompts(logits, tok)
+    p_yes, yn_mass = score_prompts(logits, tok, answer_format)
     top3 = torch.isin(logits.topk(3, dim=-1).indices, answer_ids).any(-1).cpu().numpy()
     res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = p_yes, yn_mass, top3
     if sample_index is not None and sample_index in idx:

@@ -2,7 +2,8 @@
 
 Loads a causal LM (local folder or Hub id; with HF_HUB_OFFLINE=1 only local), scores it
 on a vignette set, prints the sanity lines and the per-foundation table, and writes the
-full report as JSON (``eval_<name>_<tag>.json``, schema in the README) atomically. ``--home DIR`` reads the
+full report as JSON (``eval_<name>_<tag>.json``, ``eval_<name>_json_<tag>.json`` with ``--answer-format json``;
+schema in the README) atomically. ``--home DIR`` reads the
 prepared sets of that home (the same as ``TINYMCF_HOME=DIR``).
 
 ``--run-dir OUT`` instead sweeps every ``checkpoint-*`` folder of a Trainer output directory into
@@ -24,6 +25,7 @@ from pathlib import Path
 from ._io import atomic_write_json
 from .comparison import DEFAULT_LEVEL, DEFAULT_RESAMPLES  # light (no torch), unlike probe
 from .home import HOME_VAR, using_home
+from .prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT
 from .sets import ProbeDataError
 
 DEFAULT_NAME = "scifi"
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "--run-dir under several processes, each process's own, as with a bare --device cuda)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights dtype (default: the checkpoint's)")
     p.add_argument("--token-budget", type=int, default=None, help="padded tokens per forward call")
+    p.add_argument("--answer-format", choices=tuple(ANSWER_FORMATS), default=None,
+                   help=f"how the model answers (default: {DEFAULT_ANSWER_FORMAT}): yesno = Yes or No after "
+                        '"Answer:"; json = {"is_wrong": true} or {"is_wrong": false}, P(true) read after the '
+                        'pre-filled {"is_wrong":')
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--level", type=float, default=DEFAULT_LEVEL,
                    help=f"confidence level of the intervals (default: {DEFAULT_LEVEL})")
@@ -69,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 ONE_MODEL_ONLY = ("tag", "out", "gguf_file")
 SWEEP_ONLY = ("base_model", "tokenizer")
-SCORING_ONLY = ("name", "limit", "device", "token_budget")  # options that mean nothing to --compare
+SCORING_ONLY = ("name", "limit", "device", "token_budget", "answer_format")  # options that mean nothing to --compare
 
 
 def _check_out_dir(out: Path) -> None:
@@ -126,6 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         return _compare(args)
     args.name = args.name or DEFAULT_NAME
+    args.answer_format = args.answer_format or DEFAULT_ANSWER_FORMAT
     if args.run_dir:
         return _sweep(args)
     out_dir = Path(args.out or ".")
@@ -147,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         tok = AutoTokenizer.from_pretrained(args.model, **load_kw)
         probe_kw = {"token_budget": args.token_budget} if args.token_budget else {}
         probe = Probe(tok, args.name, args.limit, level=args.level, n_resamples=args.n_resamples,
-                      **probe_kw)  # data errors surface before the model loads
+                      answer_format=args.answer_format, **probe_kw)  # data errors surface before the model loads
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **load_kw).to(device)
         report = probe.run(model, progress=not args.no_progress)
     except (ProbeDataError, ValueError, OSError) as e:
@@ -158,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
     print(format_table(report["table"]))
     tag = args.tag or Path(str(args.model).rstrip("/")).name or "model"
     safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
-    path = out_dir / f"eval_{args.name}_{safe_tag}.json"
+    fmt = "" if args.answer_format == DEFAULT_ANSWER_FORMAT else f"_{args.answer_format}"
+    path = out_dir / f"eval_{args.name}{fmt}_{safe_tag}.json"
     payload = report_to_json(report, tag=tag, model=str(args.model), device=str(device),
                              dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
     try:
@@ -180,7 +188,7 @@ def _sweep(args: argparse.Namespace) -> int:
     settings = SweepSettings(Path(args.run_dir), args.name, args.limit, base_model=args.base_model,
                              tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
                              token_budget=args.token_budget, progress=not args.no_progress, level=args.level,
-                             n_resamples=args.n_resamples)
+                             n_resamples=args.n_resamples, answer_format=args.answer_format)
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
     hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded

@@ -7,7 +7,8 @@ foundation; and the sanity figures (``yn_mass``, frame agreement, correlation wi
 the set has them). Where a line carries interval bounds (``score_lo``/``score_hi`` at the top level,
 ``align_other_lo``/``align_other_hi`` in a table row, ...) the interval is a shaded band; a history
 without them is drawn without bands. Several runs of the same set share one figure, one colour (and
-marker) each, labelled with the run folder's name.
+marker) each, labelled with the run folder's name. Histories of different answer formats (Yes/No, JSON
+true/false: the line's ``answer_format``, Yes/No when absent) never share a file or a figure.
 
 Reading the histories needs only numpy; drawing needs matplotlib, the optional ``[plot]`` extra,
 imported when a figure is made. Colours are the Okabe-Ito palette, chosen to stay distinct under
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_write_bytes, read_jsonl
+from .prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .sets import CONTROL, FOUNDATIONS
 
 logger = logging.getLogger("tinymcf_callback")
@@ -81,6 +83,7 @@ class History:
     foundations: dict[str, dict[str, Series]]  # foundation -> align_other / align_self
     sanity: dict[str, np.ndarray]  # yn_mass_mean, yn_mass_min, frame_agreement, human_corr
     level: float | None  # the intervals' level, when the lines say it
+    answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json": which answers the probe read
 
 
 # ---- reading (numpy only) --------------------------------------------------------------------------
@@ -137,6 +140,10 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
             raise HistoryError(f"{path}:{lineno}: {hint}: {field!r} is {value!r}")
     if line["step"] < 0:
         raise HistoryError(f"{path}:{lineno}: step {line['step']} is negative")
+    try:
+        answer_format_of(line_format(line))
+    except ValueError:
+        raise HistoryError(f"{path}:{lineno}: {hint}: unknown answer_format {line['answer_format']!r}") from None
     for row in line["table"]:
         if not isinstance(row, dict) or not isinstance(row.get("foundation"), str):
             raise HistoryError(f"{path}:{lineno}: {hint}: a table row without a 'foundation' name: {row!r}")
@@ -214,6 +221,11 @@ def interval_level(kept: list[tuple[int, dict]]) -> float | None:
     return levels.pop() if len(levels) == 1 else None
 
 
+def line_format(line: dict) -> str:
+    """The answer format of a history line; lines written before formats existed are Yes/No."""
+    return line.get("answer_format", DEFAULT_ANSWER_FORMAT)
+
+
 def run_label(path: Path) -> str:
     """The legend entry of a history: the name of the run folder that holds it."""
     return path.resolve().parent.name or str(path)
@@ -228,6 +240,13 @@ def load_history(path: str | Path, label: str | None = None) -> History:
     names = sorted({line["name"] for _, line in lines})
     if len(names) > 1:
         raise HistoryError(f"{path} mixes vignette sets {names}: a history holds one set (moral_probe_<name>.jsonl)")
+    formats = sorted({line_format(line) for _, line in lines})
+    if len(formats) > 1:
+        first = {f: next(n for n, line in lines if line_format(line) == f) for f in formats}
+        shown = " and ".join(f"{f!r} (first at line {n})" for f, n in first.items())
+        raise HistoryError(f"{path} mixes answer formats {shown}: P(Yes) and P(true) are different readings, so "
+                           f"one curve cannot hold both; a history holds one format (moral_probe_<name>.jsonl for "
+                           f"yesno, moral_probe_<name>_json.jsonl for json)")
     kept = last_line_per_step(path, current_run(path, lines))
     return History(
         path=path, label=label or run_label(path), name=names[0],
@@ -236,6 +255,7 @@ def load_history(path: str | Path, label: str | None = None) -> History:
         foundations=foundation_series(path, kept),
         sanity={key: np.array([_number(path, n, key, line["info"].get(key)) for n, line in kept]) for key in SANITY},
         level=interval_level(kept),
+        answer_format=formats[0],
     )
 
 
@@ -267,6 +287,10 @@ def load_histories(paths) -> list[History]:
         if other.name != first.name:
             raise HistoryError(f"histories of different vignette sets cannot share a figure: {first.path} is "
                                f"{first.name!r}, {other.path} is {other.name!r}; draw one figure per set")
+        if other.answer_format != first.answer_format:
+            raise HistoryError(f"histories of different answer formats cannot share a figure: {first.path} reads "
+                               f"{first.answer_format!r} answers, {other.path} {other.answer_format!r}; P(Yes) and "
+                               f"P(true) are different readings: draw one figure per answer format")
     return histories
 
 
@@ -408,10 +432,11 @@ def draw_foundations(subfig, histories, styles, sharex) -> list:
 
 
 def draw_sanity(subfig, histories, styles, sharex) -> list:
-    """Yes+No probability mass (mean solid, min dashed), frame agreement, and human correlation when present."""
-    specs = [("Yes+No mass: mean (solid), min (dashed)", "P(Yes) + P(No)",
+    """Answer mass (Yes+No or true+false; mean solid, min dashed), frame agreement, human correlation when present."""
+    pos, neg = answer_format_of(histories[0].answer_format).shown
+    specs = [(f"{pos}+{neg} mass: mean (solid), min (dashed)", f"P({pos}) + P({neg})",
               ("yn_mass_mean", "yn_mass_min"), (0.0, 1.05)),
-             ("Frame agreement (+1: the two questions agree)", "corr(P(Yes|wrong?), P(No|ok?))",
+             ("Frame agreement (+1: the two questions agree)", f"corr(P({pos}|wrong?), P({neg}|ok?))",
               ("frame_agreement",), (-1.05, 1.05))]
     if any(np.isfinite(h.sanity["human_corr"]).any() for h in histories):
         specs.append(("Correlation with human wrongness ratings", "Pearson r", ("human_corr",), (-1.05, 1.05)))
@@ -465,7 +490,8 @@ def draw(histories: list[History], *, title: str | None = None):
                  "negative control", fontsize=11, x=0.01, ha="left")
     middle.suptitle("Per foundation: align_other (someone else acts, solid) and align_self (the reader acts, dashed)",
                     fontsize=11, x=0.01, ha="left")
-    bottom.suptitle("Sanity: is P(Yes) read off most of the model's belief, and do the two questions agree?",
+    pos = answer_format_of(histories[0].answer_format).shown[0]
+    bottom.suptitle(f"Sanity: is P({pos}) read off most of the model's belief, and do the two questions agree?",
                     fontsize=11, x=0.01, ha="left")
     axes = draw_headline(top, histories, styles)
     axes += draw_foundations(middle, histories, styles, sharex=axes[0])
@@ -474,7 +500,8 @@ def draw(histories: list[History], *, title: str | None = None):
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=6, integer=True, steps=[1, 2, 5, 10]))
     draw_legend(top, mpl, histories, styles)
     runs = f"{len(histories)} runs" if len(histories) > 1 else histories[0].label
-    fig.suptitle(title or f"Moral-foundations probe on the {histories[0].name!r} vignettes: {runs}",
+    answers = "" if histories[0].answer_format == DEFAULT_ANSWER_FORMAT else " (JSON true/false answers)"
+    fig.suptitle(title or f"Moral-foundations probe on the {histories[0].name!r} vignettes{answers}: {runs}",
                  fontsize=13, fontweight="bold")
     return fig
 

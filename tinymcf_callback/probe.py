@@ -8,7 +8,8 @@ through it: one code path for "score these prompts".
 Every report carries its uncertainty (:mod:`tinymcf_callback.stats`): ``<metric>_lo`` /
 ``<metric>_hi`` table columns, the headline bounds and ``score_minus_sn`` (the score's
 distance from the Social Norms control), plus ``prompt_digest``, which lets ``compare``
-refuse two reports whose prompts differ. ``n_resamples=0`` switches the intervals off
+refuse two reports whose prompts differ, and ``answer_format`` (``"yesno"`` or ``"json"``), the
+answer format that produced it. ``n_resamples=0`` switches the intervals off
 (bounds ``None`` / NaN, ``level`` ``None``) for callers that need every millisecond.
 """
 
@@ -37,7 +38,7 @@ from .engine import (
     run_batches,
 )
 from .model_info import check_causal_lm
-from .prompts import DEFAULT_ANSWER_PREFIX, FRAMES, answer_token_ids, format_prompts
+from .prompts import DEFAULT_ANSWER_FORMAT, answer_format_of, answer_token_ids, format_prompts
 from .sets import load_vignettes
 from .stats import METRICS, bootstrap_intervals, vignette_scores
 
@@ -62,7 +63,10 @@ class Probe:
         tok: the model's tokenizer (chat template used when present).
         name: vignette set (``scifi``, ``clifford`` once prepared, or your own).
         limit: keep the first ``limit`` vignettes (smoke tests); a positive integer (not ``True``).
-        answer_prefix: pre-fill of the assistant turn (see ``prompts``).
+        answer_prefix: pre-fill of the assistant turn (see ``prompts``; default ``"Answer:"``); Yes/No format only.
+        answer_format: ``"yesno"`` (default: Yes or No after ``answer_prefix``) or ``"json"`` (the
+            question asks for ``{"is_wrong": true}`` or ``{"is_wrong": false}``, the answer is
+            pre-filled up to true/false; P(true) plays the role of P(Yes)).
         token_budget: padded tokens per forward call; lower it to save memory.
         max_batch_size: prompts per forward call at most.
         share_prefix: compute shared prompt prefixes once (the chat header for all prompts,
@@ -75,7 +79,8 @@ class Probe:
     """
 
     def __init__(self, tok, name: str = "scifi", limit: int | None = None, *,
-                 answer_prefix: str = DEFAULT_ANSWER_PREFIX, token_budget: int = DEFAULT_TOKEN_BUDGET,
+                 answer_prefix: str | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                 token_budget: int = DEFAULT_TOKEN_BUDGET,
                  max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True,
                  level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0):
         check_uncertainty(level, n_resamples)
@@ -83,10 +88,11 @@ class Probe:
         self.tok, self.name = tok, name
         self.vignettes = load_vignettes(name, limit=check_limit(limit))
         self.has_human = any("wrong" in v for v in self.vignettes)
-        answer_token_ids(tok)  # fail now, not at the first checkpoint, when Yes/No are missing
-        self.prompts, self.meta = format_prompts(tok, self.vignettes, answer_prefix)
+        self.answer_format = answer_format_of(answer_format).name
+        answer_token_ids(tok, answer_format)  # fail now, not at the first checkpoint, when an answer has no token
+        self.prompts, self.meta = format_prompts(tok, self.vignettes, answer_prefix, answer_format)
         self.meta.attrs.pop("formatted_at", None)  # a Probe outlives its prompts: it times each run itself
-        self.prompt_digest = prompt_digest(self.prompts, self.meta)
+        self.prompt_digest = prompt_digest(self.prompts, self.meta, answer_format)
         if not self.has_human:
             self.meta = self.meta.drop(columns="wrong")
         self.encoded = encode_prompts(tok, self.prompts)
@@ -115,7 +121,7 @@ class Probe:
         with probe_mode(model):
             return run_batches(model, self.encoded, self.batches if batches is None else batches, self.tok,
                                sample_index=self.sample_index, progress=progress, desc=f"moral probe [{self.name}]",
-                               prefix_plan=self.prefix_plan)
+                               prefix_plan=self.prefix_plan, answer_format=self.answer_format)
 
     def report(self, res: ScoreResult, elapsed: float | None = None) -> dict:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`)."""
@@ -125,11 +131,11 @@ class Probe:
         info["sample_prompt"] = self.prompts[self.sample_index]
         info["top_tokens"] = [{"token": t, "prob": p} for t, p in res.top_tokens]
         info["n_forward"] = res.n_forward
-        info["warnings"] = sanity_warnings(out["score"], info, res)
+        info["warnings"] = sanity_warnings(out["score"], info, res, self.answer_format)
         raw = self.meta.copy()
         raw["p_yes"], raw["yn_mass"] = res.p_yes, res.yn_mass
         table, headline = with_intervals(out, level=self.level, n_resamples=self.n_resamples, seed=self.seed)
-        return {"name": self.name, "table": table, **headline,
+        return {"name": self.name, "answer_format": self.answer_format, "table": table, **headline,
                 "level": self.level if self.n_resamples else None, "n_resamples": self.n_resamples,
                 "seed": self.seed, "prompt_digest": self.prompt_digest,
                 "info": info, "scenarios": out["scenarios"], "raw": raw}
@@ -160,14 +166,18 @@ def check_uncertainty(level, n_resamples) -> None:
                          f"or 0 for no intervals; got {n_resamples!r}")
 
 
-def prompt_digest(prompts: list[str], meta: pd.DataFrame) -> str:
+def prompt_digest(prompts: list[str], meta: pd.DataFrame, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """sha256 over every prompt text with its vignette id, condition and frame (in sorted order).
 
     Two reports with the same digest asked the model the same questions; another answer
-    prefix, chat template or rewrite changes it. ``compare`` refuses reports whose digests differ.
+    prefix, answer format, chat template or rewrite changes it. ``compare`` refuses reports whose
+    digests differ. Formats other than ``"yesno"`` also hash their name (their prompt texts differ
+    anyway), so the Yes/No digest stays what it always was.
     """
     keyed = sorted(f"{r.id}\x1f{r.condition}\x1f{r.frame}\x1f{p}" for r, p in zip(meta.itertuples(), prompts,
                                                                                    strict=True))
+    if answer_format != DEFAULT_ANSWER_FORMAT:
+        keyed.insert(0, f"answer_format\x1f{answer_format}")
     return hashlib.sha256("\x1e".join(keyed).encode("utf-8")).hexdigest()
 
 
@@ -229,16 +239,19 @@ def _check_agree(reported, bootstrapped: float, what: str) -> None:
                            "please report this bug (the intervals are switched off with n_resamples=0)")
 
 
-def sanity_warnings(score, info: dict, res: ScoreResult) -> list[str]:
+def sanity_warnings(score, info: dict, res: ScoreResult, answer_format: str = DEFAULT_ANSWER_FORMAT) -> list[str]:
+    """The report's warnings: little answer mass, no answer in the sample's top 3, low human correlation, no score."""
+    fmt = answer_format_of(answer_format)
+    pos, neg = fmt.shown
     out = []
     if info["yn_mass_mean"] is not None and info["yn_mass_mean"] < MIN_YN_MASS:
-        out.append(f"mean Yes+No probability mass is {info['yn_mass_mean']:.3f} (< {MIN_YN_MASS}): the model "
-                   "mostly wants to say something else at the answer position, so P(Yes) is read off a small part "
+        out.append(f"mean {pos}+{neg} probability mass is {info['yn_mass_mean']:.3f} (< {MIN_YN_MASS}): the model "
+                   f"mostly wants to say something else at the answer position, so P({pos}) is read off a small part "
                    "of its belief")
     if res.top_tokens:
         sample_top3 = [t.strip().lower() for t, _ in res.top_tokens[:3]]
-        if not {"yes", "no"} & set(sample_top3):
-            out.append("neither Yes nor No is among the top 3 next tokens of the sample prompt: "
+        if not {fmt.positive, fmt.negative} & set(sample_top3):
+            out.append(f"neither {pos} nor {neg} is among the top 3 next tokens of the sample prompt: "
                        f"{[t for t, _ in res.top_tokens[:3]]}")
     if info.get("human_corr") is not None and info["human_corr"] < MIN_HUMAN_CORR:
         out.append(f"correlation with human wrongness ratings is {info['human_corr']:.2f} (< {MIN_HUMAN_CORR})")
@@ -250,15 +263,19 @@ def sanity_warnings(score, info: dict, res: ScoreResult) -> list[str]:
 def sanity_lines(report: dict) -> list[str]:
     """The human-readable sanity check of a report (printed by ``evaluate`` and the CLI)."""
     info = report["info"]
+    fmt = answer_format_of(report.get("answer_format", DEFAULT_ANSWER_FORMAT))
+    pos, neg = fmt.shown
     f = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)  # noqa: E731
-    lines = [f"[tinymcf] set={report['name']} prompts={info['n_prompts']} vignettes={info['n_vignettes']} "
+    answers = "" if fmt.name == DEFAULT_ANSWER_FORMAT else f" answer_format={fmt.name} ({pos}/{neg})"
+    lines = [f"[tinymcf] set={report['name']}{answers} prompts={info['n_prompts']} vignettes={info['n_vignettes']} "
              f"forward calls={info['n_forward']} elapsed={f(info['elapsed_s'], '.1f')}s"]
     if info["top_tokens"]:
         tops = ", ".join(f"{t['token']!r} {t['prob']:.3f}" for t in info["top_tokens"])
         lines.append(f"[tinymcf] top-10 next tokens (sample prompt): {tops}")
-    lines.append(f"[tinymcf] yn_mass mean={f(info['yn_mass_mean'])} min={f(info['yn_mass_min'])} "
-                 f"Yes/No in top 3: {f(info['yn_top3_rate'], '.0%')} of prompts")
-    lines.append("[tinymcf] inter-frame agreement corr(P(Yes|wrong), 1-P(Yes|acceptable)) = "
+    mass = "yn_mass" if fmt.name == DEFAULT_ANSWER_FORMAT else f"answer mass ({pos}+{neg})"
+    lines.append(f"[tinymcf] {mass} mean={f(info['yn_mass_mean'])} min={f(info['yn_mass_min'])} "
+                 f"{pos}/{neg} in top 3: {f(info['yn_top3_rate'], '.0%')} of prompts")
+    lines.append(f"[tinymcf] inter-frame agreement corr(P({pos}|wrong), 1-P({pos}|acceptable)) = "
                  f"{f(info['frame_agreement'])}")
     if info.get("human_corr") is not None or report.get("name") == "clifford":
         lines.append(f"[tinymcf] correlation of s(other_violate) with human wrongness = {f(info['human_corr'])}")
@@ -312,10 +329,12 @@ def evaluate(model, tok, name: str = "scifi", limit: int | None = None, *, verbo
     ``self_other_gap``, ``sn`` the Social Norms control, ``score_minus_sn`` their difference,
     each with ``<name>_lo``/``<name>_hi`` bounds; ``level``, ``n_resamples``, ``seed`` say how
     the intervals were made, ``prompt_digest`` which prompts were asked; ``info`` holds the
-    sanity figures, ``raw`` one row per prompt. Prints the sanity lines (top-10 tokens of a
-    sample prompt, yn_mass, frame agreement, the headline with intervals, warnings) unless
-    ``verbose=False``. ``probe_kwargs`` go to :class:`Probe` (``level=0.95``,
-    ``n_resamples=2000`` (0: no intervals), ``seed=0``, ``answer_prefix``, ...).
+    sanity figures, ``raw`` one row per prompt, ``answer_format`` the format asked (``"yesno"``:
+    ``p_yes`` is P(Yes), ``yn_mass`` the Yes+No mass; ``"json"``: P(true) and the true+false mass).
+    Prints the sanity lines (top-10 tokens of a sample prompt, answer mass, frame agreement, the
+    headline with intervals, warnings) unless ``verbose=False``. ``probe_kwargs`` go to
+    :class:`Probe` (``answer_format="yesno"``, ``level=0.95``, ``n_resamples=2000`` (0: no
+    intervals), ``seed=0``, ``answer_prefix``, ...).
     """
     probe = Probe(tok, name, limit, **probe_kwargs)
     report = probe.run(model, progress=verbose if progress is None else progress)
@@ -325,16 +344,22 @@ def evaluate(model, tok, name: str = "scifi", limit: int | None = None, *, verbo
 
 
 def report_to_json(report: dict, **extra) -> dict:
-    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``."""
+    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.
+
+    ``answer_format`` says which answers were read (``"yesno"``; a report without it is Yes/No) and
+    ``frames`` the two questions asked in that format.
+    """
     table = report["table"].reset_index()
+    answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
     return {
         "schema_version": SCHEMA_VERSION,
         "name": report["name"],
+        "answer_format": answer_format,
         **extra,
         **headline_fields(report),
         "prompt_digest": report["prompt_digest"],
         "info": report["info"],
-        "frames": FRAMES,
+        "frames": answer_format_of(answer_format).questions,
         "table": json_records(table),
         "scenarios": json_records(report["scenarios"]),
         "prompts": json_records(report["raw"]),

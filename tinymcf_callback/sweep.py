@@ -1,9 +1,10 @@
 """Checkpoint sweep: the probe's curve for a run trained without the callback.
 
-    python -m tinymcf_callback.eval --run-dir OUT --name scifi [--base-model BASE]
+    python -m tinymcf_callback.eval --run-dir OUT --name scifi [--base-model BASE] [--answer-format json]
 
 Scores every ``checkpoint-<step>`` folder of a Trainer output directory in step order and
-appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl``: the file
+appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl`` (``..._<name>_json.jsonl``
+with JSON answers; a history of another answer format is refused): the file
 ``MoralProbeCallback`` writes, each line built by the callback's own ``history_line`` (with
 ``event: "sweep"``), so the plot and compare tools read both alike.
 
@@ -43,7 +44,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, read_jsonl
 from .callback import BASELINE_EVENT, history_line, history_path, report_metrics
-from .probe import DEFAULT_LEVEL, DEFAULT_RESAMPLES, Probe, with_bounds
+from .probe import DEFAULT_ANSWER_FORMAT, DEFAULT_LEVEL, DEFAULT_RESAMPLES, Probe, with_bounds
+from .prompts import answer_format_of
 from .sets import load_vignettes
 
 SWEEP_EVENT = "sweep"  # the ``event`` of a history line written by the sweep
@@ -74,6 +76,7 @@ class SweepSettings:
     progress: bool = True
     level: float = DEFAULT_LEVEL  # the intervals in each line (as the callback's)
     n_resamples: int = DEFAULT_RESAMPLES  # 0: no intervals
+    answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json" (the callback's answer_format)
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,15 @@ def check_same_vignettes(lines: list[dict], n_vignettes: int, path: Path) -> Non
                          f"whole set), so that its curve compares like with like")
 
 
+def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:
+    """Refuse to extend a curve read in another answer format (a line without one is Yes/No)."""
+    other = sorted({str(line.get("answer_format", DEFAULT_ANSWER_FORMAT)) for line in lines} - {answer_format})
+    if other:
+        raise SweepError(f"{path} holds probes with answer format {', '.join(map(repr, other))}, this sweep would "
+                         f"read {answer_format!r}: one history holds one answer format; pass --answer-format "
+                         f"{other[0]} to extend it")
+
+
 # ---- planning (main process) ---------------------------------------------------------------------
 def plan_sweep(settings: SweepSettings) -> SweepPlan:
     """Check the input and decide which checkpoints to score; raises :class:`SweepError` before any model loads."""
@@ -221,8 +233,13 @@ def plan_sweep(settings: SweepSettings) -> SweepPlan:
         n_vignettes = len(load_vignettes(settings.name, limit=settings.limit))  # unknown or unprepared set
     except ValueError as e:
         raise SweepError(str(e)) from None
-    history = Path(history_path(str(settings.run_dir), settings.name))
+    try:
+        answer_format_of(settings.answer_format)
+    except ValueError as e:
+        raise SweepError(str(e)) from None
+    history = Path(history_path(str(settings.run_dir), settings.name, settings.answer_format))
     lines = current_run_lines(history)
+    check_same_format(lines, settings.answer_format, history)
     check_same_vignettes(lines, n_vignettes, history)
     done = recorded_steps(lines)
     pending = [c for c in checkpoints if c.step not in done]
@@ -271,7 +288,8 @@ class ProbeCache:
             kw = {"token_budget": self.settings.token_budget} if self.settings.token_budget else {}
             self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), self.settings.name,
                                       self.settings.limit, level=self.settings.level,
-                                      n_resamples=self.settings.n_resamples, **kw)
+                                      n_resamples=self.settings.n_resamples,
+                                      answer_format=self.settings.answer_format, **kw)
         return self._probes[key]
 
 
