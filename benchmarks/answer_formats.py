@@ -13,7 +13,10 @@ For each model and vignette set, the same vignettes are probed in both answer fo
   +1 when the two questions get opposite answers, strongly negative under a yes-bias;
 - **human r** (sets with ratings): corr of s(other_violate) with the human wrongness ratings;
 - **time per probe**: the best wall time of ``Probe.run`` over ``--repeats`` runs, the formats
-  interleaved so that both see the same load; and prompts per second.
+  interleaved so that both see the same load; and prompts per second;
+- **tokens per probe**: the tokens the shared-prefix path feeds the model (the common header once,
+  each scenario once, each question and pre-fill once; padding not counted): a cost figure that
+  does not depend on the load.
 
 Models: SmolLM2-135M-Instruct (fp32, real) and the tiny random Qwen3 (mechanics and vocabulary
 cost only: its answer figures mean nothing). ``clifford`` is prepared into a temporary home from
@@ -101,6 +104,14 @@ def figures(report: dict) -> dict:
             "human_corr": info["human_corr"], "score": report["score"], "n_prompts": info["n_prompts"]}
 
 
+def fed_tokens(probe) -> int:
+    """Tokens the shared-prefix path runs: the common root once, each group's scenario once, every prompt's tail."""
+    plan = probe.prefix_plan
+    if plan is None:
+        return sum(map(len, probe.encoded))
+    return len(plan.root) + sum(map(len, plan.mid)) + sum(len(plan.tail(probe.encoded, i)) for i in range(len(probe)))
+
+
 def measure(which: str, sets: list[str], limit: int | None, repeats: int) -> list[dict]:
     """Rows for one model: every set in both formats, the formats' timed runs interleaved."""
     from tinymcf_callback import Probe
@@ -119,7 +130,8 @@ def measure(which: str, sets: list[str], limit: int | None, repeats: int) -> lis
                 found.setdefault(fmt, figures(report))
         for fmt in FORMATS:
             best = min(times[fmt])
-            rows.append({"model": which, "set": name, "answer_format": fmt, **found[fmt], "s_per_probe": best,
+            rows.append({"model": which, "set": name, "answer_format": fmt, **found[fmt],
+                         "tokens_per_probe": fed_tokens(probes[fmt]), "s_per_probe": best,
                          "s_per_probe_all": times[fmt], "prompts_per_s": found[fmt]["n_prompts"] / best})
             print(f"[answer-formats] {which} {name} {fmt}: mass {_mass(rows[-1]['mass_wrong'])} / "
                   f"{_mass(rows[-1]['mass_accept'])}, agreement {_f(rows[-1]['frame_agreement'])}, "
@@ -139,12 +151,13 @@ def _mass(x: float) -> str:
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
     head = ("model", "set", "answer format", "answer mass, wrong?", "answer mass, acceptable?", "min mass",
-            "inter-frame agreement", "human r", "s per probe", "prompts/s")
+            "inter-frame agreement", "human r", "tokens per probe", "s per probe", "prompts/s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = (r["model"], r["set"], "Yes/No" if r["answer_format"] == "yesno" else "JSON true/false",
                  _mass(r["mass_wrong"]), _mass(r["mass_accept"]), _mass(r["mass_min"]),
-                 _f(r["frame_agreement"]), _f(r["human_corr"]), f"{r['s_per_probe']:.2f}", f"{r['prompts_per_s']:.1f}")
+                 _f(r["frame_agreement"]), _f(r["human_corr"]), f"{r['tokens_per_probe']:,}",
+                 f"{r['s_per_probe']:.2f}", f"{r['prompts_per_s']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -172,6 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     p.add_argument("--limit", type=int, default=None, help="probe only the first N vignettes of each set")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per (set, format); the best is kept (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = p.parse_args(argv)
     models, sets = args.models.split(","), args.sets.split(",")
@@ -180,6 +194,8 @@ def main(argv=None) -> int:
         p.error(f"unknown model or set {unknown}, or --repeats / --limit below 1")
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if "clifford" in sets and not clifford_ready():
         sets = [s for s in sets if s != "clifford"]
     load_before = os.getloadavg()
