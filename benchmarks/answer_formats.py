@@ -207,8 +207,9 @@ def main(argv=None) -> int:
     print(table(rows))
     print("\nother_violate texts only (the originals):")
     print(originals_table(rows))
-    print(f"[answer-formats] load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-          f"(over {os.cpu_count()} CPUs): timings above that are under contention")
+    print(f"[answer-formats] load average {load_before[0]:.1f} before, {load_after[0]:.1f} after on {os.cpu_count()} "
+          f"CPUs (this script adds about {torch.get_num_threads()}): more than that means the timings ran under "
+          "contention")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "load_before": load_before, "load_after": load_after,
                                               "caches": {s: cache_digest(s) for s in sets}}, indent=1) + "\n")
