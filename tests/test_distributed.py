@@ -90,6 +90,7 @@ def test_ddp_two_processes_match_single(tmp_path):
     assert len(glob.glob(str(ddp / "checkpoint-*" / "moral_probe_scifi.json"))) == 2
     n = s_data["n_batches"]
     assert [(s["batches"], s["forward_calls"]) for s in s_data["shares"]] == [(list(range(n)), 1 + 2 * n)] * 3
+    assert [s["probe_forward_calls"] - s["forward_calls"] for s in s_data["shares"]] == [2] * 3  # the self-check
     assert_each_rank_scored_its_own_share(d_data, json.loads((ddp / "log_history_rank1.json").read_text()))
 
 
@@ -106,3 +107,6 @@ def assert_each_rank_scored_its_own_share(rank0: dict, rank1: dict) -> None:
         assert not set(one["batches"]) & set(two["batches"])  # nothing scored twice (padding repeats one's own)
         assert set(one["batches"]) | set(two["batches"]) == set(range(n_batches))
         assert sorted(one["prompts"] + two["prompts"]) == list(range(n_prompts))
+        # the self-check: both ranks score the same prompts alone and reach the same verdict
+        assert one["check"] == {**two["check"], "seconds": one["check"]["seconds"]}
+        assert one["probe_forward_calls"] == two["probe_forward_calls"] == one["forward_calls"] + 2

@@ -139,7 +139,7 @@ def test_model_dtype_is_respected(qwen_tok):
         res = probe.score(model)
     finally:
         hook.remove()
-    assert len(seen) == res.n_forward > 0
+    assert len(seen) == res.n_forward + res.check["n_forward"] and res.n_forward > 0  # the scoring and the self-check
     assert set(seen) == {(torch.bfloat16, torch.bfloat16)}
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert np.isfinite(res.p_yes).all()
@@ -162,7 +162,10 @@ def test_token_budget_bounds_each_forward_call_and_the_longest_prompts_go_first(
         for budget in (DEFAULT_TOKEN_BUDGET, 600):
             shapes.clear()
             probe = Probe(qwen_tok, "scifi", token_budget=budget, share_prefix=False)
-            probe.score(tiny_qwen)
+            res = probe.score(tiny_qwen)
+            checked = shapes[len(probe.batches):]  # the self-check's calls come last: one prompt each, unpadded
+            assert checked == [(1, len(probe.encoded[i])) for i in res.check["checked"]]
+            del shapes[len(probe.batches):]
             assert len(shapes) == len(probe.batches) > 1
             assert all(rows * width <= budget or rows == 1 for rows, width in shapes), shapes
             widths = [width for _, width in shapes]
@@ -301,8 +304,10 @@ def test_model_rejecting_the_cache_at_run_time_falls_back_once(tiny_qwen, qwen_t
     assert a.n_forward == len(probe.batches) > 1  # the failed attempt is not counted
     assert np.abs(a.p_yes - probe.score(tiny_qwen).p_yes).max() < 1e-5
     assert [r.getMessage() for r in caplog.records] == [
-        "shared-prefix scoring is not supported by RejectsCache (NotImplementedError: no cache here); "
-        "scoring full prompts"]
+        "RejectsCache: shared prefixes failed (NotImplementedError: no cache here); scoring full prompts "
+        "(left-padded) instead"]
+    assert a.strategy == "full" and a.check["fallbacks"] == ["shared prefixes failed (NotImplementedError: no cache "
+                                                            "here)"]
 
 
 def test_compiled_model_scores_like_eager(tiny_qwen, qwen_tok):

@@ -29,18 +29,24 @@ HEADLINE = ("score", "gap", "sn", "score_minus_sn")
 # ---- the JSON report's schema (version 2), as the README documents it -----------------------------------
 NUM, NUM_OR_NULL, INT, STR, LIST, DICT = "number", "number or null", "integer", "string", "list", "object"
 BOUNDED = ("score", "gap", "sn", "score_minus_sn")  # each with _lo and _hi
+NAME_OR_NULL = "string or null"
 REPORT_FIELDS = {
     "schema_version": INT, "name": STR, "answer_format": STR,
+    "model": STR, "device": STR, "dtype": STR, "autocast": NAME_OR_NULL,
     **{f"{name}{end}": NUM_OR_NULL for name in BOUNDED for end in ("", "_lo", "_hi")},
     "level": NUM_OR_NULL, "n_resamples": INT, "seed": INT, "prompt_digest": STR,
     "info": DICT, "frames": DICT, "table": LIST, "scenarios": LIST, "prompts": LIST,
 }
-EVAL_CLI_FIELDS = {"tag": STR, "model": STR, "device": STR, "dtype": STR}  # the eval CLI's report adds these
+EVAL_CLI_FIELDS = {"tag": STR}  # the eval CLI's report adds this
 INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
     "n_forward": INT, "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST, "warnings": LIST,
+    "strategy": STR, "self_check": DICT, "precision": DICT,
 }
+SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
+              "tolerance": NUM, "precision": STR, "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
+PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
 TABLE_ROW = {
     "foundation": STR, "n": INT,
     **{f"s_{condition}": NUM_OR_NULL for condition in ("other_violate", "other_uphold", "self_violate", "self_uphold")},
@@ -58,8 +64,10 @@ YESNO_FRAMES = {"wrong": "Is this morally wrong? Reply with just Yes or No.",
 
 
 def _is(value, kind: str) -> bool:
-    if kind == NUM_OR_NULL and value is None:
+    if kind in (NUM_OR_NULL, NAME_OR_NULL) and value is None:
         return True
+    if kind == NAME_OR_NULL:
+        return isinstance(value, str)
     if kind in (NUM, NUM_OR_NULL):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, {INT: int, STR: str, LIST: list, DICT: dict}[kind]) and not isinstance(value, bool)
@@ -95,6 +103,11 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
     info = data["info"]
     check_fields(info, INFO_FIELDS, "info")
     assert all(isinstance(w, str) for w in info["warnings"])
+    check_fields(info["self_check"], SELF_CHECK, "info.self_check")
+    check_fields(info["precision"], PRECISION, "info.precision")
+    assert info["self_check"]["strategy"] == info["strategy"] and info["self_check"]["max_diff"] <= (
+        info["self_check"]["tolerance"])
+    assert [data[k] for k in ("dtype", "autocast")] == [info["precision"][k] for k in ("dtype", "autocast")]
     for i, top in enumerate(info["top_tokens"]):
         check_fields(top, {"token": STR, "prob": NUM}, f"info.top_tokens[{i}]")
     ids = list(dict.fromkeys(p["id"] for p in data["prompts"]))
@@ -138,7 +151,16 @@ def made_up_scores(probe: Probe, seed: int = 0, shift: float = 0.0) -> ScoreResu
         wrongness = (s + 1.0) / 2.0
         p_yes[i] = wrongness if row.frame == "wrong" else 1.0 - wrongness
     return ScoreResult(p_yes, rng.uniform(0.6, 0.9, len(meta)), np.ones(len(meta), dtype=bool),
-                       [("Yes", 0.5), ("No", 0.3)], n_forward=1)
+                       [("Yes", 0.5), ("No", 0.3)], n_forward=1, **ENGINE_FIELDS)
+
+
+# What the engine adds to a scored result (made-up scores have no model run behind them: these say so plainly).
+ENGINE_FIELDS = {
+    "strategy": "shared", "model": "made-up",
+    "check": {"strategy": "shared", "checked": [0, 1], "max_diff": 0.0, "max_mass_diff": 0.0, "tolerance": 2e-5,
+              "precision": "float32", "fallbacks": [], "n_forward": 2, "seconds": 0.01},
+    "precision": {"dtype": "float32", "autocast": None, "device": "cpu", "compute": "float32"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +377,8 @@ def scores_correlated_with(probe: Probe, ratings: list[float], r: float) -> Scor
     s = np.array([s_of[row.id] if row.condition == "other_violate" else 0.0 for row in probe.meta.itertuples()])
     p_yes = np.where(probe.meta["frame"] == "wrong", (1 + s) / 2, (1 - s) / 2)
     n = len(p_yes)
-    return ScoreResult(p_yes, np.full(n, 0.9), np.ones(n, dtype=bool), [("Yes", 0.5), ("No", 0.4)], n_forward=1)
+    return ScoreResult(p_yes, np.full(n, 0.9), np.ones(n, dtype=bool), [("Yes", 0.5), ("No", 0.4)], n_forward=1,
+                       **ENGINE_FIELDS)
 
 
 @pytest.mark.parametrize("r, warned", [(0.39, True), (0.41, False), (-0.8, True)])

@@ -75,8 +75,14 @@ def keys(line: dict) -> dict:
             "table": [set(row) for row in line["table"]]}
 
 
-def assert_same_numbers(a, b, where="line", skip=("elapsed_s",)):
-    """Equal structure; numbers within 1e-6 (timings skipped); everything else equal."""
+# Two lines of one checkpoint scored by two processes (the callback's live model, the sweep's model loaded from disk)
+# hold float32 P(Yes) summed in another order: equal to ~1e-7 per prompt, and an interval bound (t * bootstrap se)
+# carries that up to ~10x. Measured: 1.2e-6 on gap_lo of a LoRA line.
+FLOAT32_TOLERANCE = 1e-5
+
+
+def assert_same_numbers(a, b, where="line", skip=("elapsed_s", "seconds")):
+    """Equal structure; numbers within ``FLOAT32_TOLERANCE`` (timings skipped); everything else equal."""
     if isinstance(a, dict):
         assert set(a) == set(b), where
         for k in a:
@@ -87,14 +93,16 @@ def assert_same_numbers(a, b, where="line", skip=("elapsed_s",)):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same_numbers(x, y, f"{where}[{i}]", skip)
     elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-6, f"{where}: {a} vs {b}"
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= FLOAT32_TOLERANCE, f"{where}: {a} vs {b}"
     else:
         assert a == b, f"{where}: {a!r} vs {b!r}"
 
 
 def same_line(a: dict, b: dict) -> None:
-    """Two history lines of one step agree in every number (whatever event wrote them)."""
-    assert_same_numbers({k: v for k, v in a.items() if k != "event"}, {k: v for k, v in b.items() if k != "event"})
+    """Two history lines of one step agree in every number (whatever event wrote them, and whatever the model was
+    called: a live model and a checkpoint loaded from its folder have other names)."""
+    other = ("event", "model")
+    assert_same_numbers({k: v for k, v in a.items() if k not in other}, {k: v for k, v in b.items() if k not in other})
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +237,9 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
     assert p.stdout.count("checkpoint(s) scored") == 1  # the summary from the main process only
     two, one = history(run), history(swept)
     assert [line["step"] for line in two] == [1, 2, 3]  # written once, in step order
-    assert_same_numbers(two, one)
+    assert len(two) == len(one)
+    for a, b in zip(two, one, strict=True):
+        same_line(a, b)
 
 
 # ---- bad input and the pieces --------------------------------------------------------------------

@@ -41,6 +41,7 @@ from .probe import (
     DEFAULT_ANSWER_FORMAT,
     DEFAULT_LEVEL,
     DEFAULT_RESAMPLES,
+    PRECISION_FIELDS,
     Probe,
     check_uncertainty,
     format_table,
@@ -159,11 +160,14 @@ def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
     """One probe as a history line (schema in the README); ``event`` says what triggered it.
 
-    Top level: the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
+    Top level: what was scored and in which precision (``model``, ``device``, ``dtype``, ``autocast``),
+    the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
     ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed``, ``prompt_digest`` and ``answer_format``;
-    table rows carry ``<metric>_lo``/``<metric>_hi``. ``None`` where undefined.
+    table rows carry ``<metric>_lo``/``<metric>_hi``; ``info`` holds the self-check (``info.self_check``)
+    and the precision (``info.precision``). ``None`` where undefined.
     """
     return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": _format(report),
+            **{key: report.get(key) for key in PRECISION_FIELDS},
             **headline_fields(report),
             "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
@@ -231,6 +235,13 @@ def active_wandb_run():
 def define_wandb_metrics(run, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
     """Plot every ``eval/moral_<name>/...`` key against the Trainer's step (once per run)."""
     run.define_metric(f"eval/moral_{probe_key(name, answer_format)}/*", step_metric="train/global_step")
+
+
+def record_wandb_precision(run, name: str, report: dict) -> None:
+    """The probe's precision in the run's config (``moral_<name>/dtype``, ``/autocast``, ``/device``)."""
+    key = f"moral_{probe_key(name, _format(report))}"
+    run.config.update({f"{key}/{field}": report.get(field) for field in ("dtype", "autocast", "device")},
+                      allow_val_change=True)
 
 
 def log_wandb_table(run, name: str, report: dict, step: int) -> None:
@@ -325,12 +336,16 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         answer_format: ``"yesno"`` (default) or ``"json"`` (asks for ``{"is_wrong": true|false}``, reads
             P(true)); a JSON probe logs under ``eval/moral_<name>_json/`` and writes
             ``moral_probe_<name>_json.jsonl``, so both formats can watch one run.
+        keep_autocast: score under the Trainer's mixed precision (``bf16=True``/``fp16=True`` autocast);
+            default False: in the weights' own dtype, so the number at step N is ``eval`` of
+            ``checkpoint-N``. Every report and history line records the precision either way.
     """
 
     def __init__(self, name: str = "scifi", *, events=EVENTS, every: int = 1, baseline: bool = True,
                  tokenizer=None, trainer=None, limit: int | None = None, strict: bool = False,
                  token_budget: int | None = None, verbose: bool = True, level: float = DEFAULT_LEVEL,
-                 n_resamples: int = DEFAULT_RESAMPLES, answer_format: str = DEFAULT_ANSWER_FORMAT):
+                 n_resamples: int = DEFAULT_RESAMPLES, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                 keep_autocast: bool = False):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -349,7 +364,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.name, self.events, self.every, self.baseline = name, events, every, baseline
         self.limit, self.strict, self.verbose = limit, strict, verbose
         self.token_budget, self.level, self.n_resamples = token_budget, level, n_resamples
-        self.answer_format = answer_format
+        self.answer_format, self.keep_autocast = answer_format, bool(keep_autocast)
         self._tokenizer, self._trainer = tokenizer, trainer
         self.probe: Probe | None = None
         self.names = metric_names(name, answer_format)
@@ -367,7 +382,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             "args": {"name": self.name, "events": list(self.events), "every": self.every, "baseline": self.baseline,
                      "limit": self.limit, "strict": self.strict, "token_budget": self.token_budget,
                      "verbose": self.verbose, "level": self.level, "n_resamples": self.n_resamples,
-                     "answer_format": self.answer_format},
+                     "answer_format": self.answer_format, "keep_autocast": self.keep_autocast},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
                            "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
                            "baseline_record": self.baseline_record},
@@ -472,6 +487,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         try:
             if self._wandb_run_id != run.id:
                 define_wandb_metrics(run, self.name, self.answer_format)
+                record_wandb_precision(run, self.name, report)
                 self._wandb_run_id = run.id
             log_wandb_table(run, self.name, report, state.global_step)
         except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
@@ -481,7 +497,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def _build_probe(self, tok) -> None:
         kw = {"token_budget": self.token_budget} if self.token_budget else {}
         self.probe = Probe(tok, self.name, self.limit, level=self.level, n_resamples=self.n_resamples,
-                           answer_format=self.answer_format, **kw)  # tokenised once, reused at every probe
+                           answer_format=self.answer_format, keep_autocast=self.keep_autocast,
+                           **kw)  # tokenised once, reused at every probe
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")

@@ -90,6 +90,21 @@ def answer_format(report: dict) -> str:
     return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
 
 
+def precision_key(record: dict) -> tuple[str, str | None] | None:
+    """``(weights dtype, autocast dtype or None)`` of a report or history line; None when it does not say."""
+    dtype = record.get("dtype")
+    if not isinstance(dtype, str):
+        return None
+    autocast = record.get("autocast")
+    return dtype, autocast if isinstance(autocast, str) else None
+
+
+def describe_precision(key: tuple[str, str | None]) -> str:
+    """``float32``, or ``float32 weights under bfloat16 autocast``."""
+    dtype, autocast = key
+    return dtype if autocast is None else f"{dtype} weights under {autocast} autocast"
+
+
 def _ids(report: dict) -> list[str]:
     return list(dict.fromkeys(str(i) for i in pd.DataFrame(report["scenarios"])["id"]))
 
@@ -114,8 +129,15 @@ def _headline_value(report: dict, name: str) -> float:
 
 
 # ---- refusing what cannot be paired ---------------------------------------------------------------
-def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> list[str]:
-    """Refuse (:class:`CompareError`) two reports that did not ask the same questions; return the warnings."""
+def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B"),
+                     allow_precision_change: bool = False) -> list[str]:
+    """Refuse (:class:`CompareError`) two reports that did not ask the same questions; return the warnings.
+
+    Two reports scored in different precisions (the weights' dtype, or an autocast) are refused too
+    unless ``allow_precision_change``: the change would mix the model's change with the precision's
+    (the same weights in float32 and under bfloat16 autocast differ by up to 0.03 in P(Yes) on
+    SmolLM2-135M); allowed, it is a warning naming both.
+    """
     la, lb = labels
     if a["name"] != b["name"]:
         raise CompareError(f"{la} is a report of set {a['name']!r} and {lb} of set {b['name']!r}: a paired change "
@@ -131,6 +153,7 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> 
             f"{la} and {lb} score different vignettes of {a['name']!r} ({len(ids_a)} and {len(ids_b)}; "
             f"{_some(only_a)} only in {la}, {_some(only_b)} only in {lb}): a paired change needs the same "
             f"vignettes; score both with the same --limit (or none)")
+    notes = _precision_notes(a, b, labels, allow_precision_change)
     if _digest(a) and _digest(b):
         if _digest(a) != _digest(b):
             raise CompareError(
@@ -139,11 +162,23 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> 
                 f"{_first_difference(a, b, labels)}): another answer prefix or another tokenizer's chat template "
                 f"changes what the model is asked, so the change would mix the model's change with the prompts'. "
                 f"Score both with the same tokenizer and answer_prefix")
-        return []
+        return notes
     old = [label for label, r in ((la, a), (lb, b)) if not _digest(r)]
-    return [f"{' and '.join(old)} {'has' if len(old) == 1 else 'have'} no prompt_digest (schema-1 report"
+    return notes + [f"{' and '.join(old)} {'has' if len(old) == 1 else 'have'} no prompt_digest (schema-1 report"
             f"{'s' * (len(old) > 1)}): the vignettes match but the prompts could not be checked; make sure both "
             f"were scored with the same tokenizer and answer prefix"]
+
+
+def _precision_notes(a: dict, b: dict, labels: tuple[str, str], allow: bool) -> list[str]:
+    pa, pb = precision_key(a), precision_key(b)
+    if pa is None or pb is None or pa == pb:
+        return []
+    what = (f"{labels[0]} was scored in {describe_precision(pa)} and {labels[1]} in {describe_precision(pb)}: the "
+            f"change mixes the model's change with the precision's")
+    if not allow:
+        raise CompareError(f"{what}; score both in one precision (eval --dtype, "
+                           f"MoralProbeCallback(keep_autocast=...)), or pass --allow-precision-change (allow_precision_change=True) to compare them anyway")
+    return [what]
 
 
 def _some(ids: list[str]) -> str:
@@ -166,7 +201,7 @@ def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
 
 # ---- the comparison --------------------------------------------------------------------------------
 def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
-            seed: int | None = 0, labels: tuple[str, str] = ("A", "B")) -> dict:
+            seed: int | None = 0, labels: tuple[str, str] = ("A", "B"), allow_precision_change: bool = False) -> dict:
     """The paired change ``B - A`` of every headline and per-foundation metric between two reports.
 
     ``report_a``/``report_b``: report dicts (``evaluate``, or a loaded JSON report of schema 1 or
@@ -177,12 +212,13 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
     ``metric``, ``n``, ``a``, ``b``, ``change``, ``lo``, ``hi``, ``p``; NaN where undefined).
     ``p`` is two-sided, for "no change"; it is below ``1 - level`` exactly when the interval
     excludes 0. ``labels`` name the two reports in messages (the CLI passes the file names).
-    Raises :class:`CompareError` (a ``ValueError``) for reports that cannot be paired; warns
-    (``UserWarning``) when the prompts could not be checked.
+    Raises :class:`CompareError` (a ``ValueError``) for reports that cannot be paired, and for
+    reports of two precisions unless ``allow_precision_change``; warns (``UserWarning``) when the
+    prompts could not be checked or the precisions differ (allowed).
     """
     a, b = (load_report(r) if isinstance(r, (str, Path)) else check_report(r, label)
             for r, label in zip((report_a, report_b), labels, strict=True))
-    notes = check_comparable(a, b, labels)
+    notes = check_comparable(a, b, labels, allow_precision_change)
     for note in notes:
         warnings.warn(note, UserWarning, stacklevel=2)
     try:

@@ -7,23 +7,27 @@ the positions it would see alone (needed for absolute-position models; harmless 
 RoPE). Which prompts share a batch is decided apart from running the model
 (:func:`plan_batches`), so a distributed caller can hand each rank its own share.
 
-Two strategies run the batches: :class:`FullPrompts` (each prompt whole, padding at the
-far left of its row, or no padding at all for models whose positions padding would move)
-and :class:`SharedPrefixes` (the chat header once, each scenario once for its two frames,
-the questions on top of the key/value cache). :func:`choose_strategy` picks one per model,
-in one place, and says in the log (once per model) why a model does not get the faster
-one. Every choice gives the scores of each prompt scored alone: the shared path pads
-*inside* the cache, which only attention over the whole prompt ignores; sliding-window,
-chunked and local attention count cache slots and recurrent or convolutional layers carry
-a state, so those models get full prompts (the rules are in ``model_info``; measured on
-18 architectures in ``tests/test_architectures.py``). A batch that runs out of memory is
-halved (:func:`split_on_oom`).
+Three strategies run the batches, fastest first (:data:`STRATEGIES`):
+
+- ``"shared"`` (:class:`SharedPrefixes`): the chat header once, each scenario once for its
+  two frames, the questions on top of the key/value cache;
+- ``"full"`` (:class:`FullPrompts`): each prompt whole, padding at the far left of its row;
+- ``"unpadded"`` (:class:`FullPrompts` with ``padded=False``): each forward call takes
+  prompts of one length only, with no padding at all.
+
+:func:`first_strategy` reads the model's class and config and starts at the fastest
+strategy nothing is known against, saying why in the log (once per model) when that is not
+the shared one. Whether the chosen strategy really gives each prompt's own score is not left
+to those rules: :mod:`tinymcf_callback.selfcheck` compares a few prompts with
+:func:`score_alone` on every probe and moves to the next strategy when they disagree. A batch
+that runs out of memory is halved (:func:`split_on_oom`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import random
 import weakref
@@ -39,9 +43,12 @@ from .model_info import (
     UnsupportedModelError,
     max_context,
     model_device,
+    pad_token_id,
     padding_problem,
     shared_prefix_blocker,
     unwrap_model,
+    weights_dtype,
+    wrapper_chain,
 )
 from .prompts import DEFAULT_ANSWER_FORMAT, answer_token_ids
 
@@ -49,6 +56,9 @@ logger = logging.getLogger("tinymcf_callback")
 
 DEFAULT_TOKEN_BUDGET = 8192
 DEFAULT_MAX_BATCH = 64
+STRATEGIES = ("shared", "full", "unpadded")  # fastest first; each one after the first is safer than the one before
+STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padded)",
+                  "unpadded": "unpadded prompts (one length per forward call)"}
 
 
 def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
@@ -133,10 +143,15 @@ def plan_group_batches(encoded, groups, token_budget=DEFAULT_TOKEN_BUDGET, max_b
 
 
 def check_context(model, encoded: list[list[int]], labels: list[str] | None = None) -> None:
-    """Raise ``ValueError`` naming the longest prompt when it exceeds the model's context."""
+    """Raise ``ValueError`` naming the longest prompt when it exceeds the model's context.
+
+    Models whose positions start at ``padding_idx + 1`` (RoBERTa style) have that many
+    fewer positions for the prompt.
+    """
     limit = max_context(model)
     if limit is None or not encoded:
         return
+    limit -= ForwardArgs.of(model).position_base
     longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
     if len(encoded[longest]) > limit:
         what = labels[longest] if labels else f"prompt {longest}"
@@ -144,6 +159,29 @@ def check_context(model, encoded: list[list[int]], labels: list[str] | None = No
             f"{what} is {len(encoded[longest])} tokens long, more than the model's context of {limit} tokens; "
             "shorten the vignette or use a model with a longer context"
         )
+
+
+def padding_per_prompt(encoded: list[list[int]], batches: list[list[int]], strategy: str,
+                       plan: PrefixPlan | None = None) -> dict[int, int]:
+    """How many padded slots each prompt of ``batches`` gets from ``strategy`` (0 everywhere when unpadded).
+
+    The full path pads each row to the batch's longest prompt; the shared path pads each
+    scenario to the batch's longest scenario and each question to its longest question, inside
+    the key/value cache.
+    """
+    out: dict[int, int] = {}
+    for batch in batches:
+        if strategy == "shared" and plan is not None:
+            mids = {i: len(plan.mid[plan.group_of[i]]) for i in batch}
+            tails = {i: len(plan.tail(encoded, i)) for i in batch}
+            widest_mid, widest_tail = max(mids.values()), max(tails.values())
+            out.update({i: (widest_mid - mids[i]) + (widest_tail - tails[i]) for i in batch})
+        elif strategy == "full":
+            width = max(len(encoded[i]) for i in batch)
+            out.update({i: width - len(encoded[i]) for i in batch})
+        else:
+            out.update(dict.fromkeys(batch, 0))
+    return out
 
 
 # ---- reading the answer off the logits ---------------------------------------------------------
@@ -205,19 +243,24 @@ def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> An
     return AnswerScores(p_yes.double().cpu().numpy(), yn_mass.double().cpu().numpy())
 
 
-# ---- running the model: two strategies -------------------------------------------------------
+# ---- running the model: three strategies -----------------------------------------------------
 
 _LOGGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def log_once(model, message: str) -> None:
-    """Log ``message`` (a warning on the ``tinymcf_callback`` logger) once per model object."""
+def log_once(model, message: str, key=None) -> None:
+    """Log ``message`` (a warning on the ``tinymcf_callback`` logger) once per model object and ``key``.
+
+    ``key`` defaults to the message itself; pass one when the message carries a measured number
+    that changes from probe to probe but says the same thing.
+    """
     try:
         seen = _LOGGED.setdefault(model, set())
     except TypeError:  # not weak-referenceable: log every time rather than never
         seen = set()
-    if message not in seen:
-        seen.add(message)
+    key = message if key is None else key
+    if key not in seen:
+        seen.add(key)
         logger.warning(message)
 
 
@@ -228,12 +271,22 @@ class ModelCall:
         self.model, self.n_forward = model, 0
 
     def __call__(self, **kwargs):
+        self.n_forward += 1  # counted before the call: a call that raises still ran the model's collectives
         out = self.model(**kwargs)
-        self.n_forward += 1
         logits = getattr(out, "logits", None)
         if logits is None:
             raise UnsupportedModelError(f"{type(unwrap_model(self.model)).__name__} returned no logits; {NEEDS}")
         return logits
+
+    def dummy(self, token: int, device: torch.device, args: ForwardArgs) -> None:
+        """One forward call of a single token whose result is dropped (evens out the calls of ranks under sharding)."""
+        ids = torch.tensor([[token]], device=device)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+        if args.position_ids:
+            kwargs["position_ids"] = torch.full_like(ids, args.position_base)
+        if args.logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        self(**kwargs)
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,17 +306,25 @@ def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
 
 
 class FullPrompts:
-    """Strategy 1: each prompt whole, left-padded, so every answer sits in the last column.
+    """Strategies ``"full"`` and ``"unpadded"``: each prompt whole, so every answer sits in the last column.
 
-    Padding at the far left of a row changes nothing once ``position_ids`` skip it (or the
-    model ignores padded slots by itself, see ``PADDING_PROOF_WITHOUT_POSITIONS``); with
-    ``padded=False`` each forward call takes prompts of one length only, with no padding.
+    ``padded=True``: left-padded rows; padding at the far left of a row changes nothing once
+    ``position_ids`` skip it (or the model ignores padded slots by itself, see
+    ``PADDING_PROOF_WITHOUT_POSITIONS``). ``padded=False``: each forward call takes prompts of
+    one length only, with no padding.
     """
 
     def __init__(self, call: ModelCall, encoded: list[list[int]], args: ForwardArgs, pad_id: int,
                  device: torch.device, padded: bool = True):
         self.call, self.encoded, self.args, self.pad_id, self.device = call, encoded, args, pad_id, device
         self.padded = padded
+        self.name = "full" if padded else "unpadded"
+
+    def planned_calls(self, batches: list[list[int]]) -> int:
+        """The forward calls :meth:`logits` makes for ``batches`` (barring out-of-memory splits)."""
+        if self.padded:
+            return len(batches)
+        return sum(len({len(self.encoded[i]) for i in b}) for b in batches)
 
     def logits(self, idx: list[int]) -> torch.Tensor:
         if self.padded:
@@ -285,41 +346,36 @@ class FullPrompts:
         ids, mask = _left_pad([self.encoded[i] for i in idx], self.pad_id)
         kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "use_cache": False}
         if self.args.position_ids:
-            kwargs["position_ids"] = _positions(mask, 0).to(self.device)
+            kwargs["position_ids"] = _positions(mask, self.args.position_base).to(self.device)
         if self.args.logits_to_keep:
             kwargs["logits_to_keep"] = 1
         return self.call(**kwargs)[:, -1, :]
 
 
 class SharedPrefixes:
-    """Strategy 2: shared prefixes computed once and reused from the key/value cache.
+    """Strategy ``"shared"``: shared prefixes computed once and reused from the key/value cache.
 
-    Per call: the prefix every prompt shares (``plan.root``: system prompt, chat header)
-    once. Per batch: a copy of that cache, each group's scenario (``plan.mid``) once for
-    its two frames, then each prompt's own question (``plan.tail``). Same scores as full
-    prompts where :func:`shared_prefix_blocker` allows it; a model that rejects the cache
-    at run time falls back to ``fallback`` (full prompts), logged once.
+    Per call of :func:`run_batches`: the prefix every prompt shares (``plan.root``: system
+    prompt, chat header) once. Per batch: a copy of that cache, each group's scenario
+    (``plan.mid``) once for its two frames, then each prompt's own question (``plan.tail``).
+    The same scores as full prompts where attention over the cache ignores its padded slots;
+    where it does not, the self-check sees the difference.
     """
 
-    def __init__(self, call: ModelCall, encoded: list[list[int]], plan: PrefixPlan, cache_kw: str, config,
-                 pad_id: int, device: torch.device, fallback: FullPrompts):
-        self.call, self.encoded, self.plan, self.cache_kw, self.config = call, encoded, plan, cache_kw, config
-        self.pad_id, self.device, self.fallback = pad_id, device, fallback
-        self.root_cache = None
-        self.failed = False
+    name = "shared"
 
-    def logits(self, idx: list[int]) -> torch.Tensor:
-        if not self.failed:
-            try:
-                return self._shared_logits(idx)
-            except UnsupportedModelError:
-                raise
-            except (TypeError, ValueError, AttributeError, NotImplementedError) as e:
-                self.failed = True
-                name = type(unwrap_model(self.call.model)).__name__
-                log_once(self.call.model, f"shared-prefix scoring is not supported by {name} "
-                         f"({type(e).__name__}: {e}); scoring full prompts")
-        return self.fallback.logits(idx)
+    def __init__(self, call: ModelCall, encoded: list[list[int]], plan: PrefixPlan, args: ForwardArgs, config,
+                 pad_id: int, device: torch.device):
+        self.call, self.encoded, self.plan, self.args, self.config = call, encoded, plan, args, config
+        self.pad_id, self.device = pad_id, device
+        self.root_cache = None
+
+    def planned_calls(self, batches: list[list[int]]) -> int:
+        """The forward calls :meth:`logits` makes for ``batches``: the header once, then scenarios and questions."""
+        if not batches:
+            return 0
+        scenarios = sum(any(self.plan.mid[self.plan.group_of[i]] for i in b) for b in batches)
+        return (1 if self.plan.root else 0) + scenarios + len(batches)
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -335,13 +391,14 @@ class SharedPrefixes:
             cache, r = self._new_cache(), len(self.plan.root)
             if r:
                 ids = torch.tensor([self.plan.root], device=self.device)
+                positions = self.args.position_base + torch.arange(r, device=self.device)[None]
                 self.call(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1,
-                          position_ids=torch.arange(r, device=self.device)[None], **{self.cache_kw: cache})
+                          position_ids=positions, **{self.args.cache_kw: cache})
             self.root_cache = cache
         return self.root_cache
 
-    def _shared_logits(self, idx: list[int]) -> torch.Tensor:
-        plan, r, dev = self.plan, len(self.plan.root), self.device
+    def logits(self, idx: list[int]) -> torch.Tensor:
+        plan, r, dev, base = self.plan, len(self.plan.root), self.device, self.args.position_base
         gids = list(dict.fromkeys(plan.group_of[i] for i in idx))
         cache = copy.deepcopy(self._root())
         cache.batch_repeat_interleave(len(gids))
@@ -349,42 +406,69 @@ class SharedPrefixes:
         ones = torch.ones((len(gids), r), dtype=torch.long)
         if mid_ids.shape[1]:  # each group's scenario, once for its two frames
             self.call(input_ids=mid_ids.to(dev), attention_mask=torch.cat([ones, mid_mask], 1).to(dev),
-                      position_ids=_positions(mid_mask, r).to(dev), use_cache=True, logits_to_keep=1,
-                      **{self.cache_kw: cache})
+                      position_ids=_positions(mid_mask, base + r).to(dev), use_cache=True, logits_to_keep=1,
+                      **{self.args.cache_kw: cache})
         rows = torch.tensor([gids.index(plan.group_of[i]) for i in idx])
         cache.batch_select_indices(rows.to(dev))
         tail_ids, tail_mask = _left_pad([plan.tail(self.encoded, i) for i in idx], self.pad_id)
         mid_len = mid_mask.sum(-1)[rows][:, None]
         mask = torch.cat([torch.ones((len(idx), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
         logits = self.call(input_ids=tail_ids.to(dev), attention_mask=mask.to(dev),
-                           position_ids=_positions(tail_mask, r + mid_len).to(dev), use_cache=True,
-                           logits_to_keep=1, **{self.cache_kw: cache})
+                           position_ids=_positions(tail_mask, base + r + mid_len).to(dev), use_cache=True,
+                           logits_to_keep=1, **{self.args.cache_kw: cache})
         return logits[:, -1, :]
 
 
-def choose_strategy(model, encoded: list[list[int]], pad_id: int, device: torch.device,
-                    prefix_plan: PrefixPlan | None = None) -> FullPrompts | SharedPrefixes:
-    """The one place that decides how batches run on ``model``; says why in the log (once) when not the fastest.
+Strategy = FullPrompts | SharedPrefixes
 
-    Shared prefixes when a plan is given and :func:`~.model_info.shared_prefix_blocker` finds
-    nothing against it; otherwise full prompts, left-padded unless padding would move the
-    model's positions (:func:`~.model_info.padding_problem`), then unpadded.
+
+def first_strategy(model, encoded: list[list[int]], prefix_plan: PrefixPlan | None = None) -> tuple[str, str | None]:
+    """The fastest strategy nothing in the model's class or config is known against, and why not a faster one.
+
+    ``"unpadded"`` when left padding would move the model's positions
+    (:func:`~.model_info.padding_problem`); ``"full"`` without a prefix plan or when
+    :func:`~.model_info.shared_prefix_blocker` finds something against sharing; else ``"shared"``.
+    A config the rules cannot read starts at ``"full"`` rather than failing. The reason is
+    ``None`` for ``"shared"`` and for ``"full"`` without a plan (nothing to explain).
     """
-    name, args, call = type(unwrap_model(model)).__name__, ForwardArgs.of(model), ModelCall(model)
-    unpadded = padding_problem(model, args)
-    if unpadded:
-        log_once(model, f"{name}: {unpadded}; scoring prompts in unpadded batches of one length "
+    try:
+        args = ForwardArgs.of(model)
+        unpadded = padding_problem(model, args)
+        if unpadded:
+            return "unpadded", unpadded
+        if prefix_plan is None:
+            return "full", None
+        blocker = shared_prefix_blocker(model, args, prefix_plan.cache_slots(encoded))
+    except Exception as e:  # noqa: BLE001 - the rules only pick a starting point: a config they cannot read is no crash
+        return "full", f"its config could not be read ({type(e).__name__}: {e})"
+    return ("full", blocker) if blocker else ("shared", None)
+
+
+def explain_start(model, strategy: str, reason: str | None) -> None:
+    """Say once per model why it does not start on the fastest strategy."""
+    if reason is None:
+        return
+    name = type(unwrap_model(model)).__name__
+    if strategy == "unpadded":
+        log_once(model, f"{name}: {reason}; scoring prompts in unpadded batches of one length "
                  "(same scores, more forward calls)")
-    full = FullPrompts(call, encoded, args, pad_id, device, padded=unpadded is None)
-    if prefix_plan is None or unpadded:
-        return full
-    blocker = shared_prefix_blocker(model, args, prefix_plan.cache_slots(encoded))
-    if blocker:
-        log_once(model, f"{name} cannot take the shared-prefix path: {blocker}; scoring full prompts "
+    else:
+        log_once(model, f"{name} cannot take the shared-prefix path: {reason}; scoring full prompts "
                  "(same scores, more compute)")
-        return full
-    config = unwrap_model(model).config
-    return SharedPrefixes(call, encoded, prefix_plan, args.cache_kw, config, pad_id, device, fallback=full)
+
+
+def make_strategy(name: str, model, encoded: list[list[int]], pad_id: int, device: torch.device,
+                  prefix_plan: PrefixPlan | None = None) -> Strategy:
+    """The strategy called ``name`` (one of :data:`STRATEGIES`) on ``model``, with a fresh forward-call counter."""
+    args, call = ForwardArgs.of(model), ModelCall(model)
+    if name == "shared":
+        if prefix_plan is None or not (args.cache_kw and args.position_ids and args.logits_to_keep):
+            raise ValueError("the shared strategy needs a prefix plan and a forward that takes position_ids, "
+                             "logits_to_keep and a key/value cache")
+        return SharedPrefixes(call, encoded, prefix_plan, args, unwrap_model(model).config, pad_id, device)
+    if name not in ("full", "unpadded"):
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return FullPrompts(call, encoded, args, pad_id, device, padded=name == "full")
 
 
 def split_on_oom(logits_of, idx: list[int], device: torch.device):
@@ -413,44 +497,104 @@ def split_on_oom(logits_of, idx: list[int], device: torch.device):
 
 @dataclass
 class ScoreResult:
-    """Per-prompt outputs, in the prompts' original order (NaN where not scored)."""
+    """Per-prompt outputs, in the prompts' original order (NaN where not scored).
+
+    ``strategy``: the strategy that produced them; ``check``: the self-check's record
+    (:class:`tinymcf_callback.selfcheck.SelfCheck` as a dict), when the whole set was scored
+    through it; ``precision``: what the forward calls computed in (weights' dtype, autocast
+    dtype or None, device); ``model``: which model it was.
+    """
 
     p_yes: np.ndarray
     yn_mass: np.ndarray
     yn_top3: np.ndarray  # does an answer token (Yes/No, or true/false) rank in the top 3 next tokens?
     top_tokens: list = field(default_factory=list)  # [(token, prob)] x 10 for the sample prompt
     n_forward: int = 0
+    strategy: str | None = None
+    check: dict | None = None
+    precision: dict | None = None
+    model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
+
+
+def empty_result(n: int) -> ScoreResult:
+    return ScoreResult(np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool))
 
 
 def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, *, pad_id: int | None = None,
                 sample_index: int | None = None, progress: bool = False, desc: str = "moral probe",
-                prefix_plan: PrefixPlan | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT) -> ScoreResult:
-    """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model``.
+                prefix_plan: PrefixPlan | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                strategy: str | None = None, calls: int | None = None) -> ScoreResult:
+    """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
 
-    ``answer_format`` names the answer tokens read at the answer position (``prompts.ANSWER_FORMATS``):
-    the prompts must have been formatted for it.
-
-    With a ``prefix_plan`` the shared prefixes are run once and their key/value cache is
-    reused (fewer FLOPs, same scores) where the model allows it (:func:`choose_strategy`).
-    The caller chooses the mode (eval, inference); see :func:`probe_mode`. A batch that
-    runs out of memory is split in two and retried; a prompt that does not fit alone
-    re-raises. NaN or infinite logits raise ``FloatingPointError``.
+    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (logged once
+    when it is not the shared one). ``answer_format`` names the answer tokens read at the answer
+    position (``prompts.ANSWER_FORMATS``): the prompts must have been formatted for it. ``calls``:
+    make exactly this many forward calls, adding one-token calls whose results are dropped when
+    the batches need fewer (every rank of a sharded model must make the same number; see
+    :func:`tinymcf_callback.selfcheck.score_checked`). A batch that runs out of memory is split in
+    two and retried; a prompt that does not fit alone re-raises. NaN or infinite logits raise
+    ``FloatingPointError``. The caller chooses the mode (eval, inference); see :func:`probe_mode`.
+    No check against each prompt alone happens here.
     """
-    n = len(encoded)
-    res = ScoreResult(np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool))
+    res = empty_result(len(encoded))
     if pad_id is None:
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        pad_id = pad_token_id(model, tok)
     device = model_device(model)
-    strategy = choose_strategy(model, encoded, pad_id, device, prefix_plan)
+    if strategy is None:
+        strategy, reason = first_strategy(model, encoded, prefix_plan)
+        explain_start(model, strategy, reason)
+    runner = make_strategy(strategy, model, encoded, pad_id, device, prefix_plan)
     yes, no = answer_token_ids(tok, answer_format)
     answer_ids = torch.tensor(sorted(set(yes) | set(no)), device=device)
-    with _progress_bar(progress, sum(len(b) for b in batches), desc) as bar:
-        for batch in batches:
-            for idx, logits in split_on_oom(strategy.logits, batch, device):
-                _record(res, idx, logits, tok, answer_ids, sample_index, answer_format)
-                bar.update(len(idx))
-    res.n_forward = strategy.call.n_forward
+    try:
+        with _progress_bar(progress, sum(len(b) for b in batches), desc) as bar:
+            for batch in batches:
+                for idx, logits in split_on_oom(runner.logits, batch, device):
+                    _record(res, idx, logits, tok, answer_ids, sample_index, answer_format)
+                    bar.update(len(idx))
+    finally:
+        if calls is not None:  # also after a failure: the other ranks are still making theirs
+            pad_calls(runner.call, calls, encoded, device)
+    res.n_forward, res.strategy = runner.call.n_forward, strategy
     return res
+
+
+def pad_calls(call: ModelCall, calls: int, encoded: list[list[int]], device: torch.device) -> None:
+    """Make one-token forward calls until ``call`` has made ``calls`` in all (none when it already has)."""
+    token = encoded[0][0] if encoded and encoded[0] else 0
+    args = ForwardArgs.of(call.model)
+    while call.n_forward < calls:
+        try:
+            call.dummy(token, device, args)
+        except Exception as e:  # noqa: BLE001 - a filler call must not hide the error that made it needed
+            logger.warning("moral probe: a filler forward call failed (%s: %s)", type(e).__name__, e)
+
+
+def score_alone(model, encoded: list[list[int]], idx: list[int], tok,
+                answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[AnswerScores, int]:
+    """The simplest reference: each prompt of ``idx`` alone, unpadded, no cache, in one forward call.
+
+    No attention mask, position ids or cache: the model computes its own positions, and the
+    answer is read at the last position. Only ``logits_to_keep=1`` is passed (where the forward
+    takes it), which slices the last position before the LM head: the full ``[1, seq, vocab]``
+    logits of a long prompt could take hundreds of MB of a training run's memory. Returns the
+    prompts' scores (in ``idx`` order) and the number of forward calls made (one per prompt).
+    """
+    call = ModelCall(model)
+    try:
+        params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    device = model_device(model)
+    rows = []
+    for i in idx:
+        kwargs = {"input_ids": torch.tensor([encoded[i]], device=device)}
+        if "use_cache" in params:
+            kwargs["use_cache"] = False
+        if "logits_to_keep" in params:
+            kwargs["logits_to_keep"] = 1
+        rows.append(call(**kwargs)[0, -1].float())
+    return score_prompts(torch.stack(rows), tok, answer_format), call.n_forward
 
 
 def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_ids: torch.Tensor,
@@ -471,40 +615,46 @@ def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_
                           for t, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def _progress_bar(progress: bool, total: int, desc: str):
-    if not progress:
-        yield _NoBar()
-        return
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="prompt", leave=False)
+    bar = tqdm(total=total, desc=desc, unit="prompt", leave=False, disable=not progress)
     try:
         yield bar
     finally:
         bar.close()
 
 
-@contextlib.contextmanager
-def probe_mode(model):
-    """Eval mode and inference mode for the probe; afterwards everything is as before.
+# ---- the probe's mode: eval, inference, the precision of the saved weights ------------------------
 
-    Restores each module's train/eval flag and every RNG state (Python, numpy, torch
-    CPU and CUDA), so observing a training run cannot change it.
+@contextlib.contextmanager
+def probe_mode(model, *, keep_autocast: bool = False):
+    """Eval mode and inference mode for the probe; afterwards everything is as before. Yields a :class:`Precision`.
+
+    Restores each module's train/eval flag and every RNG state (Python, numpy, torch CPU and
+    CUDA), so observing a training run cannot change it. Unless ``keep_autocast``, the probe
+    computes in the weights' own dtype: the mixed-precision wrapper accelerate puts on a
+    model's forward (the Trainer's ``bf16=True`` / ``fp16=True``) is lifted for the probe and
+    put back after, and an autocast region the probe is called from is switched off inside it.
+    So a checkpoint scores as ``eval`` scores the saved weights. The yielded
+    :class:`Precision` says what the forward calls really computed in.
     """
     training = {m: m.training for m in model.modules()}
     py_state, np_state = random.getstate(), np.random.get_state()
     cpu_state = torch.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    device = model_device(model)
+    precision = Precision(model, device)
     model.eval()
     try:
-        with torch.inference_mode():
-            yield model
+        with contextlib.ExitStack() as stack:
+            if not keep_autocast:
+                stack.enter_context(_without_mixed_precision_forward(model))
+                stack.enter_context(_autocast_off(device))
+            stack.enter_context(precision.watch())
+            stack.enter_context(torch.inference_mode())
+            yield precision
     finally:
         for m, flag in training.items():
             m.training = flag
@@ -513,3 +663,96 @@ def probe_mode(model):
         torch.set_rng_state(cpu_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextlib.contextmanager
+def _without_mixed_precision_forward(model):
+    """Lift accelerate's autocast wrapper (``model.forward`` over ``model._original_forward``) for the block.
+
+    accelerate's ``prepare_model`` keeps the model's own forward as ``_original_forward`` and sets an
+    autocast-wrapped ``forward`` on the instance; ``unwrap_model(keep_fp32_wrapper=False)`` undoes it for
+    good. Here it is undone for the probe only and put back exactly as it was.
+    """
+    lifted = []
+    for layer in wrapper_chain(model):
+        own = layer.__dict__
+        if "_original_forward" in own and "forward" in own:
+            lifted.append((layer, own["forward"]))
+            own["forward"] = own["_original_forward"]
+    try:
+        yield
+    finally:
+        for layer, forward in lifted:
+            layer.__dict__["forward"] = forward
+
+
+@contextlib.contextmanager
+def _autocast_off(device: torch.device):
+    try:
+        ctx = torch.autocast(device_type=device.type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know: nothing to switch off
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield
+
+
+class Precision:
+    """What the probe's forward calls compute in: the weights' dtype, the autocast dtype seen inside them, the device.
+
+    The autocast state is read inside the model (a forward pre-hook on its output layer), so it
+    is what the computation saw, whatever wrappers or regions were around it.
+    """
+
+    def __init__(self, model, device: torch.device):
+        self.model, self.device = model, device
+        dtype = weights_dtype(model)
+        self.dtype = str(dtype).replace("torch.", "") if dtype is not None else None
+        self.autocast: str | None = None
+        self._seen = False
+
+    @contextlib.contextmanager
+    def watch(self):
+        target = _output_layer(self.model)
+        handle = target.register_forward_pre_hook(self._look) if target is not None else None
+        try:
+            yield self
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def _look(self, module, args):
+        if self._seen:
+            return
+        self._seen = True
+        if torch.is_autocast_enabled(self.device.type):
+            self.autocast = str(torch.get_autocast_dtype(self.device.type)).replace("torch.", "")
+
+    @property
+    def compute(self) -> str | None:
+        """The precision the matrix products ran in: autocast dtype, TF32 for reduced fp32 matmuls, else the weights."""
+        if self.autocast is not None:
+            return self.autocast
+        if self.dtype == "float32" and _reduced_fp32_matmul(self.device):
+            return "tf32"
+        return self.dtype
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype, "autocast": self.autocast, "device": str(self.device), "compute": self.compute}
+
+
+def _output_layer(model):
+    base = unwrap_model(model)
+    try:
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        head = None
+    if isinstance(head, torch.nn.Module):
+        return head
+    return next((m for m in base.modules() if isinstance(m, torch.nn.Linear)), None)
+
+
+def _reduced_fp32_matmul(device: torch.device) -> bool:
+    """Are fp32 matrix products allowed a lower internal precision (TF32 on CUDA, bf16 passes with "medium")?"""
+    if torch.get_float32_matmul_precision() != "highest":
+        return True
+    return device.type == "cuda" and bool(torch.backends.cuda.matmul.allow_tf32)

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                       help="two JSON reports of the same set and vignettes: print the paired change B - A of every "
                            "metric with its interval and p-value (no model is loaded)")
+    p.add_argument("--allow-precision-change", action="store_true", default=None,
+                   help="with --compare: compare reports scored in different precisions (a warning instead of an "
+                        "error)")
     p.add_argument("--name", default=None, help=f"vignette set (default: {DEFAULT_NAME})")
     p.add_argument("--home", metavar="DIR", default=None,
                    help=f"where prepared sets and their rewrites are read from, as given to prepare --home "
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _option_misuse(args: argparse.Namespace) -> str | None:
     """The options given that do not apply to the chosen mode, as an error message (None if all apply)."""
+    if not args.compare and args.allow_precision_change:
+        return "--allow-precision-change applies only with --compare"
     if args.compare:
         given = ["--" + k.replace("_", "-") for k in (*SCORING_ONLY, *ONE_MODEL_ONLY, *SWEEP_ONLY)
                  if getattr(args, k) is not None]
@@ -167,8 +172,7 @@ def _run(args: argparse.Namespace) -> int:
     safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
     fmt = "" if args.answer_format == DEFAULT_ANSWER_FORMAT else f"_{args.answer_format}"
     path = out_dir / f"eval_{args.name}{fmt}_{safe_tag}.json"
-    payload = report_to_json(report, tag=tag, model=str(args.model), device=str(device),
-                             dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+    payload = report_to_json(report, tag=tag, model=str(args.model))
     try:
         atomic_write_json(path, payload)
     except OSError as e:
@@ -226,7 +230,8 @@ def _compare(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the result carries them; printed with the table
             result = compare(*(load_report(path) for path in args.compare), level=args.level,
-                             n_resamples=args.n_resamples, labels=labels)
+                             n_resamples=args.n_resamples, labels=labels,
+                             allow_precision_change=bool(args.allow_precision_change))
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 - the model inside the wrappers a training run hands over (FSDP, DDP, DeepSpeed, PEFT,
   ``torch.compile``), to read its forward signature and config (:func:`unwrap_model`);
 - whether it is a causal language model with its LM head at all (:func:`check_causal_lm`);
-- which optional forward arguments it takes (:class:`ForwardArgs`);
+- which optional forward arguments it takes, and where its positions start (:class:`ForwardArgs`);
+- what it computes in (:func:`weights_dtype`) and which token may pad its rows (:func:`pad_token_id`);
 - what left padding, and padding *inside* a shared-prefix cache, would do to its scores
   (:func:`padding_problem`, :func:`shared_prefix_blocker`).
 
@@ -29,10 +30,10 @@ def unwrap_model(model):
     the DeepSpeed engine), in any nesting. FSDP v2 (``fully_shard``) keeps the model's class
     and needs nothing. Always *call* the wrapper: FSDP gathers the parameters in its forward.
     """
-    return _layers(model)[-1]
+    return wrapper_chain(model)[-1]
 
 
-def _layers(model) -> list:
+def wrapper_chain(model) -> list:
     """``model``, then each model it wraps, down to the innermost one."""
     layers = [model]
     for _ in range(_MAX_WRAPPERS):
@@ -72,7 +73,7 @@ def prompt_learning(model) -> bool:
     engine must neither pass a cache (it would replace the adapter's prefix) nor pad (the
     padding would sit between the virtual tokens and the prompt).
     """
-    for layer in _layers(model):
+    for layer in wrapper_chain(model):
         try:
             peft_config = getattr(layer, "active_peft_config", None)
         except (AttributeError, KeyError, ValueError):
@@ -148,11 +149,17 @@ def _registered_lm_classes() -> tuple[set[str], set[str], set[str]]:
 
 @dataclass(frozen=True)
 class ForwardArgs:
-    """Which optional arguments the model's forward takes (read through any wrappers)."""
+    """Which optional arguments the model's forward takes (read through any wrappers).
+
+    ``position_base``: the position of a prompt's first token. 0 for almost every model;
+    RoBERTa-style embeddings count positions from ``padding_idx + 1`` (:func:`position_base`),
+    so position ids the engine passes must start there too.
+    """
 
     position_ids: bool
     logits_to_keep: bool
     cache_kw: str | None  # "cache" (transformers 5.x) or "past_key_values"; None: no key/value cache
+    position_base: int = 0
 
     @classmethod
     def of(cls, model) -> ForwardArgs:
@@ -163,7 +170,60 @@ class ForwardArgs:
         if prompt_learning(model):  # the adapter owns positions and the cache (see prompt_learning)
             params -= {"position_ids", "cache", "past_key_values"}
         cache_kw = next((k for k in ("cache", "past_key_values") if k in params), None)
-        return cls("position_ids" in params, "logits_to_keep" in params, cache_kw)
+        return cls("position_ids" in params, "logits_to_keep" in params, cache_kw, position_base(model))
+
+
+def position_base(model) -> int:
+    """Where the model's own position ids start: ``padding_idx + 1`` for RoBERTa-style embeddings, else 0.
+
+    RoBERTa, XLM-R, CamemBERT, Data2VecText, RoBERTa-PreLN, XLM-R XL and X-MOD make their positions
+    from the input ids (``create_position_ids_from_input_ids``): pad tokens get ``padding_idx`` and
+    real tokens count up from ``padding_idx + 1``. Position ids counted from 0 would shift every
+    token's position embedding by ``padding_idx + 1`` (P(Yes) off by up to 0.42 on tiny random models).
+    """
+    for module in unwrap_model(model).modules():
+        padding_idx = getattr(module, "padding_idx", None)
+        if callable(getattr(module, "create_position_ids_from_input_ids", None)) and isinstance(padding_idx, int):
+            return padding_idx + 1
+    return 0
+
+
+def pad_token_id(model, tok) -> int:
+    """A token id to fill padded slots with: the tokenizer's pad token when the model's vocabulary has it.
+
+    Padded slots are masked, so any id the embedding table holds will do; a pad token added to the
+    tokenizer without resizing the model (``add_special_tokens({"pad_token": "[PAD]"})``) lies
+    outside the table and would raise ``IndexError`` in the embedding lookup. Falls back to the
+    model's own pad token, then the tokenizer's end-of-sequence token, then 0.
+    """
+    vocab = _embedding_rows(model)
+    config = model_config(model)
+    for candidate in (tok.pad_token_id, getattr(config, "pad_token_id", None), tok.eos_token_id, 0):
+        if isinstance(candidate, int) and not isinstance(candidate, bool) and 0 <= candidate < (vocab or 1 << 62):
+            return candidate
+    return 0
+
+
+def _embedding_rows(model) -> int | None:
+    base = unwrap_model(model)
+    try:
+        emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        emb = None
+    rows = getattr(emb, "num_embeddings", None)
+    if isinstance(rows, int) and rows > 0:
+        return rows
+    size = getattr(model_config(model), "vocab_size", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def weights_dtype(model) -> torch.dtype | None:
+    """The floating dtype that holds most of the model's parameters (what its matrix products run in)."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=counts.get) if counts else None
 
 
 def model_device(model) -> torch.device:
@@ -174,6 +234,12 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def model_name(model) -> str:
+    """The model's name or path as its config records it (``from_pretrained``'s argument), else its class."""
+    name = getattr(model_config(model), "name_or_path", None)
+    return str(name) if name else type(unwrap_model(model)).__name__
+
+
 def model_config(model):
     return getattr(unwrap_model(model), "config", None)
 
@@ -181,7 +247,7 @@ def model_config(model):
 def max_context(model) -> int | None:
     cfg = model_config(model)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        val = getattr(cfg, key, None)
+        val = _read(cfg, key)
         if isinstance(val, int) and val > 0:
             return val
     return None
@@ -206,12 +272,28 @@ STATEFUL_CONFIG_KEYS = ("layers_block_type", "hybrid_override_pattern", "block_t
 
 
 def _configs(model) -> list:
-    """The model's config and, for multimodal models, its text decoder's config."""
+    """The model's config, its text decoder's config (multimodal models) and each per-layer config.
+
+    transformers 5 lets a config vary by layer (``per_layer_config``); reading such an attribute from
+    the global config raises, so the per-layer configs are read instead.
+    """
     cfg = model_config(model)
     if cfg is None:
         return []
     text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    return [cfg] if text is cfg else [cfg, text]
+    out = [cfg] if text is cfg else [cfg, text]
+    for c in list(out):
+        if getattr(c, "is_heterogeneous", False):
+            out += list(c.per_layer_config)
+    return out
+
+
+def _read(cfg, key: str):
+    """``cfg.<key>`` (None when absent); a per-layer attribute read from a global config counts as absent."""
+    try:
+        return getattr(cfg, key, None)
+    except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError and whatever a custom config raises
+        return None
 
 
 def padding_problem(model, args: ForwardArgs) -> str | None:
@@ -225,7 +307,7 @@ def padding_problem(model, args: ForwardArgs) -> str | None:
         return "its PEFT prompt-learning adapter puts virtual tokens ahead of any padding"
     if args.position_ids:
         return None
-    if any(getattr(c, "model_type", None) in PADDING_PROOF_WITHOUT_POSITIONS for c in _configs(model)):
+    if any(_read(c, "model_type") in PADDING_PROOF_WITHOUT_POSITIONS for c in _configs(model)):
         return None
     return "its forward takes no position_ids, so left padding would move its positions"
 
@@ -239,14 +321,14 @@ def attention_windows(model) -> dict[str, int] | str:
     windows = {}
     for cfg in _configs(model):
         for key in WINDOW_KEYS:
-            value = getattr(cfg, key, None)
-            if value is None or (key == "sliding_window" and getattr(cfg, "use_sliding_window", None) is False):
+            value = _read(cfg, key)
+            if value is None or (key == "sliding_window" and _read(cfg, "use_sliding_window") is False):
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 return f"its {key}={value!r} is not a window size the probe understands"
             if value > 0:
-                windows[key] = value
-        kinds = set(getattr(cfg, "layer_types", None) or []) | set(getattr(cfg, "attention_layers", None) or [])
+                windows[key] = min(value, windows.get(key, value))
+        kinds = set(_read(cfg, "layer_types") or []) | set(_read(cfg, "attention_layers") or [])
         if kinds & WINDOWED_LAYER_KINDS and not windows:
             return f"its layer types {sorted(kinds)} use a window but the config gives no window size"
     return windows
@@ -270,10 +352,10 @@ def shared_prefix_blocker(model, args: ForwardArgs, cache_slots: int) -> str | N
     if not configs:
         return "it has no config to check its attention layers against"
     for cfg in configs:
-        kinds = set(getattr(cfg, "layer_types", None) or []) - ATTENTION_LAYER_KINDS
+        kinds = set(_read(cfg, "layer_types") or []) - ATTENTION_LAYER_KINDS
         if kinds:
             return f"its {', '.join(sorted(kinds))} layers carry a state that padding inside a prompt would change"
-        keys = [k for k in STATEFUL_CONFIG_KEYS if getattr(cfg, k, None) is not None]
+        keys = [k for k in STATEFUL_CONFIG_KEYS if _read(cfg, k) is not None]
         if keys:
             return f"its config ({', '.join(keys)}) describes recurrent or convolutional layers"
     windows = attention_windows(model)

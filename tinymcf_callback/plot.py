@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_write_bytes, read_jsonl
+from .comparison import describe_precision, precision_key
 from .prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .sets import CONTROL, FOUNDATIONS
 
@@ -84,6 +85,7 @@ class History:
     sanity: dict[str, np.ndarray]  # yn_mass_mean, yn_mass_min, frame_agreement, human_corr
     level: float | None  # the intervals' level, when the lines say it
     answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json": which answers the probe read
+    precision: tuple[str, str | None] | None = None  # (weights dtype, autocast) of every line, when they agree
 
 
 # ---- reading (numpy only) --------------------------------------------------------------------------
@@ -226,6 +228,16 @@ def line_format(line: dict) -> str:
     return line.get("answer_format", DEFAULT_ANSWER_FORMAT)
 
 
+def line_precisions(kept: list[tuple[int, dict]]) -> dict[tuple[str, str | None], int]:
+    """Each precision the lines record, with the first step scored in it (lines that record none are left out)."""
+    out: dict[tuple[str, str | None], int] = {}
+    for _, line in kept:
+        key = precision_key(line)
+        if key is not None:
+            out.setdefault(key, line["step"])
+    return out
+
+
 def run_label(path: Path) -> str:
     """The legend entry of a history: the name of the run folder that holds it."""
     return path.resolve().parent.name or str(path)
@@ -248,6 +260,11 @@ def load_history(path: str | Path, label: str | None = None) -> History:
                            f"one curve cannot hold both; a history holds one format (moral_probe_<name>.jsonl for "
                            f"yesno, moral_probe_<name>_json.jsonl for json)")
     kept = last_line_per_step(path, current_run(path, lines))
+    precisions = line_precisions(kept)
+    if len(precisions) > 1:
+        logger.warning("%s: WARNING: its probes were scored in %s; a change along the curve between them is partly "
+                       "the precision's, not the model's", path, " and ".join(
+                           f"{describe_precision(k)} (from step {step})" for k, step in precisions.items()))
     return History(
         path=path, label=label or run_label(path), name=names[0],
         steps=np.array([line["step"] for _, line in kept], dtype=float),
@@ -256,6 +273,7 @@ def load_history(path: str | Path, label: str | None = None) -> History:
         sanity={key: np.array([_number(path, n, key, line["info"].get(key)) for n, line in kept]) for key in SANITY},
         level=interval_level(kept),
         answer_format=formats[0],
+        precision=next(iter(precisions), None) if len(precisions) == 1 else None,
     )
 
 
@@ -283,6 +301,11 @@ def load_histories(paths) -> list[History]:
         seen[p.resolve()] = p
     histories = [load_history(p, label) for p, label in zip(resolved, _distinct_labels(resolved), strict=True)]
     first = histories[0]
+    precisions = {h.precision for h in histories if h.precision is not None}
+    if len(precisions) > 1:
+        logger.warning("WARNING: the runs in this figure were scored in different precisions (%s): their curves "
+                       "differ partly by precision, not by model", "; ".join(
+                           f"{h.label}: {describe_precision(h.precision)}" for h in histories if h.precision))
     for other in histories[1:]:
         if other.name != first.name:
             raise HistoryError(f"histories of different vignette sets cannot share a figure: {first.path} is "

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import math
 import numbers
 import time
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -37,10 +39,13 @@ from .engine import (
     probe_mode,
     run_batches,
 )
-from .model_info import check_causal_lm
+from .model_info import check_causal_lm, model_name
 from .prompts import DEFAULT_ANSWER_FORMAT, answer_format_of, answer_token_ids, format_prompts
+from .selfcheck import Ranks, score_checked
 from .sets import load_vignettes
 from .stats import METRICS, bootstrap_intervals, vignette_scores
+
+logger = logging.getLogger("tinymcf_callback")
 
 SCHEMA_VERSION = 2
 # the statistics' own defaults (stats' signatures): 95% intervals from 2,000 resamples
@@ -51,6 +56,7 @@ MIN_RESAMPLES = 100  # stats' floor; 0 switches the intervals off
 HEADLINE_FIELDS = ("score", "score_lo", "score_hi", "gap", "gap_lo", "gap_hi", "sn", "sn_lo", "sn_hi",
                    "score_minus_sn", "score_minus_sn_lo", "score_minus_sn_hi")
 INTERVAL_SETTINGS = ("level", "n_resamples", "seed")
+PRECISION_FIELDS = ("model", "device", "dtype", "autocast")  # what was scored, on what, in which precision
 _AGREE = 1e-9  # the intervals' estimates must be the report's own numbers to this tolerance
 MIN_YN_MASS = 0.5
 MIN_HUMAN_CORR = 0.4
@@ -76,14 +82,24 @@ class Probe:
         level: the intervals' confidence level, in (0, 1).
         n_resamples: bootstrap resamples for the intervals (>= 100), or 0 for no intervals.
         seed: the bootstrap's seed; the same seed gives the same intervals.
+        keep_autocast: score under the autocast the model's forward was given (accelerate's mixed
+            precision, the Trainer's ``bf16=True``) or is called in; default False: the weights' own
+            dtype, as ``eval`` scores the saved checkpoint.
+        self_check: compare a few prompts with each prompt scored alone on every probe and fall back to a
+            safer strategy when they differ (default True; see :mod:`tinymcf_callback.selfcheck`).
+        self_check_tolerance: the largest difference the check allows; default: by compute precision
+            (``selfcheck.TOLERANCES``).
     """
 
     def __init__(self, tok, name: str = "scifi", limit: int | None = None, *,
                  answer_prefix: str | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
                  token_budget: int = DEFAULT_TOKEN_BUDGET,
                  max_batch_size: int = DEFAULT_MAX_BATCH, share_prefix: bool = True,
-                 level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0):
+                 level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 keep_autocast: bool = False, self_check: bool = True, self_check_tolerance: float | None = None):
         check_uncertainty(level, n_resamples)
+        self.keep_autocast, self.self_check = bool(keep_autocast), bool(self_check)
+        self.self_check_tolerance = check_tolerance(self_check_tolerance)
         self.level, self.n_resamples, self.seed = float(level), int(n_resamples), seed
         self.tok, self.name = tok, name
         self.vignettes = load_vignettes(name, limit=check_limit(limit))
@@ -106,22 +122,37 @@ class Probe:
         else:
             self.batches = plan_batches([len(e) for e in self.encoded], token_budget, max_batch_size)
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
+        self.notes = prompt_notes(tok)
+        for note in self.notes:
+            log_note_once(tok, note)
 
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None) -> ScoreResult:
-        """Run the model on ``batches`` (default: all) in eval + inference mode, state restored after.
+    def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None,
+              ranks: Ranks | None = None) -> ScoreResult:
+        """Score the model in eval + inference mode (state restored after), in the weights' own precision.
+
+        Without ``batches``: every prompt, through :func:`~tinymcf_callback.selfcheck.score_checked`
+        (the fast path checked against each prompt scored alone; ``res.check`` says how), shared
+        among ``ranks`` when given (:func:`~tinymcf_callback.distributed.score_across_ranks`). With
+        ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
 
         Raises ``UnsupportedModelError`` (a ``ValueError``) before any forward call when the
         model is not a causal LM with its LM head, ``ValueError`` when a prompt exceeds its context.
         """
         check_causal_lm(model)
         check_context(model, self.encoded, self.labels)
-        with probe_mode(model):
-            return run_batches(model, self.encoded, self.batches if batches is None else batches, self.tok,
-                               sample_index=self.sample_index, progress=progress, desc=f"moral probe [{self.name}]",
-                               prefix_plan=self.prefix_plan, answer_format=self.answer_format)
+        with probe_mode(model, keep_autocast=self.keep_autocast) as precision:
+            if batches is None:
+                res = score_checked(self, model, ranks=ranks, precision=precision, progress=progress,
+                                    tolerance=self.self_check_tolerance, check=self.self_check)
+            else:
+                res = run_batches(model, self.encoded, batches, self.tok, sample_index=self.sample_index,
+                                  progress=progress, desc=f"moral probe [{self.name}]", prefix_plan=self.prefix_plan,
+                                  answer_format=self.answer_format)
+        res.precision, res.model = precision.as_dict(), model_name(model)
+        return res
 
     def report(self, res: ScoreResult, elapsed: float | None = None) -> dict:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`)."""
@@ -131,14 +162,26 @@ class Probe:
         info["sample_prompt"] = self.prompts[self.sample_index]
         info["top_tokens"] = [{"token": t, "prob": p} for t, p in res.top_tokens]
         info["n_forward"] = res.n_forward
-        info["warnings"] = sanity_warnings(out["score"], info, res, self.answer_format)
+        info["strategy"] = res.strategy
+        info["self_check"] = self.check_info(res.check)
+        info["precision"] = res.precision
+        info["warnings"] = self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
         raw = self.meta.copy()
         raw["p_yes"], raw["yn_mass"] = res.p_yes, res.yn_mass
         table, headline = with_intervals(out, level=self.level, n_resamples=self.n_resamples, seed=self.seed)
-        return {"name": self.name, "answer_format": self.answer_format, "table": table, **headline,
+        precision = res.precision or {}
+        return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
+                "dtype": precision.get("dtype"), "autocast": precision.get("autocast"),
+                "device": precision.get("device"), "table": table, **headline,
                 "level": self.level if self.n_resamples else None, "n_resamples": self.n_resamples,
                 "seed": self.seed, "prompt_digest": self.prompt_digest,
                 "info": info, "scenarios": out["scenarios"], "raw": raw}
+
+    def check_info(self, check: dict | None) -> dict | None:
+        """The self-check's record with the checked prompts named (``vignette <id> (<condition>, frame <frame>)``)."""
+        if check is None:
+            return None
+        return {**check, "checked_prompts": [self.labels[i] for i in check["checked"]]}
 
     def run(self, model, *, progress: bool = False) -> dict:
         start = time.perf_counter()
@@ -153,6 +196,40 @@ def check_limit(limit):
     if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0:
         raise ValueError(f"limit must be a positive whole number of vignettes (or None for all), got {limit!r}")
     return int(limit)
+
+
+def check_tolerance(tolerance):
+    """``self_check_tolerance`` as a float, or None (by precision); refuses anything but a positive number."""
+    if tolerance is None:
+        return None
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not 0 < tolerance < 1:
+        raise ValueError(f"self_check_tolerance must be a number between 0 and 1 (the largest |P(Yes)| difference "
+                         f"allowed), or None for the precision's own; got {tolerance!r}")
+    return float(tolerance)
+
+
+NO_TEMPLATE_NOTE = ("the tokenizer has no chat template, so the prompts use a plain 'Question: ... Answer:' form; "
+                    "a chat model's answer mass is usually much lower without its template (load the tokenizer of "
+                    "the instruct checkpoint, or set tok.chat_template)")
+
+
+def prompt_notes(tok) -> list[str]:
+    """What the report should say about how the prompts were formatted (today: a missing chat template)."""
+    return [] if getattr(tok, "chat_template", None) else [NO_TEMPLATE_NOTE]
+
+
+_NOTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def log_note_once(tok, note: str) -> None:
+    """Log a prompt note once per tokenizer object (every Probe built on it would repeat it)."""
+    try:
+        seen = _NOTED.setdefault(tok, set())
+    except TypeError:
+        seen = set()
+    if note not in seen:
+        seen.add(note)
+        logger.warning("moral probe: %s", note)
 
 
 def check_uncertainty(level, n_resamples) -> None:
@@ -347,7 +424,10 @@ def report_to_json(report: dict, **extra) -> dict:
     """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.
 
     ``answer_format`` says which answers were read (``"yesno"``; a report without it is Yes/No) and
-    ``frames`` the two questions asked in that format.
+    ``frames`` the two questions asked in that format. ``model``, ``device``, ``dtype`` (the weights')
+    and ``autocast`` (the autocast dtype the forward calls ran under, or None) say what was scored
+    and in which precision; ``extra`` fields (``tag``, ``step``, ``epoch``, or a ``model`` path) are
+    added or override them.
     """
     table = report["table"].reset_index()
     answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
@@ -355,6 +435,7 @@ def report_to_json(report: dict, **extra) -> dict:
         "schema_version": SCHEMA_VERSION,
         "name": report["name"],
         "answer_format": answer_format,
+        **{key: report.get(key) for key in PRECISION_FIELDS},
         **extra,
         **headline_fields(report),
         "prompt_digest": report["prompt_digest"],

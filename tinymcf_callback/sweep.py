@@ -44,6 +44,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import append_jsonl, read_jsonl
 from .callback import BASELINE_EVENT, history_line, history_path, report_metrics
+from .comparison import describe_precision, precision_key
 from .probe import DEFAULT_ANSWER_FORMAT, DEFAULT_LEVEL, DEFAULT_RESAMPLES, Probe, with_bounds
 from .prompts import answer_format_of
 from .sets import load_vignettes
@@ -89,13 +90,14 @@ class Checkpoint:
     adapter: bool
 
 
-@dataclass(frozen=True)
+@dataclass
 class SweepPlan:
     """The checkpoints still to score (step order) and the steps the history already holds."""
 
     history: Path
     pending: list[Checkpoint]
     skipped: list[int]
+    precision: tuple[str, str | None] | None = None  # the precision of the history's lines, when they record one
 
 
 @dataclass
@@ -216,6 +218,22 @@ def check_same_vignettes(lines: list[dict], n_vignettes: int, path: Path) -> Non
                          f"whole set), so that its curve compares like with like")
 
 
+def history_precision(lines: list[dict]) -> tuple[str, str | None] | None:
+    """The precision the history's lines were scored in (their last one that records it), or None."""
+    keys = [precision_key(line) for line in lines]
+    return next((k for k in reversed(keys) if k is not None), None)
+
+
+def precision_clash(history: Path, recorded, line: dict, folder: str) -> str | None:
+    """Why ``line`` may not join a history scored in ``recorded`` (another precision), or None."""
+    mine = precision_key(line)
+    if recorded is None or mine is None or mine == recorded:
+        return None
+    return (f"{folder} was scored in {describe_precision(mine)} but {history} holds probes scored in "
+            f"{describe_precision(recorded)}: one curve holds one precision (the change between them would be the "
+            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was")
+
+
 def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:
     """Refuse to extend a curve read in another answer format (a line without one is Yes/No)."""
     other = sorted({str(line.get("answer_format", DEFAULT_ANSWER_FORMAT)) for line in lines} - {answer_format})
@@ -246,7 +264,7 @@ def plan_sweep(settings: SweepSettings) -> SweepPlan:
     if pending:
         check_writable(settings.run_dir, history)
         check_loadable(pending, settings)
-    return SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done])
+    return SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done], history_precision(lines))
 
 
 def check_writable(run_dir: Path, history: Path) -> None:
@@ -360,7 +378,7 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
             with state.split_between_processes(round_) as mine:
                 outcomes = [score_checkpoint(c, probes, settings, device, state.process_index) for c in mine]
             outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
-            failed_write = agree(state, _write_round(plan.history, outcomes, state) if state.is_main_process else None)
+            failed_write = agree(state, _write_round(plan, outcomes, state) if state.is_main_process else None)
             if failed_write:
                 raise SweepError(failed_write)
             result.scored += [o.step for o in outcomes if o.line is not None]
@@ -399,12 +417,21 @@ def _plan_or_error(settings: SweepSettings) -> SweepPlan | Exception:
         return e
 
 
-def _write_round(history: Path, outcomes: list[Outcome], state: PartialState) -> str | None:
-    """Append the round's lines in step order and print one line per checkpoint; a write error as text."""
+def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState) -> str | None:
+    """Append the round's lines in step order and print one line per checkpoint; a refusal or write error as text.
+
+    A line scored in another precision than the history's is not written (the sweep stops: a rerun with
+    the right ``--dtype`` picks up from there).
+    """
+    history = plan.history
     for o in outcomes:
         if o.line is None:
             tqdm.write(f"[tinymcf] {o.folder}: not scored: {o.error}", file=sys.stderr)
             continue
+        clash = precision_clash(history, plan.precision, o.line, o.folder)
+        if clash:
+            return clash
+        plan.precision = plan.precision or precision_key(o.line)
         try:
             append_jsonl(history, o.line)
         except OSError as e:
