@@ -177,7 +177,8 @@ def _precision_notes(a: dict, b: dict, labels: tuple[str, str], allow: bool) -> 
             f"change mixes the model's change with the precision's")
     if not allow:
         raise CompareError(f"{what}; score both in one precision (eval --dtype, "
-                           f"MoralProbeCallback(keep_autocast=...)), or pass --allow-precision-change (allow_precision_change=True) to compare them anyway")
+                           f"MoralProbeCallback(keep_autocast=...)), or pass --allow-precision-change "
+                           f"(allow_precision_change=True) to compare them anyway")
     return [what]
 
 
