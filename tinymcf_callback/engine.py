@@ -41,6 +41,7 @@ from .model_info import (
     NEEDS,
     ForwardArgs,
     UnsupportedModelError,
+    class_name,
     max_context,
     model_device,
     pad_token_id,
@@ -261,7 +262,13 @@ def log_once(model, message: str, key=None) -> None:
     key = message if key is None else key
     if key not in seen:
         seen.add(key)
-        logger.warning(message)
+        if _is_main_process():  # under several processes every rank decides alike: one of them says so
+            logger.warning(message)
+
+
+def _is_main_process() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 class ModelCall:
@@ -275,7 +282,7 @@ class ModelCall:
         out = self.model(**kwargs)
         logits = getattr(out, "logits", None)
         if logits is None:
-            raise UnsupportedModelError(f"{type(unwrap_model(self.model)).__name__} returned no logits; {NEEDS}")
+            raise UnsupportedModelError(f"{class_name(self.model)} returned no logits; {NEEDS}")
         return logits
 
     def dummy(self, token: int, device: torch.device, args: ForwardArgs) -> None:
@@ -448,7 +455,7 @@ def explain_start(model, strategy: str, reason: str | None) -> None:
     """Say once per model why it does not start on the fastest strategy."""
     if reason is None:
         return
-    name = type(unwrap_model(model)).__name__
+    name = class_name(model)
     if strategy == "unpadded":
         log_once(model, f"{name}: {reason}; scoring prompts in unpadded batches of one length "
                  "(same scores, more forward calls)")

@@ -237,7 +237,15 @@ def model_device(model) -> torch.device:
 def model_name(model) -> str:
     """The model's name or path as its config records it (``from_pretrained``'s argument), else its class."""
     name = getattr(model_config(model), "name_or_path", None)
-    return str(name) if name else type(unwrap_model(model)).__name__
+    return str(name) if name else class_name(model)
+
+
+def class_name(model) -> str:
+    """The model's class for messages, through wrappers (FSDP2's ``FSDPLlamaForCausalLM``: ``LlamaForCausalLM``)."""
+    cls = type(unwrap_model(model))
+    if cls.__name__.startswith("FSDP") and any(c.__name__ == "FSDPModule" for c in cls.__mro__):
+        cls = next((c for c in cls.__mro__[1:] if c.__name__ == cls.__name__[4:]), cls)
+    return cls.__name__
 
 
 def model_config(model):

@@ -50,7 +50,7 @@ from .engine import (
     run_batches,
     score_alone,
 )
-from .model_info import UnsupportedModelError, model_device, pad_token_id, unwrap_model
+from .model_info import UnsupportedModelError, class_name, model_device, pad_token_id
 
 # Largest |P(Yes) difference| and |log Yes+No mass difference| allowed between a strategy and each prompt
 # alone, by the precision the matrix products ran in. Measured (shared and full paths against alone):
@@ -240,7 +240,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
         explain_start(model, start, reason)
     compute = precision.compute if precision is not None else None
     allowed = tolerance_for(compute, tolerance)
-    name = type(unwrap_model(model)).__name__
+    name = class_name(model)
     fallbacks: list[str] = []
     pad_id = pad_token_id(model, job.tok)
     while True:
