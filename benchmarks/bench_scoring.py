@@ -6,7 +6,10 @@ Every method scores the same prompts (the ``scifi`` set: 51 vignettes x 4 condit
 P(Yes vs No) with the same tokenizer's Yes/No ids (``prompts.answer_token_ids``):
 
 - ``tinymcf``: ``Probe(tok, "scifi").score(model)``: length-sorted, left-padded batches
-  under a token budget, ``logits_to_keep=1`` (only the last position's logits);
+  under a token budget, ``logits_to_keep=1`` (only the last position's logits), and the
+  self-check (two prompts scored alone and compared); the time the check took is recorded;
+- ``tinymcf-unchecked``: the same with ``self_check=False``: what the check costs, and the
+  engine to set beside ``--baseline-ref`` (an older engine had no check);
 - ``tinymcf-no-prefix-share``: the same engine with ``share_prefix=False`` (an ablation:
   every prompt scored in full, no key/value cache of the shared chat header and scenario);
 - ``naive-full-logits``: the lm-evaluation-harness style: batches of 16 in the original
@@ -58,7 +61,7 @@ MODELS = {
     "smollm2": "SmolLM2-135M-Instruct, fp32 (real model)",
     "tiny-qwen3": "tiny random Qwen3, ~10M params, 151,936-token vocab, fp32 (vocabulary-dominated)",
 }
-METHODS = ("tinymcf", "tinymcf-no-prefix-share", "naive-full-logits", "one-at-a-time")
+METHODS = ("tinymcf", "tinymcf-unchecked", "tinymcf-no-prefix-share", "naive-full-logits", "one-at-a-time")
 NAIVE_BATCH = 16
 TOLERANCE = 1e-4
 QUICK_VIGNETTES = 6  # 6 x 4 x 2 = 48 prompts
@@ -196,12 +199,24 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
     else:
         idx = list(range(n))
 
+    check_s = []  # the self-check's own seconds, per timed run (tinymcf only)
     if method == "tinymcf":
         def run():
-            return probe.score(model).p_yes
+            res = probe.score(model)
+            if getattr(res, "check", None):  # an older engine (--baseline-ref) has no self-check
+                check_s.append(res.check["seconds"])
+            return res.p_yes
 
         def warm():
             probe.score(model, batches=[list(range(min(NAIVE_BATCH, n)))])
+    elif method == "tinymcf-unchecked":  # the same engine without its self-check
+        unchecked = Probe(tok, "scifi", limit, self_check=False)
+
+        def run():
+            return unchecked.score(model).p_yes
+
+        def warm():
+            unchecked.score(model, batches=[list(range(min(NAIVE_BATCH, n)))])
     elif method == "tinymcf-no-prefix-share":  # ablation: the same engine scoring every prompt in full
         flat = Probe(tok, "scifi", limit, share_prefix=False)
 
@@ -250,6 +265,7 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
         "n_params": sum(p.numel() for p in model.parameters()), "vocab": int(model.config.vocab_size),
         "torch_threads": torch.get_num_threads(), "foreign_cpu_cores": foreign,
         "prompt_tokens": sum(len(encoded[i]) for i in idx),
+        "check_s": check_s[times.index(min(times))] if check_s else None,  # in the best run
     }
     Path(out_path).write_text(json.dumps(result))
 
@@ -313,7 +329,7 @@ def summarise(model_key: str, results: dict) -> list[dict]:
             "logits_ratio_vs_tinymcf": r["logits_mb"] / ref["logits_mb"] if ref["logits_mb"] > 0 else None,
             "max_abs_dp_yes": diff, "agree": diff <= TOLERANCE, "peak_mark_reset": r["peak_mark_reset"],
             "n_params": r["n_params"], "vocab": r["vocab"], "torch_threads": r["torch_threads"],
-            "foreign_cpu_cores": r["foreign_cpu_cores"],
+            "foreign_cpu_cores": r["foreign_cpu_cores"], "check_s": r.get("check_s"),
         })
     return rows
 
@@ -470,9 +486,17 @@ def main(argv: list[str] | None = None) -> int:
                                                      if waited_total >= 1 else ""))
 
     for r in rows:
+        if r["method"] == "tinymcf" and r.get("check_s") is not None:
+            unchecked = next((u for u in rows if u["model"] == r["model"] and u["method"] == "tinymcf-unchecked"), None)
+            whole = f"; checked / unchecked probe {1 / unchecked['tinymcf_speedup']:.3f}x" if unchecked else ""
+            print(f"{r['model']}: the self-check took {r['check_s']:.2f} s of the {r['wall_s']:.2f} s probe "
+                  f"({r['check_s'] / r['wall_s']:.1%}){whole}")
         if "@" in r["method"]:
+            unchecked = next((u for u in rows if u["model"] == r["model"] and u["method"] == "tinymcf-unchecked"), None)
+            against = (f"; {r['wall_s'] / unchecked['wall_s']:.2f}x today's without its self-check"
+                       if unchecked else "")
             print(f"{r['model']}: the engine of {r['method'].split('@', 1)[1]} takes {r['tinymcf_speedup']:.2f}x "
-                  "the time of today's (above 1: today's is faster)")
+                  f"the time of today's{against} (above 1: today's is faster)")
     payload = {"date": date, "baseline_ref": args.baseline_ref or None, "machine": machine, "quick": args.quick,
                "runs": args.runs,
                "naive_batch_size": NAIVE_BATCH, "tolerance": TOLERANCE, "models": per_model, "rows": rows,

@@ -61,7 +61,7 @@ def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
 
 
 def wandb_run_records(wandb_dir, wait_s=60):
-    """(history items per logged row, metric definitions) of the single offline wandb run under ``wandb_dir``.
+    """(history items per logged row, metric definitions, config) of the single offline wandb run under ``wandb_dir``.
 
     Waits for the run's closing ``exit`` record (wandb's service may still be writing after ``finish``),
     so that an absent key means it was never logged, not that the file is incomplete.
@@ -77,14 +77,16 @@ def wandb_run_records(wandb_dir, wait_s=60):
             break
         time.sleep(0.5)
     assert len(run_files) == 1 and any(r.WhichOneof("record_type") == "exit" for r in records), run_files
-    rows, metrics = [], []
+    rows, metrics, config = [], [], {}
     for rec in records:
         kind = rec.WhichOneof("record_type")
         if kind == "history":
             rows.append({i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item})
         elif kind == "metric":
             metrics.append(rec.metric)
-    return rows, metrics
+        elif kind == "config":
+            config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.config.update})
+    return rows, metrics, config
 
 
 def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, monkeypatch):
@@ -124,7 +126,10 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert not tensorboard_scalars(tmp_path / "out", "train/moral_scifi/score")
 
     # wandb (offline): read the run file back
-    rows, metrics = wandb_run_records(tmp_path)
+    rows, metrics, config = wandb_run_records(tmp_path)
+    # the probe's precision, once, in the run's config
+    assert {k: config[k] for k in config if k.startswith("moral_scifi/")} == {
+        "moral_scifi/dtype": "float32", "moral_scifi/autocast": None, "moral_scifi/device": "cpu"}
     found = {int(float(r["train/global_step"])): float(r["eval/moral_scifi/score"])
              for r in rows if "eval/moral_scifi/score" in r}
     assert sorted(found) == [0, 2, 4]
@@ -169,7 +174,7 @@ def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monk
         wandb.finish()
     assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
     assert sorted(tensorboard_scalars(tmp_path / "out")) == [0, 2]
-    rows, metrics = wandb_run_records(tmp_path)
+    rows, metrics, _ = wandb_run_records(tmp_path)
     assert any("user/marker" in r for r in rows)  # the run file was read
     assert not [k for r in rows for k in r if "moral" in k]
     assert not [m for m in metrics if "moral" in m.glob_name + m.name]
@@ -367,13 +372,13 @@ def test_peft_lora_model_scores_like_the_merged_plain_model(tmp_path, qwen_tok):
         at_end).p_yes).max() > 1e-4
 
 
-# P(Yes) of the probe inside a bf16 mixed-precision run (accelerate runs the model's forward under bf16 autocast)
-# against the same weights in plain fp32; measured on the tiny random Qwen3: 1.5e-4.
-BF16_AUTOCAST_TOLERANCE = 5e-4
+# P(Yes) of the probe inside a bf16 mixed-precision run against the same weights in plain fp32. accelerate runs the
+# model's forward under bf16 autocast, which the probe lifts for itself (under it: 1.5e-4 on the tiny random Qwen3).
+BF16_RUN_TOLERANCE = 1e-5
 
 
 @pytest.mark.parametrize("options, tolerance", [
-    ({"bf16": True}, BF16_AUTOCAST_TOLERANCE),
+    ({"bf16": True}, BF16_RUN_TOLERANCE),
     # dynamo graph capture; inductor codegen is minutes on CPU
     ({"torch_compile": True, "torch_compile_backend": "eager"}, 1e-5),
 ], ids=["bf16", "torch_compile"])

@@ -88,8 +88,8 @@ def test_a_plainly_positive_uphold_passes():
     ("You see a wizard selling his order's spellbook to the rival order sworn to destroy it.",
      "You see a wizard guarding his order's spellbook from the rival order sworn to destroy it."),
     # another regular inflection of the original's word is the same word ("dislikes" / "dislike")
-    ("You see a professor giving a bad grade to a student just because he dislikes him.",
-     "You give a fair grade to a student in your course whom you dislike."),
+    ("You see a chess club captain leaving a player off the team list only because he dislikes her.",
+     "You put a player on your chess club's team list although you dislike her."),
 ])
 def test_negative_words_the_violation_has_are_allowed(original, uphold):
     cond = "self_uphold" if not uphold.startswith("You see") else "other_uphold"

@@ -238,8 +238,6 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
     level = max(STRATEGIES.index(start), _remembered(model))
     if level == STRATEGIES.index(start):
         explain_start(model, start, reason)
-    compute = precision.compute if precision is not None else None
-    allowed = tolerance_for(compute, tolerance)
     name = class_name(model)
     fallbacks: list[str] = []
     pad_id = pad_token_id(model, job.tok)
@@ -278,6 +276,8 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
         res.strategy = strategy
         if not check:
             return res
+        compute = precision.compute if precision is not None else None  # known once a forward call has run
+        allowed = tolerance_for(compute, tolerance)
         found = _compare_alone(job, model, res, strategy, shared_plan, ranks, allowed, compute, fallbacks)
         if found.max_diff <= allowed and found.max_mass_diff <= allowed:
             res.check = found.as_dict()
