@@ -1,10 +1,54 @@
-"""The error of the preparation side: bad input or an unusable setup, named with the fix.
+"""Every error the package raises on purpose: one root, :class:`TinymcfError`, and one class per kind of problem.
 
-The ``prepare`` and ``validate`` commands print ``error: <message>`` and exit with 2. It
-lives below every preparation module (file readers, LLM client, request loop) so that
-each can raise it without importing another.
+A ``TinymcfError`` is bad input or an unusable setup, and its message names what is wrong and the
+command or option that fixes it: the ``tinymcf`` command prints it as one ``error: ...`` line and
+exits with status 2. Any other exception is a bug and is shown with its traceback (status 1).
+The classes that stood for "bad value" before they had a common root stay ``ValueError``s too, so
+``except ValueError`` keeps catching them.
 """
 
+from __future__ import annotations
 
-class PrepareError(Exception):
-    """Bad input or an unusable setup: the CLI prints ``error: <message>`` and exits with 2."""
+
+class TinymcfError(Exception):
+    """Bad input or an unusable setup; the message says what is wrong and how to fix it."""
+
+
+class ConfigError(TinymcfError, ValueError):
+    """A setting of the probe (:class:`~tinymcf_callback.config.ProbeConfig`) has a value it cannot take."""
+
+
+class ProbeDataError(TinymcfError, ValueError):
+    """A vignette set, config or cache entry is missing or malformed."""
+
+
+class UnsupportedModelError(TinymcfError, ValueError):
+    """The model is not a causal language model with its LM head, so the probe cannot read an answer."""
+
+
+class PromptError(TinymcfError, ValueError):
+    """The prompts cannot be asked of this model: one is longer than its context, or an answer has no token."""
+
+
+class EngineMismatchError(TinymcfError, RuntimeError):
+    """Even the safest strategy disagrees with each prompt scored alone: the probe would report a wrong number."""
+
+
+class CompareError(TinymcfError, ValueError):
+    """Two reports that cannot be compared, or a file that is not a probe report; the message says why."""
+
+
+class HistoryError(TinymcfError, ValueError):
+    """A history file that cannot be read or drawn: missing, empty, malformed, or mixed with another set's."""
+
+
+class SweepError(TinymcfError):
+    """Bad input or an unusable run folder for the checkpoint sweep."""
+
+
+class PrepareError(TinymcfError):
+    """Bad input or an unusable setup while preparing a set (files, the LLM endpoint, the home)."""
+
+
+class MissingExtraError(TinymcfError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""

@@ -1,0 +1,53 @@
+"""``tinymcf``: one command, one subcommand per job.
+
+    tinymcf eval --model PATH --name scifi        score one model, write its JSON report
+    tinymcf sweep RUN_DIR --name scifi            score each checkpoint of a Trainer run into its history
+    tinymcf compare A.json B.json                 the paired change between two reports
+    tinymcf plot RUN_DIR/moral_probe_scifi.jsonl  draw the curves
+    tinymcf prepare --name clifford               make a vignette set ready
+    tinymcf validate --name myset                 judge a set's texts with an LLM
+    tinymcf show --name myset                     spot-check a set's rewrites
+
+Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)``
+and ``run(args)``; the outcome maps to the exit status in one place (:func:`.options.run`):
+0 done, 2 bad input (one ``error:`` line), 1 a bug (with its traceback), 130 interrupted.
+``python -m tinymcf_callback`` is the same command; the older ``python -m tinymcf_callback.eval``,
+``.prepare``, ``.validate`` and ``.plot`` forms are thin aliases (:mod:`.legacy`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import __version__
+from . import compare, eval, plot, prepare, show, sweep, validate
+from .options import Parser, run
+
+COMMANDS = (eval, sweep, compare, plot, prepare, validate, show)
+PROG = "tinymcf"
+
+
+def build_parser(prog: str = PROG) -> Parser:
+    parser = Parser(prog=prog, description="A fast moral-foundations probe for Hugging Face models and training runs.")
+    parser.add_argument("--version", action="version", version=f"tinymcf_callback {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for command in COMMANDS:
+        p = sub.add_parser(command.NAME, help=command.SUMMARY, description=(command.__doc__ or "").split("\n\n")[0])
+        command.add_arguments(p)
+        p.set_defaults(command_module=command)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = args.command_module
+    scrub = prepare.Say().scrub if module in (prepare, validate, show) else (lambda text: text)
+    return run(module.run, args, scrub)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

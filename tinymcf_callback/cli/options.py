@@ -1,0 +1,117 @@
+"""What every subcommand shares: the parser that refuses in one line, the options defined once, the exit codes.
+
+- :class:`Parser`: an ``argparse`` parser whose mistakes are one ``error: ...`` line (exit 2), not
+  a usage block.
+- :func:`add_probe_options`: one option per :class:`~tinymcf_callback.config.ProbeConfig` field
+  (``--limit``, ``--answer-format``, ``--no-share-prefix``, ...), made from the fields themselves,
+  and :func:`probe_config`, which builds the config back from the parsed options; a bad value is
+  named by its option.
+- :func:`add_home`, :func:`add_loading`: the options of the data home and of loading a model.
+- :func:`run`: the one mapping from what happened to the exit status: done 0; bad input (a
+  :class:`~tinymcf_callback.errors.TinymcfError`) one ``error:`` line and 2; Ctrl-C 130; anything
+  else is a bug, shown with its traceback, 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+
+from ..config import ProbeConfig
+from ..data.home import HOME_VAR, using_home
+from ..errors import ConfigError, TinymcfError
+
+EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one ``error: ...`` line naming the command's ``--help``."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def flag(field_name: str) -> str:
+    """The option of a setting: ``token_budget`` -> ``--token-budget``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def add_probe_options(parser, only: tuple[str, ...] | None = None) -> None:
+    """One option per ProbeConfig field (or per field in ``only``), with the field's help and default."""
+    group = parser.add_argument_group("the probe (any tinymcf_callback.ProbeConfig setting)")
+    for f in fields(ProbeConfig):
+        if only is not None and f.name not in only:
+            continue
+        meta, default = f.metadata, f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            # a switch that changes the default: --no-share-prefix, --keep-autocast, --no-self-check
+            option = flag(f.name) if not default else "--no-" + f.name.replace("_", "-")
+            group.add_argument(option, dest=f.name, action="store_false" if default else "store_true",
+                               default=None, help=f"{meta['help']} (default: {'on' if default else 'off'})")
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        if f.name in ("limit",):
+            kind = int
+        elif f.name == "self_check_tolerance":
+            kind = float
+        group.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=meta.get("metavar"),
+                           choices=meta.get("choices"),
+                           help=f"{meta['help']} (default: {'all' if f.name == 'limit' else default})")
+
+
+def probe_config(args: argparse.Namespace) -> ProbeConfig:
+    """The ProbeConfig of the options given (the others keep their defaults); a bad value names its option."""
+    given = {f.name: getattr(args, f.name) for f in fields(ProbeConfig) if getattr(args, f.name, None) is not None}
+    names = {name: flag(name) for name in given}
+    values = ProbeConfig.checked(given, names)  # a ConfigError here says --limit, not limit
+    return ProbeConfig(**values)
+
+
+def add_home(parser) -> None:
+    parser.add_argument("--home", metavar="DIR", default=None,
+                        help=f"where prepared sets, their rewrites and judgements live (default: ${HOME_VAR}, else "
+                             f"the platform's user data folder)")
+
+
+def add_loading(parser, *, device_help: str | None = None) -> None:
+    """``--device`` and ``--dtype``: where and in what a model is loaded."""
+    parser.add_argument("--device", default=None,
+                        help=device_help or "cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="the weights' dtype (default: the checkpoint's own)")
+
+
+def add_progress(parser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def check_home(args: argparse.Namespace) -> None:
+    home = getattr(args, "home", None)
+    if home is not None and not home.strip():
+        raise ConfigError("--home needs a folder")
+
+
+def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+        scrub: Callable[[str], str] = lambda text: text) -> int:
+    """Run ``command(args)`` inside the chosen home and map its outcome to the exit status (see the module).
+
+    ``scrub`` removes secrets (API keys) from anything printed.
+    """
+    try:
+        check_home(args)
+        with using_home(getattr(args, "home", None)):
+            return command(args)
+    except TinymcfError as e:
+        print(f"error: {scrub(str(e))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted; everything finished so far is saved. Rerun the same command to continue.",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: shown whole (without secrets), exit 1
+        print(scrub(traceback.format_exc()), file=sys.stderr)
+        return EXIT_BUG

@@ -1,0 +1,63 @@
+"""``tinymcf sweep RUN_DIR``: score every checkpoint of a Trainer output folder into its history.
+
+See :mod:`tinymcf_callback.tools.sweep`. Exit status 0 when every pending checkpoint was scored,
+1 when some could not be (listed; a rerun retries only those), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .options import add_home, add_loading, add_probe_options, add_progress, probe_config
+
+NAME = "sweep"
+SUMMARY = "score each checkpoint-<step> of a Trainer run into its history (the callback's curve)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a Trainer output directory (TrainingArguments.output_dir)")
+    p.add_argument("--base-model", metavar="PATH", default=None,
+                   help="the model PEFT adapter checkpoints were trained on (needed for adapter-only checkpoints)")
+    p.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
+    add_loading(p, device_help="cpu, cuda, cuda:1, ... (default: this process's device; under several processes "
+                               "each process's own, as with a bare --device cuda)")
+    add_home(p)
+    add_progress(p)
+    add_probe_options(p)
+
+
+def run(args) -> int:
+    import torch.distributed as dist
+    from transformers.utils import logging as hf_logging
+
+    from ..tools.sweep import SweepSettings, process_state, run_sweep
+
+    settings = SweepSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
+                             tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
+                             progress=not args.no_progress)
+    had_group = dist.is_available() and dist.is_initialized()
+    state = process_state(args.device)
+    hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded
+    try:
+        result = run_sweep(settings)
+    except Exception:
+        if not state.is_main_process:
+            return 2  # the main process says why
+        raise
+    finally:
+        if not had_group:
+            state.destroy_process_group()  # the group this sweep started (torchrun / accelerate launch) ends here
+    if not state.is_main_process:
+        return 1 if result.failures else 0
+    skipped = f", {len(result.skipped)} skipped (already in the history)" if result.skipped else ""
+    print(f"[tinymcf] sweep of {settings.run_dir}: {len(result.scored)} checkpoint(s) scored{skipped}, "
+          f"{len(result.failures)} failed; history: {result.history}")
+    if result.failures:
+        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (the others are in the history; "
+              f"a rerun retries only these):", file=sys.stderr)
+        for o in result.failures:
+            print(f"  {o.folder}: {o.error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,174 @@
+"""What defines a probe, in one settings object: :class:`ProbeConfig`, validated once.
+
+``Probe``, ``evaluate``, ``MoralProbeCallback``, the checkpoint sweep and every command take it
+(their keyword arguments of the same names are a convenience that builds one), so a setting is
+one field here plus its use in the code that needs it: the command line options
+(``tinymcf_callback.cli.options``), the callback's saved state and the sweep's settings come
+from these fields. Each field's metadata holds its help text and the check that refuses a bad
+value, with one message per kind of mistake, naming the field (``limit``) in Python and the
+option (``--limit``) on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
+from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET
+from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
+
+
+def _positive_int(value, what: str, unit: str):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"{what} must be a positive whole number of {unit}, got {value!r}")
+    return int(value)
+
+
+def _check_name(value, what):
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} must name a vignette set (scifi, clifford, or your own), got {value!r}")
+    return value
+
+
+def _check_limit(value, what):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"{what} must be a positive whole number of vignettes (or None for all), got {value!r}")
+    return int(value)
+
+
+def _check_format(value, what):
+    try:
+        return answer_format_of(value).name
+    except ConfigError:
+        raise ConfigError(f"{what} must be one of {', '.join(map(repr, ANSWER_FORMATS))} (default "
+                          f"{DEFAULT_ANSWER_FORMAT!r}), got {value!r}") from None
+
+
+def _check_prefix(value, what):
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a string (the assistant turn's pre-fill), got {value!r}")
+    if value.endswith((" ", "\n")):
+        raise ConfigError(f"{what} {value!r} ends in whitespace: the answer token would follow a lone space token, "
+                          "which collapses the answer's probability mass")
+    return value
+
+
+def _check_flag(value, what):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def _check_seed(value, what):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def _check_tolerance(value, what):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+        raise ConfigError(f"{what} must be a number between 0 and 1 (the largest |P(Yes)| difference allowed), "
+                          f"or None for the precision's own; got {value!r}")
+    return float(value)
+
+
+def setting(default, help: str, check, **cli):
+    """A :class:`ProbeConfig` field: its default, help text, check and command-line details (``metavar``, ...)."""
+    return field(default=default, metadata={"help": help, "check": check, **cli})
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything that defines a probe: which vignettes, how they are asked, how they are batched, the statistics.
+
+    Example::
+
+        config = ProbeConfig(name="scifi", limit=14, n_resamples=1000)
+        Probe(tok, config=config)                   # the same as Probe(tok, "scifi", 14, n_resamples=1000)
+        MoralProbeCallback(config=config, trainer=trainer)
+
+    Raises :class:`~tinymcf_callback.errors.ConfigError` (a ``ValueError``) naming the first bad value.
+    """
+
+    name: str = setting("scifi", "vignette set: scifi, clifford (after `tinymcf prepare --name clifford`), or your "
+                        "own prepared set", _check_name, metavar="SET")
+    limit: int | None = setting(None, "keep the first N vignettes of the set, in stored order (a quick, noisy probe)",
+                                _check_limit, metavar="N")
+    answer_format: str = setting(DEFAULT_ANSWER_FORMAT, "how the model answers: yesno (Yes or No after 'Answer:') "
+                                 'or json ({"is_wrong": true|false}, P(true) read)', _check_format,
+                                 choices=tuple(ANSWER_FORMATS))
+    answer_prefix: str | None = setting(None, "the assistant turn's pre-fill before the answer (yesno only; default "
+                                        "'Answer:'; '' for none)", _check_prefix, metavar="TEXT")
+    token_budget: int = setting(DEFAULT_TOKEN_BUDGET, "padded tokens per forward call (lower it to save memory)",
+                                lambda v, w: _positive_int(v, w, "tokens"), metavar="T")
+    max_batch_size: int = setting(DEFAULT_MAX_BATCH, "prompts per forward call at most",
+                                  lambda v, w: _positive_int(v, w, "prompts"), metavar="B")
+    share_prefix: bool = setting(True, "compute shared prompt prefixes once and reuse their key/value cache "
+                                 "(same scores, fewer FLOPs)", _check_flag)
+    level: float = setting(DEFAULT_LEVEL, "confidence level of the intervals", lambda v, w: check_level(v, w))
+    n_resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples per interval (0: no intervals)",
+                               lambda v, w: check_resamples(v, w), metavar="N")
+    seed: int = setting(0, "the bootstrap's seed (the same seed gives the same intervals)", _check_seed)
+    keep_autocast: bool = setting(False, "score under the autocast the model's forward was given (a bf16 Trainer's "
+                                  "mixed precision) instead of the weights' own dtype", _check_flag)
+    self_check: bool = setting(True, "compare two prompts with each prompt scored alone on every probe and fall "
+                               "back to a safer strategy when they differ", _check_flag)
+    self_check_tolerance: float | None = setting(None, "the largest difference the self-check allows (default: by "
+                                                 "compute precision)", _check_tolerance, metavar="X")
+
+    def __post_init__(self):
+        for name, value in self.checked(self.as_dict()).items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def checked(cls, values: dict, names: dict[str, str] | None = None) -> dict:
+        """``values`` (field -> value) after every field's check; ``names`` says what to call a field in messages."""
+        out = {}
+        for f in fields(cls):
+            if f.name in values:
+                out[f.name] = f.metadata["check"](values[f.name], (names or {}).get(f.name, f.name))
+        fmt = out.get("answer_format", DEFAULT_ANSWER_FORMAT)
+        if out.get("answer_prefix") is not None and fmt != DEFAULT_ANSWER_FORMAT:
+            what = (names or {}).get("answer_prefix", "answer_prefix")
+            raise ConfigError(f"{what} applies to answer_format='yesno' only: the {fmt!r} format pre-fills the answer "
+                              "itself; leave it out")
+        return out
+
+    def as_dict(self) -> dict:
+        """The settings as plain values (what the callback saves in ``trainer_state.json``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes) -> ProbeConfig:
+        """A copy with ``changes`` (checked like any other value); unknown names raise :class:`ConfigError`."""
+        unknown = sorted(set(changes) - set(field_names()))
+        if unknown:
+            raise ConfigError(f"unknown probe setting(s) {', '.join(unknown)}; the settings are "
+                              f"{', '.join(field_names())}")
+        return dataclasses.replace(self, **changes)
+
+
+def field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(ProbeConfig))
+
+
+def make_config(config: ProbeConfig | None = None, **settings) -> ProbeConfig:
+    """``config`` (default: the defaults) with the keyword ``settings`` applied: the keyword-argument convenience.
+
+    ``None`` for a setting that cannot be None (``token_budget=None``) means its default, as it did
+    when each of them was a keyword argument of its own.
+    """
+    if config is not None and not isinstance(config, ProbeConfig):
+        raise ConfigError(f"config must be a ProbeConfig, got {type(config).__name__}")
+    base = config if config is not None else ProbeConfig()
+    nullable = {f.name for f in fields(ProbeConfig) if f.default is None}
+    settings = {k: v for k, v in settings.items() if v is not None or k in nullable}
+    return base.replace(**settings) if settings else base

@@ -1,0 +1,57 @@
+"""Optional dependencies, imported one way: :func:`require` gives the module or says which extra to install.
+
+The core install scores models and logs through the Trainer. What only some commands need comes
+with an extra (``pip install 'tinymcf_callback[prepare]'``): the LLM client and the lexicon of
+``prepare``, matplotlib for the plots, wandb and tensorboard for their dashboards, peft for
+adapter checkpoints, gguf for GGUF files. Every import of one of them goes through here, so a
+missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import MissingExtraError
+
+PACKAGE = "tinymcf_callback"
+# module -> (the extra that brings it, what it is needed for)
+EXTRAS = {
+    "openai": ("prepare", "talking to an LLM API (prepare, validate)"),
+    "dotenv": ("prepare", "reading the API key from a .env file"),
+    "vaderSentiment": ("prepare", "the lexical-cue rule that checks every uphold rewrite"),
+    "matplotlib": ("plot", "drawing the curves"),
+    "wandb": ("wandb", "logging to Weights & Biases"),
+    "tensorboard": ("tensorboard", "logging to TensorBoard"),
+    "peft": ("peft", "scoring PEFT adapter checkpoints"),
+    "gguf": ("gguf", "loading GGUF checkpoints (--gguf-file)"),
+}
+
+
+def install_hint(module: str) -> str:
+    extra = EXTRAS[module.split(".")[0]][0]
+    return f"pip install '{PACKAGE}[{extra}]'"
+
+
+def require(module: str):
+    """The module ``module`` (e.g. ``"openai"`` or ``"vaderSentiment.vaderSentiment"``), or :class:`MissingExtraError`.
+
+    The error names the package, what it is needed for and the extra to install.
+    """
+    top = module.split(".")[0]
+    if top not in EXTRAS:
+        raise KeyError(f"{top!r} is not an optional dependency of {PACKAGE} (known: {', '.join(EXTRAS)})")
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        extra, purpose = EXTRAS[top]
+        raise MissingExtraError(f"{purpose} needs the {top} package, part of the [{extra}] extra: "
+                                f"{install_hint(top)}") from None
+
+
+def available(module: str) -> bool:
+    """Can ``module`` be imported? (For choosing a path; use :func:`require` to import it.)"""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True

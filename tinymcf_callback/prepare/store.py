@@ -1,0 +1,73 @@
+"""Everything ``prepare`` and ``validate`` write into the home, each file whole or not at all.
+
+Sets and their metadata and the raw downloads are written atomically (temporary file +
+rename); cache entries are appended one line at a time (:func:`tinymcf_callback._io.append_jsonl`),
+so an interrupted run keeps every finished entry and a rerun adds only what is missing.
+A failure is a :class:`PrepareError` naming the file and ``--home``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from .._io import append_jsonl, atomic_write_bytes, atomic_write_text
+from ..data.home import HOME_VAR, folders
+from ..errors import PrepareError
+
+
+def check_writable(folder: Path) -> None:
+    """Raise :class:`PrepareError` unless files can be created in ``folder`` (made if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-", delete=True):
+            pass
+    except OSError as e:
+        raise PrepareError(f"the folder {folder} is not writable ({e.strerror or e}); pass --home DIR "
+                           f"(or set {HOME_VAR}) with a folder you can write") from None
+
+
+def store_set(name: str, rows: list[dict], meta: dict | None = None) -> Path:
+    """Write set ``name`` into the home's ``sets/`` (one JSON line per vignette), then its metadata.
+
+    The metadata file is what registers a user's set, so it is written last: a set is
+    listed only once its vignettes are in place.
+    """
+    path = folders().set_file(name)
+    _write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "the set file ")
+    if meta is not None:
+        _write(folders().set_meta(name), json.dumps(meta, indent=2, ensure_ascii=False) + "\n", "")
+    return path
+
+
+def store_raw(path: Path, data: bytes) -> None:
+    """The downloaded file as its exact bytes: their sha256 is checked when the copy is reused."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as e:
+        raise PrepareError(f"cannot write {path} ({e.strerror or e})") from None
+
+
+def append_entries(path: Path, entries: Iterable[dict]) -> int:
+    """Append cache entries (their private ``_file``/``_line`` fields dropped) to ``path``; how many."""
+    n = 0
+    for entry in entries:
+        append_entry(path, {k: v for k, v in entry.items() if not k.startswith("_")})
+        n += 1
+    return n
+
+
+def append_entry(path: Path, entry: dict) -> None:
+    try:
+        append_jsonl(path, entry)
+    except OSError as e:
+        raise PrepareError(f"cannot append to {path} ({e.strerror or e})") from None
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        raise PrepareError(f"cannot write {what}{path} ({e.strerror or e})") from None

@@ -1,0 +1,238 @@
+"""Paired change between two probe reports of the same vignettes: :func:`compare`.
+
+    python -m tinymcf_callback.eval --compare A.json B.json [--level 0.9] [--n-resamples N]
+
+A report is a dict from ``evaluate`` / ``Probe.run``, or a JSON report: ``eval --model`` writes
+``eval_<name>_<tag>.json``, ``MoralProbeCallback`` writes ``checkpoint-<step>/moral_probe_<name>.json``
+and the step-0 ``moral_probe_<name>_baseline.json``. The change ``B - A`` of every headline and
+per-foundation metric gets an interval and a two-sided p-value from a paired bootstrap over
+vignettes (:func:`tinymcf_callback.stats.paired_change`): both reports are resampled with the same
+vignettes, so what a vignette always does cancels out.
+
+A paired change means something only when both reports asked the model the same questions, so
+:func:`compare` refuses (:class:`CompareError`, saying why) reports of different sets, of the same
+set with different vignettes (another ``limit``), of different answer formats (``answer_format``:
+Yes/No against JSON true/false; a report without the field is Yes/No), and of the same vignettes with
+different prompts (their ``prompt_digest`` differs: another answer prefix, chat template or rewrite). A schema-1 JSON
+report has no digest: it is accepted when the vignettes match, with a warning that the prompts could
+not be checked.
+
+Pandas and numpy only (no torch), so the CLI answers in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import CompareError
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from .report import answer_format, check_report, describe_precision, load_report, precision_key
+from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, vignette_scores
+
+HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
+_SHOWN_IDS = 3
+_AGREE = 1e-9  # a report's own numbers and those recomputed from its vignettes must agree this closely
+
+
+def _digest(report: dict) -> str | None:
+    return report.get("prompt_digest")
+
+
+def _ids(report: dict) -> list[str]:
+    return list(dict.fromkeys(str(i) for i in pd.DataFrame(report["scenarios"])["id"]))
+
+
+def _table_rows(report: dict) -> dict[str, dict]:
+    """``{foundation: row}`` from a report's table (a DataFrame indexed by foundation, or JSON records)."""
+    table = report["table"]
+    if isinstance(table, pd.DataFrame):
+        table = table.reset_index() if "foundation" not in table.columns else table
+        table = table.to_dict(orient="records")
+    return {str(row["foundation"]): row for row in table}
+
+
+def _value(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _headline_value(report: dict, name: str) -> float:
+    if name == "score_minus_sn" and report.get(name) is None:  # schema 1 has no score_minus_sn: derive it
+        return _value(report.get("score")) - _value(report.get("sn"))
+    return _value(report.get(name))
+
+
+# ---- refusing what cannot be paired ---------------------------------------------------------------
+def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B"),
+                     allow_precision_change: bool = False) -> list[str]:
+    """Refuse (:class:`CompareError`) two reports that did not ask the same questions; return the warnings.
+
+    Two reports scored in different precisions (the weights' dtype, or an autocast) are refused too
+    unless ``allow_precision_change``: the change would mix the model's change with the precision's
+    (the same weights in float32 and under bfloat16 autocast differ by up to 0.03 in P(Yes) on
+    SmolLM2-135M); allowed, it is a warning naming both.
+    """
+    la, lb = labels
+    if a["name"] != b["name"]:
+        raise CompareError(f"{la} is a report of set {a['name']!r} and {lb} of set {b['name']!r}: a paired change "
+                           f"needs two reports of the same set (--name)")
+    if answer_format(a) != answer_format(b):
+        raise CompareError(f"{la} was scored with answer format {answer_format(a)!r} and {lb} with "
+                           f"{answer_format(b)!r}: P(Yes) and P(true) are read off different questions and tokens, so "
+                           f"their change is not the model's; score both with the same --answer-format")
+    ids_a, ids_b = _ids(a), _ids(b)
+    if set(ids_a) != set(ids_b):
+        only_a, only_b = [i for i in ids_a if i not in set(ids_b)], [i for i in ids_b if i not in set(ids_a)]
+        raise CompareError(
+            f"{la} and {lb} score different vignettes of {a['name']!r} ({len(ids_a)} and {len(ids_b)}; "
+            f"{_some(only_a)} only in {la}, {_some(only_b)} only in {lb}): a paired change needs the same "
+            f"vignettes; score both with the same --limit (or none)")
+    notes = _precision_notes(a, b, labels, allow_precision_change)
+    if _digest(a) and _digest(b):
+        if _digest(a) != _digest(b):
+            raise CompareError(
+                f"{la} and {lb} score the same {len(ids_a)} vignettes of {a['name']!r} with different prompt texts "
+                f"(prompt_digest {_digest(a)[:12]}... in {la}, {_digest(b)[:12]}... in {lb}"
+                f"{_first_difference(a, b, labels)}): another answer prefix or another tokenizer's chat template "
+                f"changes what the model is asked, so the change would mix the model's change with the prompts'. "
+                f"Score both with the same tokenizer and answer_prefix")
+        return notes
+    old = [label for label, r in ((la, a), (lb, b)) if not _digest(r)]
+    return notes + [f"{' and '.join(old)} {'has' if len(old) == 1 else 'have'} no prompt_digest (schema-1 report"
+            f"{'s' * (len(old) > 1)}): the vignettes match but the prompts could not be checked; make sure both "
+            f"were scored with the same tokenizer and answer prefix"]
+
+
+def _precision_notes(a: dict, b: dict, labels: tuple[str, str], allow: bool) -> list[str]:
+    pa, pb = precision_key(a), precision_key(b)
+    if pa is None or pb is None or pa == pb:
+        return []
+    what = (f"{labels[0]} was scored in {describe_precision(pa)} and {labels[1]} in {describe_precision(pb)}: the "
+            f"change mixes the model's change with the precision's")
+    if not allow:
+        raise CompareError(f"{what}; score both in one precision (eval --dtype, "
+                           f"MoralProbeCallback(keep_autocast=...)), or pass --allow-precision-change "
+                           f"(allow_precision_change=True) to compare them anyway")
+    return [what]
+
+
+def _some(ids: list[str]) -> str:
+    if not ids:
+        return "none"
+    more = f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else ""
+    return f"{len(ids)} ({', '.join(ids[:_SHOWN_IDS])}{more})"
+
+
+def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
+    """Where the two sample prompts (the first prompt of each report) part, when both reports hold one."""
+    pa, pb = (r.get("info", {}).get("sample_prompt") for r in (a, b))
+    if not (isinstance(pa, str) and isinstance(pb, str)) or pa == pb:
+        return ""
+    at = next((i for i, (x, y) in enumerate(zip(pa, pb, strict=False)) if x != y), min(len(pa), len(pb)))
+    start = max(0, at - 20)
+    return (f"; the first prompt reads {pa[start:at + 20]!r} in {labels[0]} and {pb[start:at + 20]!r} in "
+            f"{labels[1]} from character {start}")
+
+
+# ---- the comparison --------------------------------------------------------------------------------
+def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
+            seed: int | None = 0, labels: tuple[str, str] = ("A", "B"), allow_precision_change: bool = False) -> dict:
+    """The paired change ``B - A`` of every headline and per-foundation metric between two reports.
+
+    ``report_a``/``report_b``: report dicts (``evaluate``, or a loaded JSON report of schema 1 or
+    2) or paths to JSON reports. Returns ``{"name", "answer_format", "n_vignettes", "level", "n_resamples", "seed",
+    "method", "headline", "table", "warnings"}``: ``headline`` maps ``score``, ``gap``, ``sn`` and
+    ``score_minus_sn`` to ``{"a", "b", "change", "lo", "hi", "p"}`` (``None`` where undefined);
+    ``table`` is a DataFrame with one row per present foundation and metric (``foundation``,
+    ``metric``, ``n``, ``a``, ``b``, ``change``, ``lo``, ``hi``, ``p``; NaN where undefined).
+    ``p`` is two-sided, for "no change"; it is below ``1 - level`` exactly when the interval
+    excludes 0. ``labels`` name the two reports in messages (the CLI passes the file names).
+    Raises :class:`CompareError` (a ``ValueError``) for reports that cannot be paired, and for
+    reports of two precisions unless ``allow_precision_change``; warns (``UserWarning``) when the
+    prompts could not be checked or the precisions differ (allowed).
+    """
+    a, b = (load_report(r) if isinstance(r, (str, Path)) else check_report(r, label)
+            for r, label in zip((report_a, report_b), labels, strict=True))
+    notes = check_comparable(a, b, labels, allow_precision_change)
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
+    try:
+        result = paired_change(vignette_scores(a["scenarios"]), vignette_scores(b["scenarios"]), level=level,
+                               n_resamples=n_resamples, seed=seed)
+    except ValueError as e:
+        raise CompareError(str(e)) from None
+    headline = {name: _row(_headline_value(a, name), _headline_value(b, name), result["headline"][name], name, labels)
+                for name in HEADLINE}
+    rows_a, rows_b = _table_rows(a), _table_rows(b)
+    table = []
+    for foundation, n in result["n"].items():
+        if not n:
+            continue
+        for metric in METRICS:
+            va = _value(rows_a.get(foundation, {}).get(metric))
+            vb = _value(rows_b.get(foundation, {}).get(metric))
+            row = _row(va, vb, result["foundations"][foundation][metric], f"{foundation} {metric}", labels)
+            table.append({"foundation": foundation, "metric": metric, "n": n,
+                          **{k: _value(v) for k, v in row.items()}})
+    return {"name": a["name"], "answer_format": answer_format(a), "n_vignettes": sum(result["n"].values()),
+            "level": result["level"],
+            "n_resamples": result["n_resamples"], "seed": result["seed"], "method": result["method"],
+            "headline": headline, "table": pd.DataFrame(table), "warnings": notes}
+
+
+def _row(va: float, vb: float, change, what: str, labels: tuple[str, str]) -> dict:
+    """One metric's A, B and paired change; refuses when the reports' own numbers disagree with their vignettes."""
+    reported = vb - va
+    if math.isfinite(reported) != math.isfinite(change.change) or (
+            math.isfinite(reported) and abs(reported - change.change) > _AGREE):
+        raise CompareError(f"{what}: {labels[1]} - {labels[0]} is {reported} from the reports' own numbers but "
+                           f"{change.change} from their per-vignette scores; a report was edited or damaged: "
+                           f"score the models again")
+    num = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731
+    return {"a": num(va), "b": num(vb), "change": num(change.change), "lo": num(change.lo), "hi": num(change.hi),
+            "p": num(change.p)}
+
+
+# ---- printing --------------------------------------------------------------------------------------
+def format_comparison(result: dict, labels: tuple[str, str] = ("A", "B")) -> str:
+    """The comparison as text: a header, the headline rows and the per-foundation rows (change, interval, p)."""
+    level = f"{result['level']:.0%}"
+    fmt = result.get("answer_format", DEFAULT_ANSWER_FORMAT)
+    answers = "" if fmt == DEFAULT_ANSWER_FORMAT else f", {fmt} answers"
+    lines = [f"[tinymcf] compare {result['name']} ({result['n_vignettes']} vignettes{answers}): A = {labels[0]}, "
+             f"B = {labels[1]}",
+             f"[tinymcf] change B - A with {level} intervals and two-sided p-values (paired bootstrap over "
+             f"vignettes, {result['n_resamples']} resamples, seed {result['seed']})"]
+    lines += [f"[tinymcf] WARNING: {w}" for w in result["warnings"]]
+    head = pd.DataFrame([{"headline": HEADLINE_LABELS[k], **{c: _value(v) for c, v in r.items()}}
+                         for k, r in result["headline"].items()])
+    lines += ["", _text(head, "headline", level)]
+    if len(result["table"]):
+        lines += ["", _text(result["table"], ["foundation", "metric", "n"], level)]
+    return "\n".join(lines)
+
+
+def _text(df: pd.DataFrame, keys, level: str) -> str:
+    shown = df.set_index(keys)
+    out = pd.DataFrame(index=shown.index)
+    out["A"], out["B"], out["change"] = (shown[c].map(_signed) for c in ("a", "b", "change"))
+    out[f"{level} interval"] = [_interval(lo, hi) for lo, hi in zip(shown["lo"], shown["hi"], strict=True)]
+    out["p"] = shown["p"].map(_p)
+    return out.to_string()
+
+
+def _signed(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:+.3f}"
+
+
+def _interval(lo: float, hi: float) -> str:
+    return "n/a" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def _p(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"

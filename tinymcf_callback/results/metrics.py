@@ -1,0 +1,106 @@
+"""The probe's logged metrics: their names, a report flattened into them, and the change since a baseline.
+
+``eval_moral_<name>/score`` and its siblings are what the Trainer's reporters (wandb,
+TensorBoard) show as ``eval/moral_<name>/...``, what ``metric_for_best_model`` selects by, and
+what every history line carries under ``metrics``. The step-0 baseline is kept as per-vignette
+scores (:func:`baseline_record`), so a later probe's change since it is a paired comparison over
+the same vignettes (:func:`change_metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from .stats import VignetteScores, paired_change, vignette_scores
+
+LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
+SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s")
+CHANGE_KEYS = ("score_change", "score_change_p")  # since the step-0 baseline (logged when the run has one)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def probe_key(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
+    """The set's name in metric and file names: ``scifi`` for Yes/No answers, ``scifi_json`` for JSON ones."""
+    answer_format_of(answer_format)
+    suffix = "" if answer_format == DEFAULT_ANSWER_FORMAT else f"_{answer_format}"
+    return _slug(name) + suffix
+
+
+def _format(report: dict) -> str:
+    return report.get("answer_format", DEFAULT_ANSWER_FORMAT)
+
+
+def metric_names(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict[str, str]:
+    """Documented logged-metric names for set ``name`` (prefix ``eval_moral_<name>/``, ``eval_moral_<name>_json/``).
+
+    ``rewrite_logs`` in the reporters turns ``eval_x`` into ``eval/x``: the probe's curves
+    show as ``eval/moral_<name>/score`` etc., never under ``train/``. With JSON answers
+    ``yn_mass`` is the true+false mass (the name stays, so dashboards read both formats alike).
+    """
+    headline = [key + suffix for key in LOGGED_HEADLINE for suffix in ("", "_lo", "_hi")]
+    prefix = f"eval_moral_{probe_key(name, answer_format)}"
+    return {key: f"{prefix}/{key}" for key in (*headline, *CHANGE_KEYS, *SANITY_KEYS)}
+
+
+def report_metrics(name: str, report: dict) -> dict[str, float]:
+    """Flatten a probe report into the logged scalar metrics (finite values only).
+
+    Headline numbers come with their interval bounds; per-foundation numbers without (their
+    bounds are in the table of the history line, the checkpoint report and the wandb table).
+    """
+    names = metric_names(name, _format(report))
+    info = report["info"]
+    values = {names[key + suffix]: report.get(field + suffix)
+              for key, field in LOGGED_HEADLINE.items() for suffix in ("", "_lo", "_hi")}
+    values.update({
+        names["yn_mass"]: info["yn_mass_mean"], names["yn_mass_min"]: info["yn_mass_min"],
+        names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
+        names["elapsed_s"]: info["elapsed_s"],
+    })
+    prefix = f"eval_moral_{probe_key(name, _format(report))}"
+    for foundation, row in report["table"].iterrows():
+        for col in ("align_other", "align_self", "self_other_gap"):
+            values[f"{prefix}/{_slug(foundation)}/{col}"] = row[col]
+    return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+
+
+# ---- the step-0 baseline: what the change since the start of training is measured from ---------------
+def baseline_record(report: dict, step: int) -> dict:
+    """A report's per-vignette ``s`` and prompt digest as plain JSON values (kept in ``trainer_state.json``)."""
+    scores = vignette_scores(report["scenarios"])
+    return {"step": step, "prompt_digest": report["prompt_digest"], "score": report["score"],
+            "id": [str(i) for i in scores.id], "foundation_coarse": [str(f) for f in scores.foundation_coarse],
+            "s": [[None if not math.isfinite(x) else float(x) for x in row] for row in scores.s.tolist()]}
+
+
+def baseline_scores(record: dict) -> VignetteScores:
+    """The :class:`VignetteScores` of a :func:`baseline_record` (``None`` back to NaN)."""
+    s = [[math.nan if x is None else float(x) for x in row] for row in record["s"]]
+    return VignetteScores(record["id"], record["foundation_coarse"], s)
+
+
+def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, float]:
+    """``score_change`` (this probe's score minus the baseline's) and its paired two-sided p-value.
+
+    The p-value comes from a paired bootstrap over vignettes at the report's ``n_resamples`` and
+    ``level`` (``stats.paired_change``, seed 0); with intervals off (``n_resamples=0``) only the change
+    is logged. Empty without a baseline; finite values only.
+    """
+    if baseline is None:
+        return {}
+    names = metric_names(name, _format(report))
+    if not report.get("n_resamples"):
+        before, now = baseline.get("score"), report["score"]
+        values = {names["score_change"]: None if before is None or now is None else now - before}
+    else:
+        change = paired_change(baseline_scores(baseline), vignette_scores(report["scenarios"]),
+                               level=report["level"], n_resamples=report["n_resamples"], seed=0)["headline"]["score"]
+        values = {names["score_change"]: change.change, names["score_change_p"]: change.p}
+    return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+
+

@@ -1,0 +1,125 @@
+"""The JSON report: one probe's report as a file (``eval_<name>_<tag>.json``, ``checkpoint-N/moral_probe_<name>.json``).
+
+This module owns the format: its schema version, the fields (:data:`REPORT_FIELDS`, from which
+the docs' schema table is made), turning a report dict into JSON (:func:`report_to_json`),
+writing it atomically (:func:`write_report`), reading one back (:func:`load_report`) and
+checking that a dict is one (:func:`check_report`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .._io import atomic_write_json
+from ..errors import CompareError
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
+
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
+PRECISION_FIELDS = ("model", "device", "dtype", "autocast")  # what was scored, on what, in which precision
+
+
+def report_to_json(report: dict, **extra) -> dict:
+    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.
+
+    ``answer_format`` says which answers were read (``"yesno"``; a report without it is Yes/No) and
+    ``frames`` the two questions asked in that format. ``model``, ``device``, ``dtype`` (the weights')
+    and ``autocast`` (the autocast dtype the forward calls ran under, or None) say what was scored
+    and in which precision; ``extra`` fields (``tag``, ``step``, ``epoch``, or a ``model`` path) are
+    added or override them.
+    """
+    table = report["table"].reset_index()
+    answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "name": report["name"],
+        "answer_format": answer_format,
+        **{key: report.get(key) for key in PRECISION_FIELDS},
+        **extra,
+        **headline_fields(report),
+        "prompt_digest": report["prompt_digest"],
+        "info": report["info"],
+        "frames": answer_format_of(answer_format).questions,
+        "table": json_records(table),
+        "scenarios": json_records(report["scenarios"]),
+        "prompts": json_records(report["raw"]),
+    }
+
+
+def headline_fields(report: dict) -> dict:
+    """``HEADLINE_FIELDS`` then ``INTERVAL_SETTINGS`` of a report, NaN as ``None`` (JSON report, history line)."""
+    out = {k: _number(report.get(k)) for k in HEADLINE_FIELDS}
+    out.update({k: report.get(k) for k in INTERVAL_SETTINGS})
+    return out
+
+
+def json_records(df: pd.DataFrame) -> list[dict]:
+    """A DataFrame's rows as dicts of plain values at full precision, NaN as ``None``."""
+    return [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in row.items()}
+            for row in df.to_dict(orient="records")]
+
+
+def load_report(path: str | Path) -> dict:
+    """A JSON report written by ``eval --model`` or the callback; :class:`CompareError` when it is not one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CompareError(f"no such report {path}: pass the JSON written by eval --model or a checkpoint's "
+                           f"moral_probe_<name>.json") from None
+    except OSError as e:
+        raise CompareError(f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise CompareError(f"{path} is not valid JSON ({e})") from None
+    return check_report(data, str(path))
+
+
+def check_report(report, label: str) -> dict:
+    """``report`` when it has what :func:`compare` reads (name, scenarios, table, a known schema); else refuse."""
+    hint = "not a probe report (evaluate's dict, or the JSON of eval --model or MoralProbeCallback)"
+    if not isinstance(report, dict):
+        raise CompareError(f"{label} is {hint}: got {type(report).__name__}")
+    version = report.get("schema_version")
+    if version is not None and version not in READABLE_SCHEMAS:
+        raise CompareError(f"{label} has schema_version {version!r}; this tinymcf_callback reads versions "
+                           f"{', '.join(map(str, READABLE_SCHEMAS))}: upgrade it (pip install -U tinymcf_callback)")
+    missing = [k for k in ("name", "scenarios", "table") if k not in report]
+    if missing:
+        raise CompareError(f"{label} is {hint}: it has no {', '.join(missing)}")
+    columns = set(pd.DataFrame(report["scenarios"]).columns)
+    lacking = [c for c in ("id", "foundation_coarse", "condition", "s") if c not in columns]
+    if lacking:
+        raise CompareError(f"{label}: its scenarios lack {', '.join(lacking)}, so its vignettes cannot be paired")
+    return report
+
+
+def answer_format(report: dict) -> str:
+    """The answer format a report was scored in; reports written before formats existed are Yes/No."""
+    return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
+
+
+def precision_key(record: dict) -> tuple[str, str | None] | None:
+    """``(weights dtype, autocast dtype or None)`` of a report or history line; None when it does not say."""
+    dtype = record.get("dtype")
+    if not isinstance(dtype, str):
+        return None
+    autocast = record.get("autocast")
+    return dtype, autocast if isinstance(autocast, str) else None
+
+
+def describe_precision(key: tuple[str, str | None]) -> str:
+    """``float32``, or ``float32 weights under bfloat16 autocast``."""
+    dtype, autocast = key
+    return dtype if autocast is None else f"{dtype} weights under {autocast} autocast"
+
+
+
+def write_report(path, report: dict, **extra) -> Path:
+    """Write ``report`` as JSON to ``path`` atomically (the whole file or the old one, never half); ``extra`` as in
+    :func:`report_to_json`."""
+    return atomic_write_json(path, report_to_json(report, **extra))

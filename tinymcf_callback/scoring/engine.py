@@ -1,0 +1,526 @@
+"""The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out (P(true), true+false with JSON answers).
+
+Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]``
+tensor: it asks the model for the last position's logits (``logits_to_keep=1``) on
+left-padded batches, with ``position_ids`` that skip the padding so every prompt sees
+the positions it would see alone (needed for absolute-position models; harmless for
+RoPE). Which prompts share a batch is decided apart from running the model
+(:mod:`tinymcf_callback.scoring.batching`), so a distributed caller can hand each rank its own
+share; the eval/inference mode and the precision are :mod:`tinymcf_callback.scoring.mode`'s.
+
+Three strategies run the batches, fastest first (:data:`STRATEGIES`):
+
+- ``"shared"`` (:class:`SharedPrefixes`): the chat header once, each scenario once for its
+  two frames, the questions on top of the key/value cache;
+- ``"full"`` (:class:`FullPrompts`): each prompt whole, padding at the far left of its row;
+- ``"unpadded"`` (:class:`FullPrompts` with ``padded=False``): each forward call takes
+  prompts of one length only, with no padding at all.
+
+:func:`first_strategy` reads the model's class and config and starts at the fastest
+strategy nothing is known against, saying why in the log (once per model) when that is not
+the shared one. Whether the chosen strategy really gives each prompt's own score is not left
+to those rules: :mod:`tinymcf_callback.selfcheck` compares a few prompts with
+:func:`score_alone` on every probe and moves to the next strategy when they disagree. A batch
+that runs out of memory is halved (:func:`split_on_oom`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..errors import PromptError, UnsupportedModelError
+from .batching import PrefixPlan
+from .model_info import (
+    NEEDS,
+    ForwardArgs,
+    class_name,
+    max_context,
+    model_device,
+    pad_token_id,
+    padding_problem,
+    shared_prefix_blocker,
+    unwrap_model,
+)
+from .prompts import DEFAULT_ANSWER_FORMAT, answer_token_ids
+
+logger = logging.getLogger("tinymcf_callback")
+
+STRATEGIES = ("shared", "full", "unpadded")  # fastest first; each one after the first is safer than the one before
+STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padded)",
+                  "unpadded": "unpadded prompts (one length per forward call)"}
+
+
+def check_context(model, encoded: list[list[int]], labels: list[str] | None = None) -> None:
+    """Raise :class:`PromptError` naming the longest prompt when it exceeds the model's context.
+
+    Models whose positions start at ``padding_idx + 1`` (RoBERTa style) have that many
+    fewer positions for the prompt.
+    """
+    limit = max_context(model)
+    if limit is None or not encoded:
+        return
+    limit -= ForwardArgs.of(model).position_base
+    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+    if len(encoded[longest]) > limit:
+        what = labels[longest] if labels else f"prompt {longest}"
+        raise PromptError(
+            f"{what} is {len(encoded[longest])} tokens long, more than the model's context of {limit} tokens; "
+            "shorten the vignette or use a model with a longer context"
+        )
+
+
+# ---- reading the answer off the logits ---------------------------------------------------------
+
+class AnswerScores(NamedTuple):
+    """Per-prompt ``p_yes`` and ``yn_mass`` (numpy arrays), as :func:`score_prompts` returns them.
+
+    A named pair that also reads like a mapping, so both styles work::
+
+        scored = score_prompts(logits, tok); scored["p_yes"], scored.yn_mass, dict(scored)
+        p_yes, yn_mass = score_prompts(logits, tok)   # the earlier tuple style
+
+    Iterating gives the two arrays (tuple behaviour); ``keys()``, ``items()``, ``in`` and
+    string indexing behave as for a dict with keys ``"p_yes"`` and ``"yn_mass"``.
+    """
+
+    p_yes: np.ndarray
+    yn_mass: np.ndarray
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key not in self._fields:
+                raise KeyError(f"{key!r} (score_prompts returns {', '.join(self._fields)})")
+            return getattr(self, key)
+        return tuple.__getitem__(self, key)
+
+    def __contains__(self, key) -> bool:
+        return key in self._fields
+
+    def keys(self) -> tuple[str, ...]:
+        return self._fields
+
+    def values(self) -> tuple[np.ndarray, ...]:
+        return tuple(self)
+
+    def items(self) -> tuple[tuple[str, np.ndarray], ...]:
+        return tuple(zip(self._fields, self, strict=True))
+
+    def get(self, key, default=None):
+        return getattr(self, key) if key in self._fields else default
+
+
+def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> AnswerScores:
+    """Per-prompt ``p_yes`` (Yes against No only) and ``yn_mass`` (Yes+No over the vocabulary).
+
+    ``logits``: ``[n_prompts, vocab]`` at the answer position (a tensor or an array).
+    Every Yes and No variant of the tokenizer counts (see ``answer_token_ids``). With
+    ``answer_format="json"`` the answers are true and false: ``p_yes`` is P(true) against
+    false and ``yn_mass`` the true+false mass (the names stay, the roles are the same).
+    Returns :class:`AnswerScores`: ``scored["p_yes"]`` or ``p_yes, yn_mass = scored``.
+    """
+    yes, no = answer_token_ids(tok, answer_format)
+    logits = torch.as_tensor(logits)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    lyes = torch.logsumexp(logp[:, yes], dim=-1)
+    lno = torch.logsumexp(logp[:, no], dim=-1)
+    p_yes = torch.sigmoid(lyes - lno)
+    yn_mass = lyes.exp() + lno.exp()
+    return AnswerScores(p_yes.double().cpu().numpy(), yn_mass.double().cpu().numpy())
+
+
+# ---- running the model: three strategies -----------------------------------------------------
+
+_LOGGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def log_once(model, message: str, key=None) -> None:
+    """Log ``message`` (a warning on the ``tinymcf_callback`` logger) once per model object and ``key``.
+
+    ``key`` defaults to the message itself; pass one when the message carries a measured number
+    that changes from probe to probe but says the same thing.
+    """
+    try:
+        seen = _LOGGED.setdefault(model, set())
+    except TypeError:  # not weak-referenceable: log every time rather than never
+        seen = set()
+    key = message if key is None else key
+    if key not in seen:
+        seen.add(key)
+        if _is_main_process():  # under several processes every rank decides alike: one of them says so
+            logger.warning(message)
+
+
+def _is_main_process() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+class ModelCall:
+    """Calls the model (the wrapper, so FSDP can gather its parameters) and counts forward calls."""
+
+    def __init__(self, model):
+        self.model, self.n_forward = model, 0
+
+    def __call__(self, **kwargs):
+        self.n_forward += 1  # counted before the call: a call that raises still ran the model's collectives
+        out = self.model(**kwargs)
+        logits = getattr(out, "logits", None)
+        if logits is None:
+            raise UnsupportedModelError(f"{class_name(self.model)} returned no logits; {NEEDS}")
+        return logits
+
+    def dummy(self, token: int, device: torch.device, args: ForwardArgs) -> None:
+        """One forward call of a single token whose result is dropped (evens out the calls of ranks under sharding)."""
+        ids = torch.tensor([[token]], device=device)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+        if args.position_ids:
+            kwargs["position_ids"] = torch.full_like(ids, args.position_base)
+        if args.logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        self(**kwargs)
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, q in enumerate(seqs):
+        if q:
+            ids[row, width - len(q):] = torch.tensor(q, dtype=torch.long)
+            mask[row, width - len(q):] = 1
+    return ids, mask
+
+
+def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
+    """Positions that skip left padding, continuing from ``offset`` (an int or a column)."""
+    return offset + (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+class FullPrompts:
+    """Strategies ``"full"`` and ``"unpadded"``: each prompt whole, so every answer sits in the last column.
+
+    ``padded=True``: left-padded rows; padding at the far left of a row changes nothing once
+    ``position_ids`` skip it (or the model ignores padded slots by itself, see
+    ``PADDING_PROOF_WITHOUT_POSITIONS``). ``padded=False``: each forward call takes prompts of
+    one length only, with no padding.
+    """
+
+    def __init__(self, call: ModelCall, encoded: list[list[int]], args: ForwardArgs, pad_id: int,
+                 device: torch.device, padded: bool = True):
+        self.call, self.encoded, self.args, self.pad_id, self.device = call, encoded, args, pad_id, device
+        self.padded = padded
+        self.name = "full" if padded else "unpadded"
+
+    def planned_calls(self, batches: list[list[int]]) -> int:
+        """The forward calls :meth:`logits` makes for ``batches`` (barring out-of-memory splits)."""
+        if self.padded:
+            return len(batches)
+        return sum(len({len(self.encoded[i]) for i in b}) for b in batches)
+
+    def logits(self, idx: list[int]) -> torch.Tensor:
+        if self.padded:
+            return self._forward(idx)
+        by_length: dict[int, list[int]] = {}
+        for row, i in enumerate(idx):
+            by_length.setdefault(len(self.encoded[i]), []).append(row)
+        if len(by_length) == 1:
+            return self._forward(idx)
+        out = None
+        for rows in by_length.values():
+            part = self._forward([idx[r] for r in rows])
+            if out is None:
+                out = part.new_empty((len(idx), part.shape[-1]))
+            out[rows] = part
+        return out
+
+    def _forward(self, idx: list[int]) -> torch.Tensor:
+        ids, mask = _left_pad([self.encoded[i] for i in idx], self.pad_id)
+        kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "use_cache": False}
+        if self.args.position_ids:
+            kwargs["position_ids"] = _positions(mask, self.args.position_base).to(self.device)
+        if self.args.logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return self.call(**kwargs)[:, -1, :]
+
+
+class SharedPrefixes:
+    """Strategy ``"shared"``: shared prefixes computed once and reused from the key/value cache.
+
+    Per call of :func:`run_batches`: the prefix every prompt shares (``plan.root``: system
+    prompt, chat header) once. Per batch: a copy of that cache, each group's scenario
+    (``plan.mid``) once for its two frames, then each prompt's own question (``plan.tail``).
+    The same scores as full prompts where attention over the cache ignores its padded slots;
+    where it does not, the self-check sees the difference.
+    """
+
+    name = "shared"
+
+    def __init__(self, call: ModelCall, encoded: list[list[int]], plan: PrefixPlan, args: ForwardArgs, config,
+                 pad_id: int, device: torch.device):
+        self.call, self.encoded, self.plan, self.args, self.config = call, encoded, plan, args, config
+        self.pad_id, self.device = pad_id, device
+        self.root_cache = None
+
+    def planned_calls(self, batches: list[list[int]]) -> int:
+        """The forward calls :meth:`logits` makes for ``batches``: the header once, then scenarios and questions."""
+        if not batches:
+            return 0
+        scenarios = sum(any(self.plan.mid[self.plan.group_of[i]] for i in b) for b in batches)
+        return (1 if self.plan.root else 0) + scenarios + len(batches)
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.config)
+        except TypeError:
+            return DynamicCache()
+
+    def _root(self):
+        """The cache of the prefix every prompt shares: computed once per call of ``run_batches``."""
+        if self.root_cache is None:
+            cache, r = self._new_cache(), len(self.plan.root)
+            if r:
+                ids = torch.tensor([self.plan.root], device=self.device)
+                positions = self.args.position_base + torch.arange(r, device=self.device)[None]
+                self.call(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1,
+                          position_ids=positions, **{self.args.cache_kw: cache})
+            self.root_cache = cache
+        return self.root_cache
+
+    def logits(self, idx: list[int]) -> torch.Tensor:
+        plan, r, dev, base = self.plan, len(self.plan.root), self.device, self.args.position_base
+        gids = list(dict.fromkeys(plan.group_of[i] for i in idx))
+        cache = copy.deepcopy(self._root())
+        cache.batch_repeat_interleave(len(gids))
+        mid_ids, mid_mask = _left_pad([plan.mid[g] for g in gids], self.pad_id)
+        ones = torch.ones((len(gids), r), dtype=torch.long)
+        if mid_ids.shape[1]:  # each group's scenario, once for its two frames
+            self.call(input_ids=mid_ids.to(dev), attention_mask=torch.cat([ones, mid_mask], 1).to(dev),
+                      position_ids=_positions(mid_mask, base + r).to(dev), use_cache=True, logits_to_keep=1,
+                      **{self.args.cache_kw: cache})
+        rows = torch.tensor([gids.index(plan.group_of[i]) for i in idx])
+        cache.batch_select_indices(rows.to(dev))
+        tail_ids, tail_mask = _left_pad([plan.tail(self.encoded, i) for i in idx], self.pad_id)
+        mid_len = mid_mask.sum(-1)[rows][:, None]
+        mask = torch.cat([torch.ones((len(idx), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
+        logits = self.call(input_ids=tail_ids.to(dev), attention_mask=mask.to(dev),
+                           position_ids=_positions(tail_mask, base + r + mid_len).to(dev), use_cache=True,
+                           logits_to_keep=1, **{self.args.cache_kw: cache})
+        return logits[:, -1, :]
+
+
+Strategy = FullPrompts | SharedPrefixes
+
+
+def first_strategy(model, encoded: list[list[int]], prefix_plan: PrefixPlan | None = None) -> tuple[str, str | None]:
+    """The fastest strategy nothing in the model's class or config is known against, and why not a faster one.
+
+    ``"unpadded"`` when left padding would move the model's positions
+    (:func:`~.model_info.padding_problem`); ``"full"`` without a prefix plan or when
+    :func:`~.model_info.shared_prefix_blocker` finds something against sharing; else ``"shared"``.
+    A config the rules cannot read starts at ``"full"`` rather than failing. The reason is
+    ``None`` for ``"shared"`` and for ``"full"`` without a plan (nothing to explain).
+    """
+    try:
+        args = ForwardArgs.of(model)
+        unpadded = padding_problem(model, args)
+        if unpadded:
+            return "unpadded", unpadded
+        if prefix_plan is None:
+            return "full", None
+        blocker = shared_prefix_blocker(model, args, prefix_plan.cache_slots(encoded))
+    except Exception as e:  # noqa: BLE001 - the rules only pick a starting point: a config they cannot read is no crash
+        return "full", f"its config could not be read ({type(e).__name__}: {e})"
+    return ("full", blocker) if blocker else ("shared", None)
+
+
+def explain_start(model, strategy: str, reason: str | None) -> None:
+    """Say once per model why it does not start on the fastest strategy."""
+    if reason is None:
+        return
+    name = class_name(model)
+    if strategy == "unpadded":
+        log_once(model, f"{name}: {reason}; scoring prompts in unpadded batches of one length "
+                 "(same scores, more forward calls)")
+    else:
+        log_once(model, f"{name} cannot take the shared-prefix path: {reason}; scoring full prompts "
+                 "(same scores, more compute)")
+
+
+def make_strategy(name: str, model, encoded: list[list[int]], pad_id: int, device: torch.device,
+                  prefix_plan: PrefixPlan | None = None) -> Strategy:
+    """The strategy called ``name`` (one of :data:`STRATEGIES`) on ``model``, with a fresh forward-call counter."""
+    args, call = ForwardArgs.of(model), ModelCall(model)
+    if name == "shared":
+        if prefix_plan is None or not (args.cache_kw and args.position_ids and args.logits_to_keep):
+            raise ValueError("the shared strategy needs a prefix plan and a forward that takes position_ids, "
+                             "logits_to_keep and a key/value cache")
+        return SharedPrefixes(call, encoded, prefix_plan, args, unwrap_model(model).config, pad_id, device)
+    if name not in ("full", "unpadded"):
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return FullPrompts(call, encoded, args, pad_id, device, padded=name == "full")
+
+
+def split_on_oom(logits_of, idx: list[int], device: torch.device):
+    """Yield ``(indices, logits)`` for ``idx``, halving the batch until each part fits in memory.
+
+    A prompt that does not fit alone re-raises. The retry runs after the ``except`` block,
+    so the failed attempt's tensors (held by the exception's traceback) are freed first.
+    """
+    try:
+        logits = logits_of(idx)
+    except torch.OutOfMemoryError:
+        if len(idx) == 1:
+            raise
+        logits = None
+    if logits is not None:
+        yield idx, logits
+        return
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    half = len(idx) // 2
+    yield from split_on_oom(logits_of, idx[:half], device)
+    yield from split_on_oom(logits_of, idx[half:], device)
+
+
+# ---- scoring a list of batches ----------------------------------------------------------------
+
+@dataclass
+class ScoreResult:
+    """Per-prompt outputs, in the prompts' original order (NaN where not scored).
+
+    ``strategy``: the strategy that produced them; ``check``: the self-check's record
+    (:class:`tinymcf_callback.selfcheck.SelfCheck` as a dict), when the whole set was scored
+    through it; ``precision``: what the forward calls computed in (weights' dtype, autocast
+    dtype or None, device); ``model``: which model it was.
+    """
+
+    p_yes: np.ndarray
+    yn_mass: np.ndarray
+    yn_top3: np.ndarray  # does an answer token (Yes/No, or true/false) rank in the top 3 next tokens?
+    top_tokens: list = field(default_factory=list)  # [(token, prob)] x 10 for the sample prompt
+    n_forward: int = 0
+    strategy: str | None = None
+    check: dict | None = None
+    precision: dict | None = None
+    model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
+
+
+def empty_result(n: int) -> ScoreResult:
+    return ScoreResult(np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool))
+
+
+def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, *, pad_id: int | None = None,
+                sample_index: int | None = None, progress: bool = False, desc: str = "moral probe",
+                prefix_plan: PrefixPlan | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                strategy: str | None = None, calls: int | None = None) -> ScoreResult:
+    """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
+
+    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (logged once
+    when it is not the shared one). ``answer_format`` names the answer tokens read at the answer
+    position (``prompts.ANSWER_FORMATS``): the prompts must have been formatted for it. ``calls``:
+    make exactly this many forward calls, adding one-token calls whose results are dropped when
+    the batches need fewer (every rank of a sharded model must make the same number; see
+    :func:`tinymcf_callback.selfcheck.score_checked`). A batch that runs out of memory is split in
+    two and retried; a prompt that does not fit alone re-raises. NaN or infinite logits raise
+    ``FloatingPointError``. The caller chooses the mode (eval, inference); see :func:`probe_mode`.
+    No check against each prompt alone happens here.
+    """
+    res = empty_result(len(encoded))
+    if pad_id is None:
+        pad_id = pad_token_id(model, tok)
+    device = model_device(model)
+    if strategy is None:
+        strategy, reason = first_strategy(model, encoded, prefix_plan)
+        explain_start(model, strategy, reason)
+    runner = make_strategy(strategy, model, encoded, pad_id, device, prefix_plan)
+    yes, no = answer_token_ids(tok, answer_format)
+    answer_ids = torch.tensor(sorted(set(yes) | set(no)), device=device)
+    try:
+        with _progress_bar(progress, sum(len(b) for b in batches), desc) as bar:
+            for batch in batches:
+                for idx, logits in split_on_oom(runner.logits, batch, device):
+                    _record(res, idx, logits, tok, answer_ids, sample_index, answer_format)
+                    bar.update(len(idx))
+    finally:
+        if calls is not None:  # also after a failure: the other ranks are still making theirs
+            pad_calls(runner.call, calls, encoded, device)
+    res.n_forward, res.strategy = runner.call.n_forward, strategy
+    return res
+
+
+def pad_calls(call: ModelCall, calls: int, encoded: list[list[int]], device: torch.device) -> None:
+    """Make one-token forward calls until ``call`` has made ``calls`` in all (none when it already has)."""
+    token = encoded[0][0] if encoded and encoded[0] else 0
+    args = ForwardArgs.of(call.model)
+    while call.n_forward < calls:
+        try:
+            call.dummy(token, device, args)
+        except Exception as e:  # noqa: BLE001 - a filler call must not hide the error that made it needed
+            logger.warning("moral probe: a filler forward call failed (%s: %s)", type(e).__name__, e)
+
+
+def score_alone(model, encoded: list[list[int]], idx: list[int], tok,
+                answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[AnswerScores, int]:
+    """The simplest reference: each prompt of ``idx`` alone, unpadded, no cache, in one forward call.
+
+    No attention mask, position ids or cache: the model computes its own positions, and the
+    answer is read at the last position. Only ``logits_to_keep=1`` is passed (where the forward
+    takes it), which slices the last position before the LM head: the full ``[1, seq, vocab]``
+    logits of a long prompt could take hundreds of MB of a training run's memory. Returns the
+    prompts' scores (in ``idx`` order) and the number of forward calls made (one per prompt).
+    """
+    call = ModelCall(model)
+    try:
+        params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    device = model_device(model)
+    rows = []
+    for i in idx:
+        kwargs = {"input_ids": torch.tensor([encoded[i]], device=device)}
+        if "use_cache" in params:
+            kwargs["use_cache"] = False
+        if "logits_to_keep" in params:
+            kwargs["logits_to_keep"] = 1
+        rows.append(call(**kwargs)[0, -1].float())
+    return score_prompts(torch.stack(rows), tok, answer_format), call.n_forward
+
+
+def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_ids: torch.Tensor,
+            sample_index: int | None, answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
+    """Write one batch's answer-position logits into ``res`` at the prompts' own indices."""
+    # One summing pass instead of isfinite().all() (~15x faster on a 151k vocabulary): the sum is finite
+    # exactly when every logit is (a NaN or an infinity anywhere makes it NaN or infinite).
+    if not torch.isfinite(torch.sum(logits, dtype=torch.float32)):
+        raise FloatingPointError("the model produced NaN or infinite logits at the answer position "
+                                 f"(batch of {len(idx)} prompts)")
+    p_yes, yn_mass = score_prompts(logits, tok, answer_format)
+    top3 = torch.isin(logits.topk(3, dim=-1).indices, answer_ids).any(-1).cpu().numpy()
+    res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = p_yes, yn_mass, top3
+    if sample_index is not None and sample_index in idx:
+        probs = torch.softmax(logits[idx.index(sample_index)].float(), -1)
+        top = probs.topk(10)
+        res.top_tokens = [(tok.decode([t]), float(p))
+                          for t, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
+
+
+@contextlib.contextmanager
+def _progress_bar(progress: bool, total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="prompt", leave=False, disable=not progress)
+    try:
+        yield bar
+    finally:
+        bar.close()

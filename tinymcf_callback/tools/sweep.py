@@ -1,0 +1,433 @@
+"""Checkpoint sweep: the probe's curve for a run trained without the callback.
+
+    tinymcf sweep OUT --name scifi [--base-model BASE] [--answer-format json]
+
+Scores every ``checkpoint-<step>`` folder of a Trainer output directory in step order and
+appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl`` (``..._<name>_json.jsonl``
+with JSON answers; a history of another answer format is refused): the file
+``MoralProbeCallback`` writes, each line built by the same ``history_line``
+(:mod:`tinymcf_callback.results.history`, with ``event: "sweep"``), so the plot and compare
+tools read both alike.
+
+- **Resumable**: a step already in the history (written by the callback or by an earlier sweep)
+  is skipped. The file is only ever appended to, one atomic line at a time.
+- **One Probe per tokenizer**: checkpoints whose tokenizer files are identical share one
+  :class:`Probe` (prompts formatted and tokenised once).
+- **PEFT adapters** (``adapter_config.json`` without full weights) are scored on top of
+  ``--base-model``.
+- **Failures**: a checkpoint that cannot be loaded or scored is reported with its cause and the
+  sweep goes on; the caller gets the list.
+- **Several processes** (``accelerate launch`` or ``torchrun``): the checkpoints go in rounds of
+  one per process (accelerate's ``split_between_processes``). Each process loads and scores its
+  own checkpoint whole, the round's results are gathered (``gather_object``) and the main
+  process appends them in step order. Every line is the one a single process would write, it is
+  written once, and a crash loses at most the round in progress.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..config import ProbeConfig
+from ..data.sets import load_vignettes
+from ..errors import HistoryError, SweepError
+from ..extras import require
+from ..probe import Probe
+from ..results.history import SWEEP_EVENT, append_line, current_run, history_line, history_path, read_lines
+from ..results.metrics import report_metrics
+from ..results.report import describe_precision, precision_key
+from ..results.text import with_bounds
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+
+CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+ADAPTER_CONFIG = "adapter_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What to sweep and how: the run folder, the probe's settings, and how each checkpoint is loaded."""
+
+    run_dir: Path
+    probe: ProbeConfig = field(default_factory=ProbeConfig)  # the set, limit, answer format, intervals, ...
+    base_model: str | None = None  # the model PEFT adapter checkpoints were trained on
+    tokenizer: str | None = None  # default: each checkpoint's own tokenizer files, else --base-model's
+    device: str | None = None  # default: this process's device (accelerate's PartialState)
+    dtype: str = "auto"
+    progress: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.probe.name
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One ``checkpoint-<step>`` folder; ``adapter``: PEFT weights only, scored on top of the base model."""
+
+    step: int
+    folder: Path
+    epoch: float | None
+    adapter: bool
+
+
+@dataclass
+class SweepPlan:
+    """The checkpoints still to score (step order) and the steps the history already holds."""
+
+    history: Path
+    pending: list[Checkpoint]
+    skipped: list[int]
+    precision: tuple[str, str | None] | None = None  # the precision of the history's lines, when they record one
+
+
+@dataclass
+class Outcome:
+    """One checkpoint's result as plain values (sent between processes): its history line, or why it failed."""
+
+    step: int
+    folder: str
+    process: int
+    line: dict | None = None
+    error: str | None = None
+
+
+@dataclass
+class SweepResult:
+    history: Path
+    skipped: list[int]
+    scored: list[int] = field(default_factory=list)
+    failures: list[Outcome] = field(default_factory=list)
+
+
+# ---- the run folder ------------------------------------------------------------------------------
+def find_checkpoints(run_dir: Path) -> list[Checkpoint]:
+    """The ``checkpoint-<step>`` folders of ``run_dir``, in numeric step order (checkpoint-10 after -9)."""
+    if not run_dir.is_dir():
+        raise SweepError(f"no such folder {run_dir}: --run-dir takes a Trainer output directory "
+                         f"(TrainingArguments.output_dir)")
+    by_step: dict[int, Path] = {}
+    for entry in run_dir.iterdir():
+        match = CHECKPOINT_NAME.fullmatch(entry.name)
+        if not match or not entry.is_dir():
+            continue
+        step = int(match.group(1))
+        if step in by_step:
+            raise SweepError(f"{by_step[step].name} and {entry.name} in {run_dir} both name step {step}; "
+                             f"move one away")
+        by_step[step] = entry
+    if not by_step:
+        raise SweepError(f"{run_dir} holds no {PREFIX_CHECKPOINT_DIR}-<step> folders: pass the output_dir of a "
+                         f"Trainer run that saved checkpoints (save_strategy other than 'no')")
+    return [Checkpoint(step, folder, read_epoch(folder), is_adapter(folder))
+            for step, folder in sorted(by_step.items())]
+
+
+def read_epoch(folder: Path) -> float | None:
+    """The epoch the Trainer recorded in the checkpoint's ``trainer_state.json`` (None when absent or unreadable)."""
+    try:
+        epoch = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8")).get("epoch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
+
+
+def is_adapter(folder: Path) -> bool:
+    """A PEFT adapter checkpoint: ``adapter_config.json`` and no full model weights."""
+    return (folder / ADAPTER_CONFIG).exists() and not any((folder / f).exists() for f in FULL_WEIGHTS)
+
+
+def adapter_base_name(folder: Path) -> str | None:
+    """The base model an adapter names in its ``adapter_config.json`` (a hint for the error message)."""
+    try:
+        return json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def tokenizer_source(checkpoint: Checkpoint, settings: SweepSettings) -> str | None:
+    """Where a checkpoint's tokenizer is read: ``--tokenizer``, else its own files, else ``--base-model``."""
+    if settings.tokenizer:
+        return settings.tokenizer
+    if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
+        return str(checkpoint.folder)
+    return settings.base_model
+
+
+def tokenizer_fingerprint(source: str) -> str:
+    """Equal for tokenizers that format and tokenise the prompts alike: the bytes of their files (or the Hub id)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return source
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# ---- the history ---------------------------------------------------------------------------------
+def current_run_lines(path: Path) -> list[dict]:
+    """The lines of the history at ``path`` that belong to the current run ([] when there is no file yet).
+
+    The history's own rule (:func:`~tinymcf_callback.results.history.current_run`): a baseline line after
+    other lines starts a new run written into the same output folder, so earlier lines do not count as done.
+    """
+    if not path.exists():
+        return []
+    try:
+        numbered = read_lines(path)
+    except HistoryError as e:
+        if "is empty" in str(e):
+            return []
+        raise SweepError(f"{e}: the sweep only appends to this history; repair or move that line") from None
+    return [line for _, line in current_run(path, numbered, warn=False)]
+
+
+def recorded_steps(lines: list[dict]) -> set[int]:
+    return {line["step"] for line in lines if isinstance(line.get("step"), int)}
+
+
+def check_same_vignettes(lines: list[dict], n_vignettes: int, path: Path) -> None:
+    """Refuse to extend a curve scored on another number of vignettes (a ``--limit`` unlike the callback's)."""
+    seen = {line.get("info", {}).get("n_vignettes") for line in lines if isinstance(line.get("info"), dict)}
+    other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
+    if other:
+        raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "
+                         f"would score {n_vignettes}: pass the --limit the history was written with (none for the "
+                         f"whole set), so that its curve compares like with like")
+
+
+def history_precision(lines: list[dict]) -> tuple[str, str | None] | None:
+    """The precision the history's lines were scored in (their last one that records it), or None."""
+    return next((k for k in map(precision_key, reversed(lines)) if k is not None), None)
+
+
+def precision_clash(history: Path, recorded, line: dict, folder: str) -> str | None:
+    """Why ``line`` may not join a history scored in ``recorded`` (another precision), or None."""
+    mine = precision_key(line)
+    if recorded is None or mine is None or mine == recorded:
+        return None
+    return (f"{folder} was scored in {describe_precision(mine)} but {history} holds probes scored in "
+            f"{describe_precision(recorded)}: one curve holds one precision (the change between them would be the "
+            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was")
+
+
+def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:
+    """Refuse to extend a curve read in another answer format (a line without one is Yes/No)."""
+    other = sorted({str(line.get("answer_format", DEFAULT_ANSWER_FORMAT)) for line in lines} - {answer_format})
+    if other:
+        raise SweepError(f"{path} holds probes with answer format {', '.join(map(repr, other))}, this sweep would "
+                         f"read {answer_format!r}: one history holds one answer format; pass --answer-format "
+                         f"{other[0]} to extend it")
+
+
+# ---- planning (main process) ---------------------------------------------------------------------
+def plan_sweep(settings: SweepSettings) -> SweepPlan:
+    """Check the input and decide which checkpoints to score; raises :class:`SweepError` before any model loads."""
+    checkpoints = find_checkpoints(settings.run_dir)
+    config = settings.probe
+    n_vignettes = len(load_vignettes(config.name, limit=config.limit))  # an unknown or unprepared set fails here
+    history = Path(history_path(str(settings.run_dir), config.name, config.answer_format))
+    lines = current_run_lines(history)
+    check_same_format(lines, config.answer_format, history)
+    check_same_vignettes(lines, n_vignettes, history)
+    done = recorded_steps(lines)
+    pending = [c for c in checkpoints if c.step not in done]
+    if pending:
+        check_writable(settings.run_dir, history)
+        check_loadable(pending, settings)
+    return SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done], history_precision(lines))
+
+
+def check_writable(run_dir: Path, history: Path) -> None:
+    target = history if history.exists() else run_dir
+    if not os.access(target, os.W_OK):
+        raise SweepError(f"{target} is not writable: the sweep appends its lines to {history}")
+
+
+def check_loadable(pending: list[Checkpoint], settings: SweepSettings) -> None:
+    """Every pending checkpoint has what loading it needs: a base model for adapters, a tokenizer, peft."""
+    for c in pending:
+        if c.adapter and not settings.base_model:
+            named = adapter_base_name(c.folder)
+            hint = f"; its {ADAPTER_CONFIG} names {named!r}" if named else ""
+            raise SweepError(f"{c.folder.name} is a PEFT adapter ({ADAPTER_CONFIG}, no full weights){hint}: pass "
+                             f"--base-model PATH, the model the adapter was trained on")
+        if tokenizer_source(c, settings) is None:
+            raise SweepError(f"{c.folder.name} has no tokenizer files (the Trainer saves them when given "
+                             f"processing_class=tok): pass --tokenizer PATH")
+    if any(c.adapter for c in pending):
+        require("peft")  # the adapters are loaded with it
+
+
+# ---- scoring one checkpoint (any process) --------------------------------------------------------
+class ProbeCache:
+    """One :class:`Probe` per distinct tokenizer: built for the first checkpoint that needs it, then reused."""
+
+    def __init__(self, settings: SweepSettings):
+        self.settings = settings
+        self._probes: dict[str, Probe] = {}
+
+    def __len__(self) -> int:
+        return len(self._probes)
+
+    def for_checkpoint(self, checkpoint: Checkpoint) -> Probe:
+        source = tokenizer_source(checkpoint, self.settings)
+        key = tokenizer_fingerprint(source)
+        if key not in self._probes:
+            self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), config=self.settings.probe)
+        return self._probes[key]
+
+
+def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str):
+    """The checkpoint's model on ``device``: its full weights, or the base model with its PEFT adapter applied."""
+    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
+    if checkpoint.adapter:
+        base = AutoModelForCausalLM.from_pretrained(settings.base_model, dtype=dtype)
+        model = require("peft").PeftModel.from_pretrained(base, str(checkpoint.folder))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint.folder, dtype=dtype)
+    return model.to(device)
+
+
+def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: SweepSettings, device: str,
+                     process: int) -> Outcome:
+    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
+    try:
+        model = load_checkpoint(checkpoint, settings, device)
+        try:
+            report = probes.for_checkpoint(checkpoint).run(model)
+        finally:
+            del model
+            free_memory()
+    except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the sweep of the others
+        return Outcome(checkpoint.step, checkpoint.folder.name, process, error=describe(e))
+    metrics = report_metrics(settings.name, report)
+    line = history_line(settings.name, report, metrics, step=checkpoint.step, epoch=checkpoint.epoch,
+                        event=SWEEP_EVENT)
+    return Outcome(checkpoint.step, checkpoint.folder.name, process, line=line)
+
+
+def describe(error: Exception) -> str:
+    """``Type: message`` on one line (loader messages can run over many)."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---- the sweep -----------------------------------------------------------------------------------
+def run_sweep(settings: SweepSettings) -> SweepResult:
+    """Score the run's checkpoints not yet in its history and append their lines (main process), in step order.
+
+    Under several processes every process calls this; each scores its share and all return the
+    same :class:`SweepResult`. Raises :class:`SweepError` on every process for bad input or when
+    the history cannot be appended to.
+    """
+    state = process_state(settings.device)
+    plan = agree(state, _plan_or_error(settings) if state.is_main_process else None)
+    if isinstance(plan, Exception):
+        raise plan
+    # No --device, or only its kind (--device cuda): each process's own (cuda:0, cuda:1, ... under torchrun).
+    device = str(state.device) if settings.device in (None, state.device.type) else settings.device
+    probes = ProbeCache(settings)
+    result = SweepResult(plan.history, plan.skipped)
+    bar = tqdm(total=len(plan.pending), desc=f"sweep [{settings.name}]", unit="checkpoint",
+               disable=not (settings.progress and state.is_main_process and plan.pending))
+    try:
+        for start in range(0, len(plan.pending), state.num_processes):
+            round_ = plan.pending[start:start + state.num_processes]
+            with state.split_between_processes(round_) as mine:
+                outcomes = [score_checkpoint(c, probes, settings, device, state.process_index) for c in mine]
+            outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
+            failed_write = agree(state, _write_round(plan, outcomes, state) if state.is_main_process else None)
+            if failed_write:
+                raise SweepError(failed_write)
+            result.scored += [o.step for o in outcomes if o.line is not None]
+            result.failures += [o for o in outcomes if o.line is None]
+            bar.update(len(round_))
+    finally:
+        bar.close()
+    return result
+
+
+def process_state(device: str | None) -> PartialState:
+    """accelerate's view of the processes this sweep runs in (one, or all of a torchrun / accelerate launch).
+
+    Without an accelerator (or with ``--device cpu``) accelerate must be told ``cpu=True``, or under
+    torchrun each process would see itself alone and sweep every checkpoint.
+    """
+    cpu = (device or "").startswith("cpu") or parse_flag_from_env("ACCELERATE_USE_CPU") or not has_accelerator()
+    return PartialState(cpu=cpu)
+
+
+def has_accelerator() -> bool:
+    if hasattr(torch, "accelerator"):  # torch >= 2.6: CUDA, ROCm, XPU, MPS, ...
+        return torch.accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def agree(state: PartialState, value):
+    """The main process's ``value`` on every process (so that all take the same branch; no rank waits alone)."""
+    return broadcast_object_list([value])[0] if state.num_processes > 1 else value
+
+
+def _plan_or_error(settings: SweepSettings) -> SweepPlan | Exception:
+    try:
+        return plan_sweep(settings)
+    except Exception as e:  # noqa: BLE001 - sent to the other processes, raised on all of them
+        return e
+
+
+def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState) -> str | None:
+    """Append the round's lines in step order and print one line per checkpoint; a refusal or write error as text.
+
+    A line scored in another precision than the history's is not written (the sweep stops: a rerun with
+    the right ``--dtype`` picks up from there).
+    """
+    history = plan.history
+    for o in outcomes:
+        if o.line is None:
+            tqdm.write(f"[tinymcf] {o.folder}: not scored: {o.error}", file=sys.stderr)
+            continue
+        clash = precision_clash(history, plan.precision, o.line, o.folder)
+        if clash:
+            return clash
+        plan.precision = plan.precision or precision_key(o.line)
+        try:
+            append_line(history, o.line)
+        except OSError as e:
+            return f"cannot append to the history {history}: {e.strerror or e}"
+        where = f" on process {o.process + 1} of {state.num_processes}" if state.num_processes > 1 else ""
+        tqdm.write(f"[tinymcf] step {o.step} ({o.folder}{where}): {summary(o.line)}")
+    return None
+
+
+def summary(line: dict) -> str:
+    f = lambda key: with_bounds(line[key], line.get(f"{key}_lo"), line.get(f"{key}_hi"),  # noqa: E731
+                                bool(line.get("level")))
+    warnings = len(line["info"].get("warnings") or [])
+    note = f" ({warnings} warning{'s' * (warnings != 1)} in the history's info.warnings)" if warnings else ""
+    return f"score={f('score')} gap={f('gap')} social-norms control={f('sn')}{note}"

@@ -1,0 +1,333 @@
+"""``MoralProbeCallback``: the probe inside Hugging Face training.
+
+    trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
+
+At the start of training (a step-0 baseline) and on each evaluation and/or save, the
+callback scores the live model on a vignette set, through the same :class:`Probe` as
+``evaluate`` (split across processes by :func:`score_across_ranks`), and logs the alignment
+metrics through the Trainer's own logging path, so they reach every reporter in
+``report_to`` (wandb, tensorboard, ...) at the right global step and land in
+``state.log_history``. The class decides *when* to probe and *where* the result goes; the
+writers below (history line, checkpoint report, wandb table) do the writing.
+
+Each probe logs the headline numbers with their interval bounds and, when the run has a
+step-0 baseline, the paired change of the score since it (``score_change``, ``score_change_p``).
+The baseline's per-vignette scores are kept in the callback's saved state, so a resumed run
+(even into another output folder) measures its change from the same baseline.
+
+With ``answer_format="json"`` (true/false answers) everything the callback writes carries the
+format in its name: metrics under ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``,
+``moral_probe_<name>_json.json``; Yes/No (the default) keeps the plain names. So two formats never
+share a curve, a file or a dashboard panel, and both can probe one run side by side.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..config import ProbeConfig, make_config
+from ..data.sets import load_vignettes
+from ..errors import ConfigError, UnsupportedModelError
+from ..probe import Probe
+from ..results.history import BASELINE_EVENT, append_history
+from ..results.metrics import baseline_record, baseline_scores, change_metrics, metric_names, report_metrics
+from ..results.text import format_table, sanity_lines
+from ..scoring.model_info import check_causal_lm
+from ..scoring.ranks import score_across_ranks
+from .state import record_counters, stored_counters
+from .writers import (
+    active_wandb_run,
+    define_wandb_metrics,
+    log_wandb_table,
+    record_wandb_precision,
+    reports_to_wandb,
+    write_baseline,
+    write_checkpoint,
+)
+
+logger = logging.getLogger("tinymcf_callback")
+
+EVENTS = ("evaluate", "save")
+CALLBACK_ARGS = ("events", "every", "baseline", "strict", "verbose")  # saved in state() beside the probe's settings
+
+
+class MoralProbeCallback(TrainerCallback, ExportableState):
+    """Log per-checkpoint moral-foundations alignment of the model being trained.
+
+    Scores a fixed vignette set on the live model at the answer position (two frames answered
+    Yes/No, or true/false in JSON; four conditions) and logs ``eval/moral_<name>/score`` (mean align_other over
+    the six real foundations), ``gap``, the Social Norms control and ``score_minus_sn``, each
+    with interval bounds (``_lo``, ``_hi``), the change of the score since the step-0 baseline
+    with its p-value, sanity figures and per-foundation ``align_other`` / ``align_self`` /
+    ``self_other_gap``.
+
+    Example (``trainer=`` first: the callback then logs through that Trainer):
+
+        trainer = Trainer(model, args, train_dataset=ds, processing_class=tok)
+        trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
+        trainer.train()
+
+    Without ``trainer=`` (``Trainer(..., callbacks=[MoralProbeCallback(name="scifi")])``)
+    the callback finds the Trainer that holds it by walking the call stack once, at
+    ``on_train_begin``; that fails when another callback forwards the events to it.
+
+    Its counters (events seen for ``every``, the last probed and attempted steps, whether
+    the baseline ran) and the baseline's per-vignette scores are saved in each checkpoint's
+    ``trainer_state.json``; a run resumed from a checkpoint probes on the same steps as an
+    uninterrupted run, without a second baseline, and measures its change from the first one.
+
+    Args:
+        name: vignette set (``scifi``; ``clifford`` after ``tinymcf prepare --name clifford``).
+        config: the probe's settings (:class:`~tinymcf_callback.config.ProbeConfig`: set, limit,
+            answer format and pre-fill, batching, prefix sharing, intervals, precision, self-check);
+            any of its fields can also be passed as a keyword (``limit=14``, ``answer_format="json"``).
+        events: which Trainer events trigger a probe: ``"evaluate"``, ``"save"`` or both.
+        every: probe on every N-th triggering step (default 1: each one).
+        baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model
+            (not when resuming from a checkpoint).
+        tokenizer: tokenizer to use; default: the Trainer's ``processing_class``.
+        trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: found on the call stack.
+        strict: raise instead of warning when the probe fails (default: warn and let training go on).
+        verbose: print the sanity lines and the table at every probe on the main process.
+
+    With ``answer_format="json"`` a probe logs under ``eval/moral_<name>_json/`` and writes
+    ``moral_probe_<name>_json.jsonl``, so both formats can watch one run. With the default
+    ``keep_autocast=False`` the probe scores in the weights' own dtype, so the number at step N is
+    ``eval`` of ``checkpoint-N``; every report and history line records the precision either way.
+    """
+
+    def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
+                 baseline: bool = True, tokenizer=None, trainer=None, strict: bool = False, verbose: bool = True,
+                 **settings):
+        events = (events,) if isinstance(events, str) else tuple(events)
+        unknown = [e for e in events if e not in EVENTS]
+        if unknown or not events:
+            raise ConfigError(f"unknown event(s) {unknown or events!r} for MoralProbeCallback; choose from {EVENTS}")
+        if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
+            raise ConfigError(f"every must be a positive integer (probe on every N-th event), got {every!r}")
+        if trainer is not None and not callable(getattr(trainer, "log", None)):
+            raise ConfigError(f"trainer= must be the transformers Trainer the callback is added to, got "
+                              f"{type(trainer).__name__} (no log method)")
+        self.config = make_config(config, **({"name": name} if name is not None else {}), **settings)
+        if tokenizer is None:
+            load_vignettes(self.config.name, limit=self.config.limit)  # an unprepared set fails here, not at step 500
+        self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
+        self._tokenizer, self._trainer = tokenizer, trainer
+        self.probe: Probe | None = None
+        self.names = metric_names(self.name, self.answer_format)
+        self.last_metrics: dict[str, float] = {}
+        self.last_report: dict | None = None
+        self._wandb_run_id: str | None = None  # the wandb run whose metrics are defined
+        self._start_counting()
+        if tokenizer is not None:
+            self._build_probe(tokenizer)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def answer_format(self) -> str:
+        return self.config.answer_format
+
+    def __getattr__(self, name: str):
+        """The probe's settings read as attributes too (``callback.limit``, ``callback.level``, ...)."""
+        config = self.__dict__.get("config")
+        if config is not None and hasattr(config, name):
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # ---- saved in checkpoints (transformers' ExportableState) ------------------------------------
+    def state(self) -> dict:
+        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``.
+
+        ``args`` are this callback's keyword arguments (the probe's settings and ``CALLBACK_ARGS``): the
+        Trainer rebuilds the callback from them with ``restore_callback_states_from_checkpoint=True``.
+        """
+        return {
+            "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
+                     "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose},
+            "attributes": {"event_count": self.event_count, "last_step": self.last_step,
+                           "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
+                           "baseline_record": self.baseline_record},
+        }
+
+    def _start_counting(self) -> None:
+        self.event_count = 0  # triggering steps seen, for `every`
+        self.last_step: int | None = None  # last step with a logged probe
+        self.attempted_step: int | None = None  # last step a probe was tried (failed ones too)
+        self.baseline_done = False
+        self.baseline_record: dict | None = None  # the step-0 probe's per-vignette s (baseline_record)
+
+    # ---- when ------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.probe is None:
+            self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
+        if kwargs.get("model") is not None:
+            check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
+        self._find_trainer()
+        if state.global_step > 0:
+            self._resume_counting(state)  # resumed: that step's probe is already on the curve
+            return
+        self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
+        if self.baseline:
+            self.baseline_done = True
+            self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if "evaluate" in self.events:
+            self._maybe_probe(args, state, kwargs, "evaluate")
+        if metrics is not None and self.last_step == state.global_step and self.last_metrics:
+            metrics.update(self.last_metrics)  # seen by metric_for_best_model / EarlyStopping; same on every rank
+
+    def on_save(self, args, state, control, **kwargs):
+        if "save" in self.events:
+            self._maybe_probe(args, state, kwargs, "save")
+        # The Trainer stored the counters just before this event: store them as they are now.
+        record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state(), self.answer_format)
+        if args.should_save:
+            report = self.last_report if self.last_step == state.global_step else None
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            write_checkpoint(folder, self.name, state, report)
+
+    def _maybe_probe(self, args, state, kwargs, event):
+        if self.attempted_step == state.global_step:
+            return  # at most once per global step (evaluate and save both fire), failed attempts included
+        self.event_count += 1
+        if self.event_count % self.every:
+            return
+        if self.probe is None:
+            self._ensure_probe(kwargs)
+        self._probe(args, state, kwargs.get("model"), event)
+
+    def _probe(self, args, state, model, event):
+        if model is None:
+            return
+        self.attempted_step = state.global_step
+        try:
+            start = time.perf_counter()
+            report = self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
+        except UnsupportedModelError:
+            raise  # a setup error (not a causal LM), already refused at on_train_begin
+        except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
+            if self.strict:
+                raise
+            logger.warning("moral probe [%s] failed at step %d (%s): %s: %s; training continues, nothing logged",
+                           self.name, state.global_step, event, type(e).__name__, e)
+            return
+        if event == BASELINE_EVENT:
+            self.baseline_record = baseline_record(report, state.global_step)
+        metrics = {**report_metrics(self.name, report), **change_metrics(self.name, self.baseline_record, report)}
+        self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
+        self._publish(args, state, report, metrics, event)
+
+    # ---- where to log ----------------------------------------------------------------------------
+    def _publish(self, args, state, report, metrics, event):
+        """Reporters and log_history on every rank (Trainer.log), then the main process's own outputs."""
+        trainer = self._find_trainer()
+        if trainer is not None:
+            trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
+        else:
+            state.log_history.append({**metrics, "step": state.global_step})
+            logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
+                           "state.log_history only (pass trainer= to MoralProbeCallback)", self.name)
+        if not state.is_world_process_zero:
+            return
+        if self.verbose:
+            print(f"[tinymcf] step {state.global_step} ({event})")
+            print("\n".join(sanity_lines(report)))
+            print(format_table(report["table"]))
+        append_history(args.output_dir, self.name, report, metrics, step=state.global_step, epoch=state.epoch,
+                       event=event)
+        if event == BASELINE_EVENT and args.should_save:
+            write_baseline(args.output_dir, self.name, report, step=state.global_step, epoch=state.epoch)
+        if reports_to_wandb(args):
+            self._log_wandb(state, report)
+
+    def _log_wandb(self, state, report):
+        run = active_wandb_run()
+        if run is None:
+            return
+        try:
+            if self._wandb_run_id != run.id:
+                define_wandb_metrics(run, self.name, self.answer_format)
+                record_wandb_precision(run, self.name, report)
+                self._wandb_run_id = run.id
+            log_wandb_table(run, self.name, report, state.global_step)
+        except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
+            logger.warning("moral probe [%s]: wandb table not logged: %s", self.name, e)
+
+    # ---- plumbing ----------------------------------------------------------------------------------
+    def _build_probe(self, tok) -> None:
+        self.probe = Probe(tok, config=self.config)  # tokenised once, reused at every probe
+
+    def _ensure_probe(self, kwargs) -> None:
+        tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
+        if tok is not None and not hasattr(tok, "apply_chat_template") and hasattr(tok, "tokenizer"):
+            tok = tok.tokenizer  # a processor wrapping a tokenizer
+        if tok is None:
+            raise ConfigError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
+                              "or MoralProbeCallback(tokenizer=tok)")
+        self._build_probe(tok)
+
+    def _find_trainer(self):
+        """The Trainer to log through: ``trainer=`` if given, else the one whose handler holds this callback."""
+        if self._trainer is not None:
+            return self._trainer
+        # Fallback: callback events receive no trainer argument, but the Trainer is a caller of this event.
+        frame = inspect.currentframe()
+        try:
+            while frame is not None:
+                obj = frame.f_locals.get("self")
+                handler = getattr(obj, "callback_handler", None)
+                if handler is not None and any(cb is self for cb in getattr(handler, "callbacks", ())):
+                    self._trainer = obj
+                    return obj
+                frame = frame.f_back
+        finally:
+            del frame
+        return None
+
+    def _resume_counting(self, state) -> None:
+        """Take the counters from the checkpoint the run resumed from.
+
+        The Trainer restores callbacks itself only with ``restore_callback_states_from_checkpoint=True``
+        (and then into a new instance); reading the state here makes resuming right by default.
+        """
+        saved = stored_counters(state.stateful_callbacks, type(self).__name__, self.name, self.answer_format)
+        if saved is None:
+            logger.info("moral probe [%s]: the checkpoint holds no MoralProbeCallback counters; `every` counts "
+                        "from step %d", self.name, state.global_step)
+            self._start_counting()
+            self.baseline_done = True
+            return
+        known = self.state()["attributes"]
+        for attribute, value in saved.get("attributes", {}).items():
+            if attribute in known:
+                setattr(self, attribute, value)
+        self.baseline_record = self._usable_baseline(self.baseline_record)
+
+    def _usable_baseline(self, record) -> dict | None:
+        """The saved baseline when it scored this probe's prompts; else None (no change logged), with a warning."""
+        if record is None:
+            return None
+        why = None
+        if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
+            why = "its prompts differ from this run's (another limit, tokenizer, answer prefix or answer format)"
+        else:
+            try:
+                baseline_scores(record)
+            except (KeyError, TypeError, ValueError) as e:
+                why = f"it cannot be read ({e})"
+        if why is None:
+            return record
+        logger.warning("moral probe [%s]: the checkpoint's step-0 baseline is not used: %s; score_change is not "
+                       "logged in this run", self.name, why)
+        return None

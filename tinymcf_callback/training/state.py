@@ -1,0 +1,51 @@
+"""The callback's counters in ``trainer_state.json``: saved at every checkpoint, read back when a run resumes.
+
+Several callbacks of one class share one key of ``stateful_callbacks`` (the Trainer stores a list,
+appended to at each save); each probe finds its own entry by its set's name and answer format.
+"""
+
+from __future__ import annotations
+
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+
+
+def _entries(stateful_callbacks: dict | None, key: str) -> list:
+    stored = (stateful_callbacks or {}).get(key)
+    return stored if isinstance(stored, list) else [stored] if stored else []
+
+
+def _mine(entries: list, name: str, answer_format: str) -> list[int]:
+    # Several callbacks of one class share a key (a list, appended to at each save): match the set name and the
+    # answer format (states saved before formats existed are Yes/No).
+    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name
+            and e["args"].get("answer_format", DEFAULT_ANSWER_FORMAT) == answer_format]
+
+
+def stored_counters(stateful_callbacks: dict | None, key: str, name: str,
+                    answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict | None:
+    """The newest saved state of the ``key`` callback probing set ``name`` in ``answer_format``, or None."""
+    entries = _entries(stateful_callbacks, key)
+    mine = _mine(entries, name, answer_format)
+    return entries[mine[-1]] if mine else None
+
+
+def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict,
+                    answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
+    """Replace (or add) the saved state of the ``key`` callback probing set ``name`` in ``answer_format``.
+
+    One entry is kept per set and answer format.
+
+    With several callbacks of one class the Trainer appends all their states at every save; older
+    entries of this set are dropped, so ``trainer_state.json`` (which holds the baseline's scores)
+    does not grow with the number of saves.
+    """
+    entries = _entries(stateful_callbacks, key)
+    mine = _mine(entries, name, answer_format)
+    if mine:
+        entries[mine[-1]] = saved
+        entries = [e for i, e in enumerate(entries) if i not in mine[:-1]]
+    else:
+        entries.append(saved)
+    stateful_callbacks[key] = entries[0] if len(entries) == 1 else entries
+
+
