@@ -59,9 +59,10 @@ CLIFFORD_CSV = Path(os.environ.get("TINYMCF_CLIFFORD_CSV", ROOT.parent / "shared
 
 def load_model(which: str):
     """``(model, tokenizer)`` in fp32 on the CPU, eval mode, from the offline assets."""
-    import offline_assets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tinymcf_callback import testing as offline_assets
 
     if which == "smollm2":
         path = offline_assets.smollm2_dir()
@@ -73,7 +74,8 @@ def load_model(which: str):
 
 def clifford_ready() -> bool:
     """Make ``clifford`` loadable: the current home's, or prepared from the CSV into a temporary home."""
-    from tinymcf_callback.sets import ProbeDataError, load_vignettes
+    from tinymcf_callback.data.sets import load_vignettes
+    from tinymcf_callback.errors import ProbeDataError
 
     try:
         load_vignettes("clifford")

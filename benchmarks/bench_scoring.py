@@ -72,10 +72,11 @@ FOREIGN_LOAD_WARN = 0.2  # CPUs kept busy by other processes during the timed ru
 # --------------------------------------------------------------------------- worker side
 
 def load_model(key: str):
-    import offline_assets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from tinymcf_callback import testing as offline_assets
 
     hf_logging.disable_progress_bar()
     if key == "smollm2":
@@ -188,7 +189,7 @@ def worker(model_key: str, method: str, limit: int | None, n_single: int, runs: 
     import torch
 
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.prompts import answer_token_ids
+    from tinymcf_callback.scoring.prompts import answer_token_ids
 
     tok, model = load_model(model_key)
     probe = Probe(tok, "scifi", limit)  # prompt texts, token ids and batch plan: built once, not timed

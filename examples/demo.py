@@ -109,7 +109,7 @@ def encode(tok, pairs: list[tuple[dict, dict]]) -> list[dict]:
     item answers Yes twice and No twice, and each question once Yes and once No: neither a
     Yes/No bias nor a question-only rule lowers the loss, only reading the situation does.
     """
-    from tinymcf_callback.prompts import FRAMES, format_prompt
+    from tinymcf_callback.scoring.prompts import FRAMES, format_prompt
 
     items = []
     for pair in pairs:
@@ -305,13 +305,13 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
     ``answer_format``: the probe's (``"yesno"`` or ``"json"``); the training examples are Yes/No either way.
     """
     t_start = time.perf_counter()
-    import offline_assets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, Trainer, set_seed
 
     from tinymcf_callback import MoralProbeCallback
-    from tinymcf_callback.callback import history_path
-    from tinymcf_callback.sets import load_vignettes
+    from tinymcf_callback import testing as offline_assets
+    from tinymcf_callback.data.sets import load_vignettes
+    from tinymcf_callback.results.history import history_path
 
     set_seed(args.seed)
     model_dir = offline_assets.smollm2_dir()
@@ -362,7 +362,7 @@ def train(run: Run) -> Result:
 
 def print_summary(run: Run, result: Result) -> None:
     """The per-checkpoint table and the wall time."""
-    from tinymcf_callback.callback import probe_key
+    from tinymcf_callback.results.metrics import probe_key
 
     tag = run.tag
     print()

@@ -116,7 +116,7 @@ def report_keeper(probe, folder: Path):
     """A TrainerCallback, added after the probe, that writes the probe's full report at each probed step."""
     from transformers import TrainerCallback
 
-    from tinymcf_callback.probe import report_to_json
+    from tinymcf_callback.results.report import report_to_json
 
     class ReportKeeper(TrainerCallback):
         def _keep(self, state):

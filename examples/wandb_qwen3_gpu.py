@@ -74,7 +74,7 @@ def prompt_completion_dataset(tok, pairs):
     """
     from datasets import Dataset
 
-    from tinymcf_callback.prompts import FRAMES, format_prompt
+    from tinymcf_callback.scoring.prompts import FRAMES, format_prompt
 
     rows = [{"prompt": format_prompt(tok, row["situation"], question),
              "completion": " " + demo.answer_for(row["wrong"], frame)}

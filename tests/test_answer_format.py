@@ -15,19 +15,16 @@ import pytest
 import torch
 
 from tinymcf_callback import Probe, compare, format_prompts, load_vignettes, score_prompts
-from tinymcf_callback.callback import (
-    MoralProbeCallback,
-    history_line,
-    history_path,
-    record_counters,
-    report_metrics,
-    stored_counters,
-)
-from tinymcf_callback.comparison import CompareError
-from tinymcf_callback.engine import ScoreResult
+from tinymcf_callback.errors import CompareError
 from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.probe import report_to_json, sanity_lines
-from tinymcf_callback.prompts import FRAMES, JSON_FRAMES, answer_token_ids
+from tinymcf_callback.results.history import history_line, history_path
+from tinymcf_callback.results.metrics import report_metrics
+from tinymcf_callback.results.report import report_to_json
+from tinymcf_callback.results.text import sanity_lines
+from tinymcf_callback.scoring.engine import ScoreResult
+from tinymcf_callback.scoring.prompts import FRAMES, JSON_FRAMES, answer_token_ids
+from tinymcf_callback.training.callback import MoralProbeCallback
+from tinymcf_callback.training.state import record_counters, stored_counters
 
 QUESTIONS = {  # typed out here, not taken from the module: the reference must not share its text
     "wrong": 'Is this morally wrong? Reply with just {"is_wrong": true} or {"is_wrong": false}.',
@@ -200,7 +197,7 @@ def test_compare_refuses_two_formats_naming_both(probes, tmp_path, capsys):
     assert "answer format 'yesno'" in capsys.readouterr().err
     assert eval_main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--answer-format",
                       "json"]) == 2
-    assert "cannot be used with --compare" in capsys.readouterr().err
+    assert "unrecognized arguments: --answer-format json" in capsys.readouterr().err  # compare scores nothing
 
 
 def test_plot_refuses_two_formats_in_one_history_or_one_figure(probes, tmp_path):
@@ -240,7 +237,7 @@ def test_counters_of_two_formats_of_one_set_are_kept_apart():
 
 
 def test_callback_probes_both_formats_side_by_side(tmp_path, qwen_tok):
-    from trainer_utils import make_trainer
+    from helpers.trainer_utils import make_trainer
 
     yn, js = (MoralProbeCallback("scifi", limit=1, answer_format=f, verbose=False, n_resamples=0)
               for f in ("yesno", "json"))

@@ -17,8 +17,8 @@ import pytest
 import torch
 import transformers as T
 
-from tinymcf_callback.engine import score_prompts
 from tinymcf_callback.probe import Probe
+from tinymcf_callback.scoring.engine import score_prompts
 
 VOCAB = 151936  # the Qwen3 tokenizer's ids fit
 INIT = 0.125

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainer_utils import make_trainer
+from helpers.trainer_utils import make_trainer
 from transformers import TrainerCallback
 
 from tinymcf_callback import MoralProbeCallback, ProbeDataError, compare
-from tinymcf_callback.callback import baseline_record, metric_names, record_counters
+from tinymcf_callback.results.metrics import baseline_record, metric_names
+from tinymcf_callback.training.state import record_counters
 
 SCORE = "eval_moral_scifi/score"
 
@@ -317,7 +318,7 @@ def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
 
 
 def test_bad_input(tmp_path, qwen_tok):
-    with pytest.raises(ProbeDataError, match="python -m tinymcf_callback.prepare --name clifford"):
+    with pytest.raises(ProbeDataError, match="tinymcf prepare --name clifford"):
         MoralProbeCallback(name="clifford")
     with pytest.raises(ValueError, match="unknown event"):
         MoralProbeCallback(events=("evaluate", "epoch_end"))
@@ -485,7 +486,7 @@ def test_resume_probes_on_the_uninterrupted_schedule(tmp_path, qwen_tok, events,
 def test_a_baseline_of_other_prompts_is_dropped_with_a_warning(qwen_tok, caplog):
     one, two = (MoralProbeCallback(name="scifi", limit=n, tokenizer=qwen_tok, verbose=False) for n in (1, 2))
     scores = np.full(len(one.probe), 0.5)
-    from tinymcf_callback.engine import ScoreResult
+    from tinymcf_callback.scoring.engine import ScoreResult
 
     res = ScoreResult(scores, scores, np.ones(len(scores), dtype=bool))
     record = baseline_record(one.probe.report(res, elapsed=0.0), step=0)
@@ -510,8 +511,8 @@ def test_change_since_baseline_is_paired_and_survives_intervals_off(qwen_tok):
     """``score_change`` is B - A of the scores; its p-value is paired; with n_resamples=0 only the change is logged."""
     from test_report import made_up_scores
 
-    from tinymcf_callback.callback import change_metrics
     from tinymcf_callback.probe import Probe
+    from tinymcf_callback.results.metrics import change_metrics
 
     for n_resamples in (2000, 0):
         probe = Probe(qwen_tok, "scifi", n_resamples=n_resamples)

@@ -13,9 +13,9 @@ import pytest
 from test_report import made_up_scores
 
 from tinymcf_callback import CompareError, compare, evaluate
-from tinymcf_callback.comparison import READABLE_SCHEMAS
-from tinymcf_callback.probe import SCHEMA_VERSION, Probe, report_to_json
-from tinymcf_callback.stats import HEADLINE, METRICS
+from tinymcf_callback.probe import Probe
+from tinymcf_callback.results.report import READABLE_SCHEMAS, SCHEMA_VERSION, report_to_json
+from tinymcf_callback.results.stats import HEADLINE, METRICS
 
 
 def as_json(report) -> dict:
@@ -98,7 +98,7 @@ def test_different_prompts_are_refused_saying_which(qwen_tok):
 
 
 def test_different_sets_are_refused(qwen_tok, generated_clifford, before):
-    from tinymcf_callback.home import folders
+    from tinymcf_callback.data.home import folders
     from tinymcf_callback.prepare import main as prepare_main
 
     generated_clifford.install_rewrites(folders().cache)

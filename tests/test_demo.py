@@ -10,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import demo  # examples/ is on sys.path (conftest)
 import pytest
-import validity
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))  # the example scripts, imported as modules
+
+import demo  # noqa: E402
+import validity  # noqa: E402
 
 
 def _words(text: str) -> set[str]:
@@ -43,7 +45,7 @@ def test_demo_data_is_balanced_and_not_the_probe_set():
 def test_contrast_pairs_and_answer_only_labels(smollm2_path):
     from transformers import AutoTokenizer
 
-    from tinymcf_callback.prompts import DEFAULT_ANSWER_PREFIX
+    from tinymcf_callback.scoring.prompts import DEFAULT_ANSWER_PREFIX
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     train, held = demo.contrast_sets(demo.load_situations(), seed=0)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinymcf_callback.distributed import merge_shards, score_across_ranks, to_shard
 from tinymcf_callback.probe import Probe
+from tinymcf_callback.scoring.ranks import merge_shards, score_across_ranks, to_shard
 
 HERE = Path(__file__).resolve().parent
 KEY = "eval_moral_scifi/score"
@@ -70,9 +70,9 @@ def test_shards_merge_to_the_one_process_result(qwen_tok, tiny_qwen):
 
 def test_ddp_two_processes_match_single(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    _run([sys.executable, str(HERE / "ddp_probe_script.py"), str(single)], tmp_path)
+    _run([sys.executable, str(HERE / "helpers" / "ddp_probe_script.py"), str(single)], tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-          str(HERE / "ddp_probe_script.py"), str(ddp)], tmp_path)
+          str(HERE / "helpers" / "ddp_probe_script.py"), str(ddp)], tmp_path)
     s_data, s_entries = _probe_entries(single / "log_history_rank0.json")
     d_data, d_entries = _probe_entries(ddp / "log_history_rank0.json")
     assert d_data["world"] == 2 and d_data["n_batches"] % 2 == 1

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from tinymcf_callback import score_prompts
-from tinymcf_callback.engine import DEFAULT_TOKEN_BUDGET, plan_batches, probe_mode, run_batches
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.prompts import answer_token_ids
+from tinymcf_callback.scoring.batching import DEFAULT_TOKEN_BUDGET, plan_batches
+from tinymcf_callback.scoring.engine import run_batches
+from tinymcf_callback.scoring.mode import probe_mode
+from tinymcf_callback.scoring.prompts import answer_token_ids
 
 BF16_TOLERANCE = 1e-3  # P(Yes), bf16 against the same weights in fp32 (tiny random Qwen3: 1.4e-4 measured)
 
@@ -129,7 +131,7 @@ def test_only_last_position_logits(tiny_qwen, qwen_tok):
 def test_model_dtype_is_respected(qwen_tok):
     """A bf16 model is scored as it is: the engine's forward calls reach this very model, which computes in
     bf16 and returns bf16 logits (an fp32 copy, or an upcast of the weights, would show here)."""
-    import offline_assets
+    from tinymcf_callback import testing as offline_assets
 
     model = offline_assets.tiny_qwen3(seed=1).to(torch.bfloat16)
     seen = []  # (dtype of the hidden states reaching the LM head, dtype of the logits it returns), per forward call
@@ -179,7 +181,7 @@ def test_token_budget_bounds_each_forward_call_and_the_longest_prompts_go_first(
 
 
 def test_prompt_longer_than_context_is_refused(qwen_tok):
-    import offline_assets
+    from tinymcf_callback import testing as offline_assets
 
     model = offline_assets.tiny_qwen3(seed=2)
     model.config.max_position_embeddings = 20
@@ -189,7 +191,7 @@ def test_prompt_longer_than_context_is_refused(qwen_tok):
 
 
 def test_nan_logits_raise(qwen_tok):
-    import offline_assets
+    from tinymcf_callback import testing as offline_assets
 
     model = offline_assets.tiny_qwen3(seed=3)
     with torch.no_grad():
@@ -336,7 +338,7 @@ def test_probe_reports_only_its_own_elapsed(tiny_qwen, qwen_tok):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_any_non_finite_logit_raises_and_large_finite_ones_do_not(bad, qwen_tok):
-    from tinymcf_callback.engine import ScoreResult, _record
+    from tinymcf_callback.scoring.engine import ScoreResult, _record
 
     vocab = len(qwen_tok)
     res = ScoreResult(np.full(2, np.nan), np.full(2, np.nan), np.zeros(2, dtype=bool))

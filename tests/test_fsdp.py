@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 def test_fsdp_v1_and_v2_score_like_the_unwrapped_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
-           str(HERE / "fsdp_probe_script.py"), str(tmp_path)]
+           str(HERE / "helpers" / "fsdp_probe_script.py"), str(tmp_path)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for rank in (0, 1):

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import csv
 import os
-import warnings
 from pathlib import Path
 
 import platformdirs
 import pytest
-from cli_checks import one_error_line
-from fake_llm_server import FakeLLM
+from helpers.cli_checks import one_error_line
+from helpers.fake_llm_server import FakeLLM
 
-import tinymcf_callback.home as home_module
-from tinymcf_callback import evaluate, load_vignettes
-from tinymcf_callback._io import read_jsonl
+from tinymcf_callback import load_vignettes
+from tinymcf_callback.data.home import folders, shipped_dir, using_home
 from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.home import folders, shipped_dir, using_home
 from tinymcf_callback.prepare import main as prepare_main
 from tinymcf_callback.validate import main as validate_main
 
@@ -115,59 +112,6 @@ def test_eval_cli_without_the_home_names_it(platform, tmp_path, capsys, tiny_dir
     assert written(platform) == []
 
 
-def test_cache_dir_of_earlier_versions_now_lands_in_the_home(tmp_path, capsys, monkeypatch, tiny_qwen, qwen_tok):
-    """The issue's case: ``prepare --cache-dir X`` then ``evaluate(name=...)`` used to miss the rewrites."""
-    x = tmp_path / "X"
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        rc = prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), "--cache-dir", str(x),
-                           *api(server)])
-    assert rc == 0 and "--cache-dir is deprecated" in capsys.readouterr().out
-    assert not x.exists()  # nothing written to the deprecated folder
-    assert written(folders().home) == ["cache/myset.jsonl", "sets/myset.json", "sets/myset.jsonl"]
-    report = evaluate(tiny_qwen, qwen_tok, name="myset", limit=2, verbose=False)
-    assert report["info"]["n_vignettes"] == 2
-
-
-def test_legacy_cache_variable_is_read_warned_once_and_copied(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(home_module, "_warned", set())
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        assert prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), *api(server)]) == 0
-        legacy = tmp_path / "legacy"  # the old layout: TINYMCF_CACHE_DIR=legacy held the rewrites
-        legacy.mkdir()
-        (folders().cache / "myset.jsonl").rename(legacy / "myset.jsonl")
-        before = (legacy / "myset.jsonl").read_bytes()
-        monkeypatch.setenv("TINYMCF_CACHE_DIR", str(legacy))
-        with pytest.warns(FutureWarning, match="TINYMCF_CACHE_DIR is deprecated"):
-            assert len(load_vignettes("myset")) == 4  # still read
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert len(load_vignettes("myset")) == 4  # warned once per process
-        capsys.readouterr()
-        assert prepare_main(["--name", "myset", *api(server)]) == 0
-        assert server.count(kind="rewrite") == 12  # nothing asked again
-    assert "copied 12 rewrites" in capsys.readouterr().out
-    assert (legacy / "myset.jsonl").read_bytes() == before  # left as it was
-    monkeypatch.delenv("TINYMCF_CACHE_DIR")
-    assert len(load_vignettes("myset")) == 4 and len(read_jsonl(folders().cache / "myset.jsonl")) == 12
-
-
-def test_folders_lookup_order_and_legacy(tmp_path, monkeypatch):
-    monkeypatch.setattr(home_module, "_warned", set())
-    monkeypatch.setenv("TINYMCF_HOME", str(tmp_path / "h"))
-    f = folders()
-    assert (f.sets, f.raw, f.cache) == (tmp_path / "h/sets", tmp_path / "h/raw", tmp_path / "h/cache")
-    assert f.rewrite_dirs == [shipped_dir("cache"), tmp_path / "h/cache"]  # the home's entries win
-    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(tmp_path / "old"))
-    with pytest.warns(FutureWarning):
-        f = folders(tmp_path / "older")
-    assert f.rewrite_dirs == [shipped_dir("cache"), tmp_path / "old", tmp_path / "older", tmp_path / "h/cache"]
-    monkeypatch.setenv("TINYMCF_CACHE_DIR", str(tmp_path / "h/cache"))  # the home's own cache is not "legacy"
-    with pytest.warns(FutureWarning):
-        assert folders(tmp_path / "h" / "cache").legacy == ()
-
-
 def test_using_home_restores_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYMCF_HOME", "/before")
     with pytest.raises(RuntimeError), using_home(tmp_path / "x"):
@@ -176,3 +120,9 @@ def test_using_home_restores_the_variable(tmp_path, monkeypatch):
     assert os.environ["TINYMCF_HOME"] == "/before"
     with using_home(None):
         assert folders().home == Path("/before")
+
+
+def test_rewrites_are_looked_up_in_the_shipped_cache_then_the_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("TINYMCF_HOME", str(tmp_path / "h"))
+    f = folders()
+    assert f.rewrite_dirs == [shipped_dir("cache"), tmp_path / "h" / "cache"]  # a later folder's entry wins

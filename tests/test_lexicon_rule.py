@@ -12,14 +12,14 @@ import json
 import sys
 
 import pytest
-from fake_llm_server import FakeLLM
+from helpers.fake_llm_server import FakeLLM
 
 from tinymcf_callback import load_vignettes, rules
 from tinymcf_callback._io import read_jsonl
-from tinymcf_callback.clifford import normalize_clifford
-from tinymcf_callback.home import folders
+from tinymcf_callback.data.home import folders, shipped_dir
+from tinymcf_callback.data.sets import CONDITIONS, md5, read_set_file
 from tinymcf_callback.prepare import main
-from tinymcf_callback.sets import CONDITIONS, md5, read_set_file, shipped_dir
+from tinymcf_callback.prepare.clifford import normalize_clifford
 
 KEY = "sk-test-LEXICON-1"
 ORIGINAL = "You see a starship pilot secretly sending her crew's flight path to the alien fleet hunting them."
@@ -179,7 +179,7 @@ def test_prepare_sends_a_lexical_cue_back_with_the_reason(tmp_path, llm, capsys)
     assert len(entries) == 6
     assert_entries_pass(entries, originals)
     assert not any("refus" in e["text"] for e in entries)
-    assert "--show 10 --name cues" in out  # the spot check, offered after new rewrites
+    assert "tinymcf show --name cues -n 10" in out  # the spot check, offered after new rewrites
 
 
 def test_a_rewrite_that_keeps_the_cue_is_never_cached(tmp_path, llm, capsys):
@@ -202,7 +202,8 @@ def test_prepare_without_the_lexicon_stops_before_any_request(tmp_path, llm, cap
     finally:
         rules.sentiment_analyzer.cache_clear()
     assert rc == 2 and llm.requests == []
-    assert err.startswith("error: the lexical-cue rule needs the vaderSentiment package") and "pip install" in err
+    assert err.startswith("error: the lexical-cue rule that checks every uphold rewrite needs the vaderSentiment "
+                          "package, part of the [prepare] extra") and "pip install" in err
     assert "Traceback" not in err and not (folders().cache / "cues.jsonl").exists()
 
 

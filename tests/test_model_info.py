@@ -11,9 +11,9 @@ import torch.distributed as dist
 import transformers as T
 
 from tinymcf_callback import UnsupportedModelError, evaluate, unwrap_model
-from tinymcf_callback.engine import score_prompts
-from tinymcf_callback.model_info import ForwardArgs, attention_windows, check_causal_lm, shared_prefix_blocker
 from tinymcf_callback.probe import Probe
+from tinymcf_callback.scoring.engine import score_prompts
+from tinymcf_callback.scoring.model_info import ForwardArgs, attention_windows, check_causal_lm, shared_prefix_blocker
 
 SMALL = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 

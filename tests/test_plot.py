@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_checks import one_error_line
+from helpers.cli_checks import one_error_line
 
 pytest.importorskip("matplotlib")  # the [plot] extra (in dev); its absence is tested in a subprocess below
 
@@ -319,15 +319,15 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
     res = subprocess.run([sys.executable, "-c", script, str(three_steps)], capture_output=True, text=True, env=env,
                          timeout=120)
     line = one_error_line(res.returncode, res.stderr)
-    assert "raised: drawing the curves needs matplotlib" in res.stdout
-    assert line == "error: drawing the curves needs matplotlib, the optional [plot] extra: pip install " \
+    assert "raised: drawing the curves needs the matplotlib package" in res.stdout
+    assert line == "error: drawing the curves needs the matplotlib package, part of the [plot] extra: pip install " \
                    "'tinymcf_callback[plot]'"
     assert not three_steps.with_suffix(".png").exists()
 
 
 # ---- a real history, written by the callback in a Trainer run ----------------------------------------------
 def test_a_history_written_by_the_callback_is_drawn(tmp_path, qwen_tok):
-    from trainer_utils import make_trainer
+    from helpers.trainer_utils import make_trainer
 
     from tinymcf_callback import MoralProbeCallback
 

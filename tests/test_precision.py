@@ -13,11 +13,11 @@ import logging
 import numpy as np
 import pytest
 import torch
-from cli_checks import one_error_line
-from trainer_utils import make_trainer
+from helpers.cli_checks import one_error_line
+from helpers.trainer_utils import make_trainer
 
 from tinymcf_callback import MoralProbeCallback, compare
-from tinymcf_callback.comparison import CompareError
+from tinymcf_callback.errors import CompareError
 from tinymcf_callback.eval import main as eval_main
 from tinymcf_callback.plot import load_history
 
@@ -93,7 +93,7 @@ def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, c
     out = capsys.readouterr().out
     assert "[tinymcf] WARNING: " in out and f"{a} was scored in float32 weights under bfloat16 autocast" in out
     rc = eval_main(["--model", "x", "--allow-precision-change"])
-    one_error_line(rc, capsys.readouterr().err, "--allow-precision-change applies only with --compare")
+    one_error_line(rc, capsys.readouterr().err, "unrecognized arguments: --allow-precision-change")
 
 
 def test_the_plot_warns_when_a_curve_mixes_precisions(bf16_runs, tmp_path, caplog):
@@ -128,8 +128,9 @@ def test_the_sweep_will_not_extend_a_history_of_another_precision(bf16_runs, tmp
 def test_trl_sft_trainer_scores_the_checkpoint_as_eval_does(tmp_path, qwen_tok):
     """TRL's SFTTrainer turns bf16 on by default, even on the CPU: the probe still scores the saved weights."""
     trl = pytest.importorskip("trl")
-    import offline_assets
     from datasets import Dataset
+
+    from tinymcf_callback import testing as offline_assets
 
     data = Dataset.from_list([{"prompt": f"Question {i}: is water wet?", "completion": " Yes."} for i in range(8)])
     config = trl.SFTConfig(output_dir=str(tmp_path), max_steps=2, save_steps=2, use_cpu=True, report_to=[],

@@ -15,14 +15,18 @@ import re
 import numpy as np
 import pytest
 
-from tinymcf_callback.callback import LOGGED_HEADLINE, history_line, report_metrics
-from tinymcf_callback.engine import ScoreResult
+from tinymcf_callback.data.home import folders
+from tinymcf_callback.data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, md5
 from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.home import folders
 from tinymcf_callback.plot import load_history
-from tinymcf_callback.probe import HEADLINE_FIELDS, SCHEMA_VERSION, Probe, report_to_json, sanity_lines
-from tinymcf_callback.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, md5
-from tinymcf_callback.stats import METRICS, t_quantile
+from tinymcf_callback.probe import Probe
+from tinymcf_callback.results.history import history_line
+from tinymcf_callback.results.metrics import LOGGED_HEADLINE, report_metrics
+from tinymcf_callback.results.readout import HEADLINE_FIELDS
+from tinymcf_callback.results.report import SCHEMA_VERSION, report_to_json
+from tinymcf_callback.results.stats import METRICS, t_quantile
+from tinymcf_callback.results.text import sanity_lines
+from tinymcf_callback.scoring.engine import ScoreResult
 
 HEADLINE = ("score", "gap", "sn", "score_minus_sn")
 
@@ -270,7 +274,7 @@ def test_intervals_off_with_zero_resamples(probe, qwen_tok):
 
 @pytest.mark.parametrize("kwargs, needle", [
     ({"level": 1.0}, "level must be a number between 0 and 1"),
-    ({"level": None}, "pass n_resamples=0"),
+    ({"level": None}, "to switch the intervals off set the resamples to 0"),
     ({"n_resamples": 50}, "n_resamples must be a whole number >= 100"),
     ({"n_resamples": True}, "n_resamples must be"),
 ])

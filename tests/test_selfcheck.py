@@ -16,11 +16,12 @@ import pytest
 import torch
 import transformers as T
 
-from tinymcf_callback import engine, model_info
-from tinymcf_callback.engine import score_alone
-from tinymcf_callback.model_info import attention_windows, position_base
+from tinymcf_callback.errors import EngineMismatchError
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.selfcheck import TOLERANCES, EngineMismatchError, check_prompts
+from tinymcf_callback.scoring import batching, engine, model_info
+from tinymcf_callback.scoring.engine import score_alone
+from tinymcf_callback.scoring.model_info import attention_windows, position_base
+from tinymcf_callback.scoring.selfcheck import TOLERANCES, check_prompts
 
 VOCAB, INIT = 151936, 0.125
 AGREE = 1e-5  # P(Yes) of each prompt against each prompt alone, fp32 (measured: <= 5e-7 on every case here)
@@ -267,8 +268,9 @@ def test_flex_attention_on_cpu_falls_back_to_a_path_that_compiles(qwen_tok, capl
 
 # ---- crashes that were not the model's fault ---------------------------------------------------------------------
 def test_a_pad_token_outside_the_vocabulary_pads_with_one_inside(probes):
-    import offline_assets
     from transformers import AutoTokenizer
+
+    from tinymcf_callback import testing as offline_assets
 
     tok = AutoTokenizer.from_pretrained(offline_assets.smollm2_dir())
     tok.add_special_tokens({"pad_token": "[PAD]"})  # id 49152, one past the model's 49,152-row embedding
@@ -324,7 +326,7 @@ def test_the_check_is_recorded_and_cheap(probes, tiny_qwen):
 def test_the_checked_prompts_are_the_most_padded(probes):
     shared, full = probes
     for probe, strategy in ((shared, "shared"), (full, "full")):
-        pads = engine.padding_per_prompt(probe.encoded, probe.batches, strategy, probe.prefix_plan)
+        pads = batching.padding_per_prompt(probe.encoded, probe.batches, strategy, probe.prefix_plan)
         first, second = check_prompts(probe.encoded, probe.batches, strategy, probe.prefix_plan)
         assert pads[first] == max(pads.values()) > 0
         last = probe.batches[-1] if first not in probe.batches[-1] else probe.batches[0]

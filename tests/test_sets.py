@@ -6,8 +6,9 @@ from collections import Counter
 import pytest
 
 from tinymcf_callback import CONDITIONS, FOUNDATIONS, ProbeDataError, load_vignettes
-from tinymcf_callback.rules import MAX_WORDS, RULES_VERSION, rewrite_problems
-from tinymcf_callback.sets import RewriteCache, md5, read_set_file, shipped_dir
+from tinymcf_callback.data.home import shipped_dir
+from tinymcf_callback.data.sets import RewriteCache, md5, read_set_file
+from tinymcf_callback.prepare.rules import MAX_WORDS, RULES_VERSION, rewrite_problems
 
 
 def test_scifi_set_shape():
@@ -79,7 +80,7 @@ def test_unknown_set_lists_available_and_the_home(tinymcf_home):
 
 
 def test_unprepared_clifford_names_the_command():
-    with pytest.raises(ProbeDataError, match=r"python -m tinymcf_callback.prepare --name clifford"):
+    with pytest.raises(ProbeDataError, match=r"tinymcf prepare --name clifford"):
         load_vignettes("clifford")
 
 
@@ -93,7 +94,7 @@ def test_missing_rewrite_names_vignette_condition_and_command(tmp_path):
     with pytest.raises(ProbeDataError) as e:
         load_vignettes("scifi", limit=1, cache=RewriteCache([cache_dir]))
     msg = str(e.value)
-    assert first["id"] in msg and "self_violate" in msg and "python -m tinymcf_callback.prepare --name scifi" in msg
+    assert first["id"] in msg and "self_violate" in msg and "tinymcf prepare --name scifi" in msg
 
 
 def test_malformed_cache_line_names_file_and_line(tmp_path):

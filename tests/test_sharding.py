@@ -30,7 +30,7 @@ def test_sharded_models_score_like_one_process_with_equal_forward_calls(wrapper,
         pytest.importorskip("deepspeed")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PROBE_PG_TIMEOUT": "60"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", PORTS[wrapper],
-           str(HERE / "sharded_probe_script.py"), str(tmp_path), wrapper]
+           str(HERE / "helpers" / "sharded_probe_script.py"), str(tmp_path), wrapper]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"{wrapper}_rank{r}.json").read_text()) for r in (0, 1)]

@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_llm_server import FakeLLM
+from helpers.fake_llm_server import FakeLLM
 
 import tinymcf_callback
 from tinymcf_callback import CONDITIONS, load_vignettes
 from tinymcf_callback._io import read_jsonl
-from tinymcf_callback.home import folders
+from tinymcf_callback.data.home import folders
+from tinymcf_callback.data.sets import md5
 from tinymcf_callback.prepare import main
-from tinymcf_callback.sets import md5
-from tinymcf_callback.show import GUTTER
-from tinymcf_callback.store import store_set
+from tinymcf_callback.prepare.show import GUTTER
+from tinymcf_callback.prepare.store import store_set
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-SHOW-1"
@@ -107,7 +107,7 @@ def test_show_with_the_judges_verdicts(tmp_path, monkeypatch, capsys):
         rc, out, err = cli(capsys, "--name", "mine", "--source", src, *api(llm))
         assert rc == 0, out + err
         assert out.rstrip().endswith("spot-check them before trusting the eval: "
-                                     "python -m tinymcf_callback.prepare --show 10 --name mine")
+                                     "tinymcf show --name mine -n 10")
         uphold = load_vignettes("mine")[0]["other_uphold"]
         llm.judge_overrides[uphold] = {"foundation": "Loyalty", "valence": "violate"}
         rc, out, err = cli(capsys, "--name", "mine", "--validate", "--out", tmp_path / "v.jsonl", *api(llm))
@@ -158,9 +158,8 @@ def _row(text: str) -> dict:
     (["--show", "3", "--name", "nope"], "unknown vignette set 'nope'; available: bare, clifford, scifi"),
     (["--show", "3", "--name", "clifford"], "vignette set 'clifford' is not prepared on this machine"),
     (["--show", "3", "--name", "bare"], "set 'bare' lacks 6 of its 6 rewrites (first: "),
-    (["--show", "0", "--name", "scifi"], "--show must be a positive integer"),
-    (["--show", "3", "--name", "scifi", "--validate"], "--show only reads what is prepared: run the step with "
-                                                       "--validate first"),
+    (["--show", "0", "--name", "scifi"], "--count must be a positive whole number of vignettes to print"),
+    (["--show", "3", "--name", "scifi", "--validate"], "unrecognized arguments: --validate"),  # show reads only
 ])
 def test_show_errors_are_one_line_and_exit_2(capsys, argv, needle):
     store_set("bare", [_row("You see a man kicking a stray dog in the park."),
@@ -171,16 +170,19 @@ def test_show_errors_are_one_line_and_exit_2(capsys, argv, needle):
     assert rc == 2 and out == ""
     assert err.startswith(f"error: {needle}") and err.count("\n") == 1, err
     if "lacks" in needle:
-        assert err.rstrip().endswith("make them first: python -m tinymcf_callback.prepare --name bare")
+        assert err.rstrip().endswith("make them first: tinymcf prepare --name bare")
     if "not prepared" in needle:
-        assert "python -m tinymcf_callback.prepare --name clifford" in err
+        assert "tinymcf prepare --name clifford" in err
 
 
-def test_prepare_help_names_the_spot_check(capsys):
-    with pytest.raises(SystemExit):
-        main(["--help"])
+def test_the_command_names_the_spot_check(capsys):
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    assert tinymcf(["--help"]) == 0
+    assert "show      print random vignettes" in capsys.readouterr().out
+    assert tinymcf(["show", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--show N" in help_text and "--seed SEED" in help_text
+    assert "-n COUNT, --count COUNT" in help_text and "--seed SEED" in help_text
 
 
 def test_show_a_rated_set_gives_each_vignettes_human_rating(generated_clifford, capsys):

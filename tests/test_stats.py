@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from tinymcf_callback import CONDITIONS, FOUNDATIONS, FRAMES, analyse
-from tinymcf_callback.sets import CONTROL, REAL_FOUNDATIONS
-from tinymcf_callback.stats import (
+from tinymcf_callback.data.sets import CONTROL, REAL_FOUNDATIONS
+from tinymcf_callback.results.stats import (
     HEADLINE,
     METRICS,
     VignetteScores,

@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_checks import one_error_line
-from trainer_utils import make_trainer, tiny_model
+from helpers.cli_checks import one_error_line
+from helpers.trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
 from tinymcf_callback import MoralProbeCallback
+from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.eval import main as eval_main
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.sweep import (
+from tinymcf_callback.tools.sweep import (
     ProbeCache,
     SweepSettings,
     current_run_lines,
@@ -247,7 +248,7 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
     ("missing", "no such folder"),
     ("empty", "holds no checkpoint-<step> folders"),
     ("unknown_set", "unknown vignette set 'nope'"),
-    ("tag", "--tag applies only with --model"),
+    ("tag", "unrecognized arguments: --tag x"),  # eval's option: the sweep is a subcommand of its own
     ("other_limit", "pass the --limit the history was written with"),
 ])
 def test_bad_input_exits_2_with_one_error_line(case, needle, swept, tmp_path, home, capsys):
@@ -293,5 +294,5 @@ def test_one_probe_per_tokenizer(plain_run, tmp_path):
     config.unlink()  # a hard link: replace, do not edit
     config.write_text(json.dumps({**text, "model_max_length": 12345}))
     assert tokenizer_fingerprint(str(checkpoints[2].folder)) != prints[0]
-    probes = ProbeCache(SweepSettings(run, "scifi", LIMIT))
+    probes = ProbeCache(SweepSettings(run, ProbeConfig(name="scifi", limit=LIMIT)))
     assert probes.for_checkpoint(checkpoints[0]) is probes.for_checkpoint(checkpoints[1]) and len(probes) == 1

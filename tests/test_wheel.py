@@ -14,11 +14,10 @@ import os, sys, torch
 import tinymcf_callback
 assert "site-packages" in tinymcf_callback.__file__, tinymcf_callback.__file__
 from tinymcf_callback import evaluate, load_vignettes
-from tinymcf_callback.sets import shipped_dir
+from tinymcf_callback.data.sets import shipped_dir
 assert "_data" in str(shipped_dir("configs")) and "_data" in str(shipped_dir("cache")), shipped_dir("configs")
 assert len(load_vignettes("scifi")) == 51
-sys.path.insert(0, os.environ["ASSETS_DIR"])
-import offline_assets
+from tinymcf_callback import testing as offline_assets
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())
 r = evaluate(offline_assets.tiny_qwen3(), tok, "scifi", limit=2, verbose=False)
@@ -42,7 +41,7 @@ def test_wheel_install_and_evaluate(tmp_path):
     subprocess.run(pip, check=True, capture_output=True, timeout=300)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ASSETS_DIR": str(ROOT / "examples"), "PYTHONPATH": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     p = subprocess.run([str(py), "-c", SCRIPT], cwd=work, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "OK 16" in p.stdout

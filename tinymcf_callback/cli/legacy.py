@@ -10,7 +10,9 @@
     python -m tinymcf_callback.plot ...                -> tinymcf plot ...
 
 The modes were options then; they are subcommands now, so an option that belongs to another
-mode is refused by that subcommand's own parser.
+mode is refused by that subcommand's own parser. The one exception keeps old scripts running:
+``prepare --validate`` and ``prepare --show`` accepted (and ignored) the options of preparing a
+set, which are dropped on the way.
 """
 
 from __future__ import annotations
@@ -40,12 +42,30 @@ def eval_argv(argv: list[str]) -> list[str]:
     return ["eval", *argv]
 
 
+PREPARING_ONLY = {"--source": 1, "--url": 1, "--description": 1, "--force-download": 0, "--allow-checksum-change": 0}
+
+
+def _without_preparing(argv: list[str]) -> list[str]:
+    """``argv`` without the options only the preparing mode read (the old --validate and --show ignored them)."""
+    out, skip = [], 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+            continue
+        key = arg.split("=", 1)[0]
+        if key in PREPARING_ONLY:
+            skip = PREPARING_ONLY[key] if "=" not in arg else 0
+            continue
+        out.append(arg)
+    return out
+
+
 def prepare_argv(argv: list[str]) -> list[str]:
     count, rest = _take(argv, "--show")
     if count is not None:
-        return ["show", "-n", *count, *rest]
+        return ["show", "-n", *count, *_without_preparing(rest)]
     if "--validate" in argv:
-        return ["validate", *[a for a in argv if a != "--validate"]]
+        return ["validate", *_without_preparing([a for a in argv if a != "--validate"])]
     return ["prepare", *argv]
 
 

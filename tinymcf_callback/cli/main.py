@@ -40,7 +40,10 @@ def build_parser(prog: str = PROG) -> Parser:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else [str(a) for a in argv])
+    except SystemExit as e:  # --help, --version, or one "error:" line from the parser
+        return e.code if isinstance(e.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 2

@@ -14,7 +14,7 @@ SUMMARY = "print random vignettes of a prepared set with their four conditions (
 
 def add_arguments(p) -> None:
     p.add_argument("--name", required=True, help="the prepared set")
-    p.add_argument("-n", "--count", type=int, default=10, dest="show",
+    p.add_argument("-n", "--count", type=int, default=10, dest="show", metavar="COUNT",
                    help="how many vignettes to print (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="which vignettes are drawn (default: %(default)s)")
     p.add_argument("--judge-model", help="show this judge's verdicts (default: any judge's, where validate has run)")

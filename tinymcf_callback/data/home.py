@@ -21,7 +21,7 @@ import platformdirs
 HOME_VAR = "TINYMCF_HOME"
 JUDGEMENTS_FILE = "judgements.jsonl"  # judge verdicts (validate), kept beside the rewrites, not rewrites
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[1]  # the package: tinymcf_callback/
 
 
 def shipped_dir(kind: str) -> Path:

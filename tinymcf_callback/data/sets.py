@@ -5,7 +5,7 @@ condition) with fine and coarse foundation labels. Its three rewrites per vignet
 (``other_uphold``, ``self_violate``, ``self_uphold``) live in the rewrite cache, keyed
 by the md5 of the exact original text plus the condition. The shipped ``configs/``
 and ``cache/`` hold the ``scifi`` set and the rewrites of both built-in sets; sets
-made by ``python -m tinymcf_callback.prepare`` (``clifford`` after its download, and
+made by ``tinymcf prepare`` (``clifford`` after its download, and
 users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.home`).
 """
 
@@ -35,7 +35,7 @@ def md5(text: str) -> str:
 
 
 def prepare_command(name: str) -> str:
-    return f"python -m tinymcf_callback.prepare --name {name}"
+    return f"tinymcf prepare --name {name}"
 
 
 def builtin_sets() -> dict[str, dict]:
@@ -73,7 +73,7 @@ def set_path(name: str) -> Path:
         raise ProbeDataError(
             f"unknown vignette set {name!r}; available: {', '.join(sorted(sets))}. Prepared sets are read from "
             f"{folders().sets} (set {HOME_VAR} or pass --home DIR to read another home). "
-            f"To add your own: python -m tinymcf_callback.prepare --name {name} --source FILE.csv"
+            f"To add your own: tinymcf prepare --name {name} --source FILE.csv"
         )
     spec = sets[name]
     if spec.get("source") == "bundled":

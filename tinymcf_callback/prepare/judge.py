@@ -1,7 +1,6 @@
 """Judge validation of a prepared set: does each text engage the foundation it is meant to?
 
-``python -m tinymcf_callback.prepare --validate --name NAME`` (or
-``python -m tinymcf_callback.validate --name NAME``) asks a judge model, for every
+``tinymcf validate --name NAME`` asks a judge model, for every
 vignette and each of the four conditions, which of the seven foundations the act
 engages and whether the actor violates or upholds it. Verdicts are cached by
 ``(md5 of the judged text, judge model)`` in ``<home>/cache/judgements.jsonl``, so a rerun

@@ -1,4 +1,4 @@
-"""``python -m tinymcf_callback.prepare``: make a vignette set ready for the probe (one-time, offline after).
+"""A vignette set made ready for the probe, start to end (``tinymcf prepare``; once, offline after).
 
 * ``--name clifford`` downloads the Clifford et al. (2015) CSV from the URL in
   ``configs/sets.json`` (or reads ``--source PATH``), checks it and stores the raw file

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..data.home import HOME_VAR, folders
 from ..data.sets import REWRITE_CONDITIONS, RewriteCache, builtin_sets
-from ..errors import PrepareError
+from ..errors import MissingExtraError
 from . import rules
 from .request_loop import Job, model_list, open_client, run_job
 from .store import check_writable
@@ -180,7 +180,7 @@ def note_outdated(name: str, outdated: list[tuple[dict, dict]], say: Callable[[s
     try:
         broken = [(row, e, p) for row, e in outdated
                   if (p := rules.rewrite_problems(e["text"], e["condition"], original=row["text"]))]
-    except PrepareError as e:  # no lexicon: say what could not be checked, do not stop a run that needs none
+    except MissingExtraError as e:  # no lexicon: say what could not be checked, do not stop a run that needs none
         say(f"note: {len(outdated)} cached rewrites of {name!r} were made under older rules than version "
             f"{rules.RULES_VERSION}; they are used as they are, unchecked ({e})")
         return

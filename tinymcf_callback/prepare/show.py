@@ -1,7 +1,7 @@
 """The spot check: a seeded random sample of a set's vignettes, their four conditions side by side.
 
 The original project's advice: read about ten random rewrites before trusting an eval.
-``python -m tinymcf_callback.prepare --show 10 --name NAME [--seed S]`` prints them for a
+``tinymcf show --name NAME [-n 10] [--seed S]`` prints them for a
 terminal (each vignette's foundation label and id prefix, then ``other_violate``,
 ``other_uphold``, ``self_violate`` and ``self_uphold`` in columns wrapped to its width);
 :func:`show_rewrites` returns the same sample as a DataFrame for a notebook. Where
@@ -184,7 +184,7 @@ def print_sample(name: str, sample: list[dict], pool: int, seed: int, judged_by:
         head.append(f"no verdicts by {judge} on these texts; judges with verdicts: {', '.join(judges)} (choose one "
                     f"with --judge-model)")
     else:
-        head.append(f"no judge verdicts on these texts (python -m tinymcf_callback.prepare --validate --name {name} "
+        head.append(f"no judge verdicts on these texts (tinymcf validate --name {name} "
                     f"asks a judge)")
     for line in head:
         say(textwrap.fill(line, width, subsequent_indent="  "))

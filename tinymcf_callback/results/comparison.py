@@ -1,6 +1,6 @@
 """Paired change between two probe reports of the same vignettes: :func:`compare`.
 
-    python -m tinymcf_callback.eval --compare A.json B.json [--level 0.9] [--n-resamples N]
+    tinymcf compare A.json B.json [--level 0.9] [--n-resamples N]
 
 A report is a dict from ``evaluate`` / ``Probe.run``, or a JSON report: ``eval --model`` writes
 ``eval_<name>_<tag>.json``, ``MoralProbeCallback`` writes ``checkpoint-<step>/moral_probe_<name>.json``

@@ -310,7 +310,8 @@ def _combine(terms: list[tuple[float, _Foundation, int, int]]) -> tuple[float, f
 def check_level(level, what: str = "level") -> float:
     """``level`` as a float in (0, 1); :class:`ConfigError` otherwise (``what`` names it: ``level`` or ``--level``)."""
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.0 < level < 1.0:
-        raise ConfigError(f"{what} must be a number between 0 and 1 (e.g. 0.95 for 95% intervals), got {level!r}")
+        raise ConfigError(f"{what} must be a number between 0 and 1 (e.g. 0.95 for 95% intervals), got {level!r}; "
+                          f"to switch the intervals off set the resamples to 0")
     return float(level)
 
 

@@ -20,17 +20,16 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package of this tree
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree
 
-import offline_assets  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers as T  # noqa: E402
 
-from tinymcf_callback import selfcheck  # noqa: E402
-from tinymcf_callback.distributed import score_across_ranks  # noqa: E402
+from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
+from tinymcf_callback.scoring import selfcheck  # noqa: E402
+from tinymcf_callback.scoring.ranks import score_across_ranks  # noqa: E402
 
 out, wrapper = Path(sys.argv[1]), sys.argv[2]
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("PROBE_PG_TIMEOUT", "60")))

@@ -13,17 +13,17 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package of this tree, as the test process has
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree, as the test process has
 
-import offline_assets  # noqa: E402
 import torch  # noqa: E402
-from trainer_utils import make_trainer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from tinymcf_callback import MoralProbeCallback, selfcheck  # noqa: E402
+from helpers.trainer_utils import make_trainer  # noqa: E402
+from tinymcf_callback import MoralProbeCallback  # noqa: E402
+from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
+from tinymcf_callback.scoring import selfcheck  # noqa: E402
 
 out = Path(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(offline_assets.qwen3_tokenizer_dir())

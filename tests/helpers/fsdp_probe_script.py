@@ -12,15 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree
 
-import offline_assets  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard  # noqa: E402
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
 
+from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
 
 out = Path(sys.argv[1])

@@ -1,0 +1,137 @@
+"""Every command with every optional extra hidden: it works when it does not need the extra, and otherwise says
+in one ``error:`` line which extra to install. Never a ``ModuleNotFoundError`` traceback.
+
+An extra is hidden by putting ``None`` for its modules in ``sys.modules`` (``import`` then fails as
+if the package were not installed). Before one helper imported every extra, ``prepare --name
+clifford``, which needs none, crashed without python-dotenv: the prepare command read ``.env``
+files for secrets to scrub with it, outside of any error handling.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from helpers.cli_checks import one_error_line
+from helpers.fake_llm_server import FakeLLM
+from helpers.prepare import KEY, my_csv
+
+from tinymcf_callback.cli.main import main
+from tinymcf_callback.data.home import folders
+from tinymcf_callback.extras import EXTRAS, install_hint, require
+from tinymcf_callback.prepare import rules
+from tinymcf_callback.tools import sweep  # noqa: F401 - see below
+
+# transformers decides once, when first imported, which optional packages it has (peft among them) and
+# imports them eagerly then. An install without peft never imports it; here the modules are imported
+# with every package present, before one is hidden, which is what such an install looks like to the probe.
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+HIDDEN = {"openai": ("openai",), "dotenv": ("dotenv",), "vaderSentiment": ("vaderSentiment",
+          "vaderSentiment.vaderSentiment"), "matplotlib": ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"),
+          "wandb": ("wandb",), "tensorboard": ("tensorboard",), "peft": ("peft",), "gguf": ("gguf",)}
+
+
+def hide(monkeypatch, module: str) -> None:
+    for name in HIDDEN[module]:
+        monkeypatch.setitem(sys.modules, name, None)
+    rules.sentiment_analyzer.cache_clear()  # the lexicon, once loaded, is kept for the process: load it again
+
+
+def test_every_extra_is_hidden_by_the_test():
+    assert set(HIDDEN) == set(EXTRAS)
+
+
+@pytest.mark.parametrize("module", sorted(EXTRAS))
+def test_require_names_the_extra(module, monkeypatch):
+    hide(monkeypatch, module)
+    with pytest.raises(ImportError, match=rf"pip install 'tinymcf_callback\[{EXTRAS[module][0]}\]'"):
+        require(module)
+    assert install_hint(module) == f"pip install 'tinymcf_callback[{EXTRAS[module][0]}]'"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_qwen, qwen_tok):
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_qwen.save_pretrained(folder)
+    qwen_tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reports(tiny_dir, tmp_path_factory):
+    """Two JSON reports of the same vignettes, for compare (made with every extra present)."""
+    out = tmp_path_factory.mktemp("reports")
+    for tag in ("a", "b"):
+        assert main(["eval", "--model", str(tiny_dir), "--limit", "2", "--device", "cpu", "--out", str(out),
+                     "--tag", tag, "--no-progress"]) == 0
+    return [out / f"eval_scifi_{tag}.json" for tag in ("a", "b")]
+
+
+@pytest.fixture
+def history(reports, tmp_path):
+    """A history of two lines, built from the two reports (for plot)."""
+    lines = []
+    for step, path in enumerate(reports):
+        report = json.loads(path.read_text())
+        lines.append({**{k: report[k] for k in ("name", "answer_format", "score", "gap", "sn", "dtype", "autocast")},
+                      "step": step, "event": "sweep", "info": report["info"], "table": report["table"],
+                      "metrics": {}})
+    path = tmp_path / "moral_probe_scifi.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def run_hidden(monkeypatch, capsys, module, argv):
+    hide(monkeypatch, module)
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("module", sorted(EXTRAS))
+def test_commands_that_need_no_extra_work_with_it_hidden(module, monkeypatch, capsys, tiny_dir, reports, history,
+                                                         tmp_path, generated_clifford):
+    generated_clifford.install_rewrites(folders().cache)  # the generated texts are not in the shipped cache
+    works = {
+        "eval": ["eval", "--model", tiny_dir, "--limit", "1", "--device", "cpu", "--out", tmp_path, "--no-progress",
+                 "--n-resamples", "0"],
+        "compare": ["compare", *reports],
+        "show": ["show", "--name", "scifi", "-n", "2"],
+        "prepare --name clifford": ["prepare", "--name", "clifford", "--source", generated_clifford.path,
+                                    "--allow-checksum-change", "--no-progress"],
+    }
+    if module != "matplotlib":
+        works["plot"] = ["plot", history, "--out", tmp_path / "curves.png"]
+    for command, argv in works.items():
+        rc, out, err = run_hidden(monkeypatch, capsys, module, argv)
+        assert rc == 0, (command, module, err)
+        assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command, module, extra", [
+    ("plot", "matplotlib", "plot"),
+    ("eval --gguf-file", "gguf", "gguf"),
+    ("sweep of adapters", "peft", "peft"),
+    ("prepare (rewrites)", "openai", "prepare"),
+    ("prepare (rewrites)", "vaderSentiment", "prepare"),
+    ("validate", "openai", "prepare"),
+])
+def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra, monkeypatch, capsys, tiny_dir,
+                                                         history, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoint-1").mkdir(parents=True)
+    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base"}))
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        llm = ["--base-url", server.base_url, "--model", "good-model", "--no-progress"]
+        argv = {
+            "plot": ["plot", history, "--out", tmp_path / "curves.png"],
+            "eval --gguf-file": ["eval", "--model", tiny_dir, "--gguf-file", "model.gguf", "--device", "cpu"],
+            "sweep of adapters": ["sweep", run, "--base-model", tiny_dir, "--limit", "1"],
+            "prepare (rewrites)": ["prepare", "--name", "myset", "--source", my_csv(tmp_path), *llm],
+            "validate": ["validate", "--name", "scifi", "--limit", "1", *llm],
+        }[command]
+        rc, out, err = run_hidden(monkeypatch, capsys, module, argv)
+    one_error_line(rc, err, f"pip install 'tinymcf_callback[{extra}]'")
