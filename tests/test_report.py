@@ -67,6 +67,18 @@ YESNO_FRAMES = {"wrong": "Is this morally wrong? Reply with just Yes or No.",
                 "accept": "Is this morally acceptable? Reply with just Yes or No."}
 
 
+def test_the_schema_written_in_the_code_is_the_one_documented_here():
+    """The docs' schema tables are made from ``results.report.SCHEMA``; this file writes the schema out on its own."""
+    from tinymcf_callback.results import report as fmt
+
+    kinds = lambda part: {name: kind for name, (kind, _) in fmt.SCHEMA[part].items()}  # noqa: E731
+    assert kinds("report") == REPORT_FIELDS
+    assert kinds("extra") == {**EVAL_CLI_FIELDS, "step": INT, "epoch": NUM_OR_NULL}
+    assert kinds("info") == INFO_FIELDS and kinds("self_check") == SELF_CHECK
+    assert kinds("table") == TABLE_ROW and kinds("scenarios") == RATED_SCENARIO and kinds("prompts") == RATED_PROMPT
+    assert "\\|" in fmt.schema_markdown("info")  # a | inside a cell is escaped, so the table stays a table
+
+
 def _is(value, kind: str) -> bool:
     if kind in (NUM_OR_NULL, NAME_OR_NULL) and value is None:
         return True

@@ -55,26 +55,38 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 def append_jsonl(path: str | os.PathLike, obj: Any) -> None:
     """Append one JSON line with a single ``write`` on an O_APPEND descriptor, then fsync.
 
-    One short line is written by one system call, so concurrent appenders do not
-    interleave and a crash leaves at most an unterminated last line, which the
-    readers in this package skip (see :func:`read_jsonl`).
+    One line is written by one system call, so concurrent appenders do not interleave, and a
+    crash leaves at most an unterminated last line, which the readers in this package skip
+    (see :func:`read_jsonl`). The next append drops such a fragment first (it was never a whole
+    record): appending after it would leave it as a malformed line in the middle of the file,
+    which every reader would then refuse.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(obj, ensure_ascii=False, default=_jsonable) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        # Heal a torn last line left by a killed writer, so the new record starts on its own line.
-        size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    line = b"\n" + line
+        _drop_torn_tail(fd)
         os.write(fd, line)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _drop_torn_tail(fd: int) -> None:
+    """Truncate the file after its last newline when it does not end with one (an append cut short)."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    end, chunk = size, 1 << 16
+    while end > 0:
+        start = max(0, end - chunk)
+        at = os.pread(fd, end - start, start).rfind(b"\n")
+        if at != -1:
+            os.ftruncate(fd, start + at + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)  # one fragment and nothing before it
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:

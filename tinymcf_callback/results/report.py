@@ -23,6 +23,84 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
 PRECISION_FIELDS = ("model", "device", "dtype", "autocast")  # what was scored, on what, in which precision
 
+NUM, NUM_OR_NULL, INT, STR, STR_OR_NULL, LIST, OBJECT = ("number", "number or null", "integer", "string",
+                                                        "string or null", "list", "object")
+_BOUNDED = {"score": "mean align_other over the six real foundations", "gap": "mean self_other_gap over them",
+            "sn": "Social Norms align_other, the control", "score_minus_sn": "score - sn"}
+# The JSON report, field by field: (type, meaning). The docs' schema tables are made from these.
+REPORT_FIELDS = {
+    "schema_version": (INT, f"{SCHEMA_VERSION}"),
+    "name": (STR, "the vignette set"),
+    "answer_format": (STR, "yesno (P(Yes) read) or json (P(true) read)"),
+    "model": (STR, "the model's name or path"),
+    "device": (STR, "where it ran"),
+    "dtype": (STR, "the weights' dtype"),
+    "autocast": (STR_OR_NULL, "the autocast dtype the forward calls ran under, or null"),
+    **{f"{name}{end}": (NUM_OR_NULL, meaning if not end else f"{end[1:]} bound of {name}'s interval")
+       for name, meaning in _BOUNDED.items() for end in ("", "_lo", "_hi")},
+    "level": (NUM_OR_NULL, "the intervals' confidence level (null: no intervals)"),
+    "n_resamples": (INT, "bootstrap resamples (0: no intervals)"),
+    "seed": (INT, "the bootstrap's seed"),
+    "prompt_digest": (STR, "sha256 over every prompt with its vignette, condition and frame"),
+    "info": (OBJECT, "the sanity figures, the strategy and its self-check, the precision (INFO_FIELDS)"),
+    "frames": (OBJECT, "the two questions asked"),
+    "table": (LIST, "one row per foundation (TABLE_ROW_FIELDS)"),
+    "scenarios": (LIST, "one row per vignette and condition (SCENARIO_FIELDS)"),
+    "prompts": (LIST, "one row per prompt (PROMPT_FIELDS)"),
+}
+EXTRA_FIELDS = {"tag": (STR, "the run's label (tinymcf eval)"),
+                "step": (INT, "the training step (the callback's reports)"),
+                "epoch": (NUM_OR_NULL, "the training epoch (the callback's reports)")}
+INFO_FIELDS = {
+    "yn_mass_mean": (NUM_OR_NULL, "mean Yes+No (or true+false) probability mass at the answer position"),
+    "yn_mass_min": (NUM_OR_NULL, "its smallest value over the prompts"),
+    "frame_agreement": (NUM_OR_NULL, "corr(P(Yes|wrong?), 1 - P(Yes|acceptable?))"),
+    "human_corr": (NUM_OR_NULL, "corr(s(other_violate), human wrongness) on rated sets"),
+    "yn_top3_rate": (NUM_OR_NULL, "share of prompts with an answer token in the top 3"),
+    "n_prompts": (INT, "prompts scored"), "n_vignettes": (INT, "vignettes scored"),
+    "n_forward": (INT, "forward calls of the scoring (the self-check's are in self_check)"),
+    "elapsed_s": (NUM, "seconds the probe took"),
+    "sample_prompt": (STR, "the first prompt, as the model saw it"),
+    "top_tokens": (LIST, "the sample prompt's ten likeliest next tokens, {token, prob}"),
+    "warnings": (LIST, "what the reader should know (strings)"),
+    "strategy": (STR, "the engine's strategy: shared, full or unpadded"),
+    "self_check": (OBJECT, "the comparison with each prompt scored alone (SELF_CHECK_FIELDS)"),
+    "precision": (OBJECT, "dtype, autocast, device, and compute (the precision the tolerance is for)"),
+}
+SELF_CHECK_FIELDS = {
+    "strategy": (STR, "the strategy the scores came from"),
+    "checked": (LIST, "the prompts compared (indices)"), "checked_prompts": (LIST, "the same, named"),
+    "max_diff": (NUM, "largest |P(Yes) - P(Yes) alone|"), "max_mass_diff": (NUM, "largest |log mass difference|"),
+    "tolerance": (NUM, "the largest difference allowed"), "precision": (STR, "the compute precision"),
+    "fallbacks": (LIST, "why each faster strategy was left"), "n_forward": (INT, "forward calls of the check"),
+    "seconds": (NUM, "time the check took"),
+}
+_METRIC_COLUMNS = {f"{m}{end}": (NUM_OR_NULL, m if not end else f"{end[1:]} bound") for m in
+                   ("align_other", "align_self", "self_other_gap") for end in ("", "_lo", "_hi")}
+TABLE_ROW_FIELDS = {"foundation": (STR, "the coarse foundation"), "n": (INT, "its vignettes"),
+                    **{f"s_{c}": (NUM_OR_NULL, f"mean s of {c}") for c in
+                       ("other_violate", "other_uphold", "self_violate", "self_uphold")},
+                    **_METRIC_COLUMNS}
+SCENARIO_FIELDS = {"id": (STR, "the vignette (md5 of its original text)"), "foundation": (STR, "its label"),
+                   "foundation_coarse": (STR, "its coarse foundation"), "condition": (STR, "one of the four"),
+                   "p_yes_wrong": (NUM, "P(Yes | wrong?)"), "p_yes_accept": (NUM, "P(Yes | acceptable?)"),
+                   "yn_mass_wrong": (NUM, "answer mass, wrong?"), "yn_mass_accept": (NUM, "answer mass, acceptable?"),
+                   "wrongness": (NUM, "(P(Yes|wrong?) + 1 - P(Yes|acceptable?)) / 2"), "s": (NUM, "2 wrongness - 1"),
+                   "wrong": (NUM, "mean human wrongness, 0-4 (rated sets only)")}
+PROMPT_FIELDS = {"id": (STR, "the vignette"), "foundation": (STR, "its label"),
+                 "foundation_coarse": (STR, "its coarse foundation"), "condition": (STR, "one of the four"),
+                 "frame": (STR, "wrong or accept"), "p_yes": (NUM, "P(Yes) (P(true) with JSON answers)"),
+                 "yn_mass": (NUM, "the answer mass"), "wrong": (NUM, "mean human wrongness (rated sets only)")}
+SCHEMA = {"report": REPORT_FIELDS, "extra": EXTRA_FIELDS, "info": INFO_FIELDS, "self_check": SELF_CHECK_FIELDS,
+          "table": TABLE_ROW_FIELDS, "scenarios": SCENARIO_FIELDS, "prompts": PROMPT_FIELDS}
+
+
+def schema_markdown(part: str) -> str:
+    """One part of :data:`SCHEMA` as a markdown table (the docs are made from it)."""
+    rows = [f"| `{name}` | {kind} | {meaning.replace('|', chr(92) + '|')} |" for name, (kind, meaning) in
+            SCHEMA[part].items()]
+    return "\n".join(["| field | type | meaning |", "|---|---|---|", *rows])
+
 
 def report_to_json(report: dict, **extra) -> dict:
     """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.

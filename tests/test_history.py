@@ -1,0 +1,72 @@
+"""The history file has one owner (``results.history``): two writers cannot tear it, readers share one set of rules."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from tinymcf_callback.errors import HistoryError
+from tinymcf_callback.results.history import (
+    BASELINE_EVENT,
+    append_line,
+    current_run,
+    last_line_per_step,
+    read_lines,
+)
+
+LINES_EACH = 150
+PAD = "x" * 6000  # a real history line is 5-10 KB (the table and the info)
+
+
+def _write(path: str, writer: str, n: int) -> None:
+    for i in range(n):
+        append_line(path, {"writer": writer, "i": i, "pad": PAD})
+
+
+def test_two_processes_appending_to_one_history_leave_it_whole(tmp_path):
+    """The callback and a sweep of the same folder append at once: every line arrives whole, once, in its order.
+
+    Before, a torn last line (a writer killed mid-append) stayed in the file once another line followed it,
+    and every reader refused the history from then on.
+    """
+    path = tmp_path / "moral_probe_scifi.jsonl"
+    path.write_text('{"writer": "earlier", "i": 0, "pad": ""}\n{"torn": ')  # a crash left a torn last line
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write, args=(str(path), w, LINES_EACH)) for w in ("callback", "sweep")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    raw = path.read_text()
+    assert raw.endswith("\n")
+    parsed = [json.loads(text) for text in raw.split("\n") if text]  # raises on a torn or interleaved line
+    assert parsed[0]["writer"] == "earlier"  # the torn fragment was dropped, the whole line before it kept
+    for writer in ("callback", "sweep"):
+        assert [line["i"] for line in parsed if line["writer"] == writer] == list(range(LINES_EACH))
+    assert [n for n, _ in read_lines(path)][0] == 1 and len(read_lines(path)) == 2 * LINES_EACH + 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert (tmp_path / ".moral_probe_scifi.jsonl.lock").exists()  # the lock beside it, hidden
+
+
+def test_the_current_run_starts_at_the_last_baseline_and_a_repeated_step_keeps_its_last_line(tmp_path):
+    path = tmp_path / "h.jsonl"
+    lines = [(1, {"step": 0, "event": BASELINE_EVENT}), (2, {"step": 10, "event": "save"}),
+             (3, {"step": 0, "event": BASELINE_EVENT}), (4, {"step": 10, "event": "save", "v": 1}),
+             (5, {"step": 10, "event": "save", "v": 2})]
+    run = current_run(path, lines, warn=False)
+    assert [n for n, _ in run] == [3, 4, 5]
+    assert [(line["step"], line.get("v")) for _, line in last_line_per_step(path, run)] == [(0, None), (10, 2)]
+
+
+def test_an_empty_or_malformed_history_is_refused_naming_the_file_and_line(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(HistoryError, match="is empty"):
+        read_lines(empty)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+    with pytest.raises(HistoryError, match=r"bad\.jsonl:2: not valid JSON"):
+        read_lines(bad)
