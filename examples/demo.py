@@ -405,9 +405,8 @@ def draw_curves(out: Path, tag: str = "demo", history: Path | None = None) -> Pa
     target = history.with_suffix(".png")
     try:
         plot.plot_histories([history], out=target)
-    except plot.MissingPlotExtraError:
-        print(f"[{tag}] no figure drawn: matplotlib is missing ({plot.INSTALL_HINT} draws it; "
-              f"then: python -m tinymcf_callback.plot {history})")
+    except plot.MissingExtraError as e:
+        print(f"[{tag}] no figure drawn: {e}; then: tinymcf plot {history}")
         return None
     except plot.HistoryError as e:
         print(f"[{tag}] no figure drawn: {e}")

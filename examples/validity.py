@@ -22,7 +22,7 @@ on, and Social Norms (the negative control) is in no condition's training data.
 
 The intervals come from the full reports: the final checkpoint's ``moral_probe_scifi.json`` and
 the step-0 baseline, which this script keeps (``<condition>/reports/step-<n>.json``, every probed
-step) because no checkpoint holds it. ``tinymcf_callback.stats.bootstrap_intervals`` gives 95%
+step) because no checkpoint holds it. ``tinymcf_callback.results.stats.bootstrap_intervals`` gives 95%
 intervals of the score, the Social Norms control and their difference; ``stats.paired_change``
 gives the change of each since step 0 with its p-value (the same vignettes at both steps).
 
@@ -208,7 +208,7 @@ def check_same(reported, recomputed: float, what: str) -> None:
         return
     if reported is None or not math.isclose(reported, recomputed, rel_tol=1e-9, abs_tol=1e-9):
         raise SystemExit(f"validity: {what} is {reported} in the report but {recomputed} from its scenarios; "
-                         "the report and tinymcf_callback.stats disagree")
+                         "the report and tinymcf_callback.results.stats disagree")
 
 
 def _num(x: float) -> float | None:

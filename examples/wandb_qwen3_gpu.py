@@ -5,7 +5,7 @@ The recipe of ``examples/demo.py`` (its everyday moral judgements, the probe's o
 format, loss on the answer only) on a GPU model, with the metrics sent to W&B
 (``report_to=["wandb"]``) and two probe sets when available: ``scifi`` (bundled) and
 ``clifford`` (132 vignettes with human wrongness ratings; skipped, with a message, until
-``python -m tinymcf_callback.prepare --name clifford`` has been run once).
+``tinymcf prepare --name clifford`` has been run once).
 
     pip install -e ".[wandb]"                          # from a checkout
     pip install trl                                    # only for --trainer trl

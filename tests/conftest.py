@@ -29,6 +29,13 @@ from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.data.home import folders  # noqa: E402
 
 KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
+SLOW_FIXTURES = {"smollm2", "smollm2_path"}  # a test that loads SmolLM2 is slow, whatever else it does
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -236,6 +236,7 @@ def test_counters_of_two_formats_of_one_set_are_kept_apart():
         MoralProbeCallback("scifi", answer_format="xml")
 
 
+@pytest.mark.slow
 def test_callback_probes_both_formats_side_by_side(tmp_path, qwen_tok):
     from helpers.trainer_utils import make_trainer
 
@@ -270,6 +271,7 @@ def run_dir(tmp_path_factory, tiny_qwen, qwen_tok):
     return run
 
 
+@pytest.mark.slow
 def test_eval_cli_and_sweep_with_json_answers(run_dir, tiny_qwen, qwen_tok, tmp_path, capsys):
     ckpt = run_dir / "checkpoint-1"
     common = ["--limit", "1", "--device", "cpu", "--no-progress", "--n-resamples", "0"]

@@ -30,6 +30,7 @@ def my_forward(model, tok, prompts, batch_size=32):
     return torch.cat(out)
 
 
+@pytest.mark.slow
 def test_documented_snippet_runs_as_written(tiny_qwen, qwen_tok, capsys):
     model, tok = tiny_qwen, qwen_tok
     vignettes = load_vignettes("scifi")

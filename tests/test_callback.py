@@ -90,6 +90,7 @@ def wandb_run_records(wandb_dir, wait_s=60):
     return rows, metrics, config
 
 
+@pytest.mark.slow
 def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -161,6 +162,7 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
                     assert got == pytest.approx(value, rel=1e-12, abs=1e-15), column
 
 
+@pytest.mark.slow
 def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monkeypatch):
     import wandb
 
@@ -181,6 +183,7 @@ def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monk
     assert not [m for m in metrics if "moral" in m.glob_name + m.name]
 
 
+@pytest.mark.slow
 def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
     trainer = make_trainer(tmp_path, qwen_tok, learning_rate=1e-2)
     trainer.add_callback(MoralProbeCallback(name="scifi", limit=3, verbose=False, trainer=trainer))  # the first way
@@ -206,6 +209,7 @@ def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
     assert lines[2]["metrics"]["eval_moral_scifi/score_change_p"] == pytest.approx(result["p"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_save_only_and_every(tmp_path, qwen_tok):
     """Saves only (no evaluation): the Trainer writes trainer_state.json *before* on_save, so only the callback's
     refresh puts this step's probe and this save's counters into the checkpoint. Read them back."""
@@ -228,6 +232,7 @@ def _weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_training_is_bit_identical_with_and_without_probe(tmp_path, qwen_tok):
     runs = []
     for with_cb in (False, True):
@@ -247,6 +252,7 @@ def test_training_is_bit_identical_with_and_without_probe(tmp_path, qwen_tok):
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
 
 
+@pytest.mark.slow
 def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, caplog):
     from tinymcf_callback.probe import Probe
 
@@ -268,6 +274,7 @@ def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, 
         make_trainer(tmp_path / "strict", qwen_tok, [strict]).train()
 
 
+@pytest.mark.slow
 def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     cb = MoralProbeCallback(name="scifi", limit=2, baseline=False, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=6, metric_for_best_model="moral_scifi/score",
@@ -279,6 +286,7 @@ def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     """EarlyStoppingCallback, placed after the probe, reads the probe's score from the evaluation metrics: with
     the weights frozen (learning rate 0) the score never improves, so patience 2 stops the run at step 3 of 8."""
@@ -297,6 +305,7 @@ def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
 
 
+@pytest.mark.slow
 def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
     from tinymcf_callback.prepare import main as prepare_main
 
@@ -346,6 +355,7 @@ def assert_scores_like_plain(report_path, plain_model, tok, limit, tolerance) ->
     return difference
 
 
+@pytest.mark.slow
 def test_peft_lora_model_scores_like_the_merged_plain_model(tmp_path, qwen_tok):
     """A LoRA model (random adapter weights, so the adapter moves the scores) is probed like the plain model
     that has the adapter merged into its weights, within 1e-5 per prompt, at step 0 and after training."""
@@ -378,6 +388,7 @@ def test_peft_lora_model_scores_like_the_merged_plain_model(tmp_path, qwen_tok):
 BF16_RUN_TOLERANCE = 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, tolerance", [
     ({"bf16": True}, BF16_RUN_TOLERANCE),
     # dynamo graph capture; inductor codegen is minutes on CPU
@@ -423,6 +434,7 @@ class Forwarder(TrainerCallback):
         return self.inner.on_save(*args, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("explicit", [True, False], ids=["trainer=", "stack walk"])
 def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path, qwen_tok, caplog, explicit):
     trainer = make_trainer(tmp_path, qwen_tok, max_steps=2, report_to=("tensorboard",))
@@ -441,6 +453,7 @@ def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path
         assert tb == {} and warned and "pass trainer=" in warned[0].getMessage()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("events, restore, probed, at_checkpoint", [
     # evaluation at every step, checkpoints at 3 and 6: probes at 2, 4, 6; three events counted at step 3
     ("evaluate", False, [0, 2, 4, 6], {"event_count": 3, "last_step": 2, "attempted_step": 2}),
@@ -450,6 +463,7 @@ def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path
     # restore_callback_states_from_checkpoint: the Trainer rebuilds the callback from its saved state
     ("save", True, [0, 6], {"event_count": 1, "last_step": 0, "attempted_step": 0}),
 ], ids=["evaluate", "save", "save-restore-flag"])
+@pytest.mark.slow
 def test_resume_probes_on_the_uninterrupted_schedule(tmp_path, qwen_tok, events, restore, probed, at_checkpoint):
     def run(out, resume=None):
         cb = MoralProbeCallback(name="scifi", limit=1, events=events, every=2, verbose=False)
@@ -509,7 +523,7 @@ def test_saved_state_keeps_one_entry_per_set():
 
 def test_change_since_baseline_is_paired_and_survives_intervals_off(qwen_tok):
     """``score_change`` is B - A of the scores; its p-value is paired; with n_resamples=0 only the change is logged."""
-    from test_report import made_up_scores
+    from helpers.reports import made_up_scores
 
     from tinymcf_callback.probe import Probe
     from tinymcf_callback.results.metrics import change_metrics

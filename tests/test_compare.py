@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_report import made_up_scores
+from helpers.reports import made_up_scores
 
 from tinymcf_callback import CompareError, compare, evaluate
 from tinymcf_callback.probe import Probe

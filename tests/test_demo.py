@@ -107,6 +107,7 @@ def test_quick_demo_end_to_end(tmp_path, monkeypatch, capsys):
     assert (out / "moral_probe_scifi.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_foreign_nonempty_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

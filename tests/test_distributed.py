@@ -68,6 +68,7 @@ def test_shards_merge_to_the_one_process_result(qwen_tok, tiny_qwen):
         merge_shards(shards[1:], len(probe))
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_single(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     _run([sys.executable, str(HERE / "helpers" / "ddp_probe_script.py"), str(single)], tmp_path)

@@ -76,7 +76,7 @@ def _mixed_lengths(probe, k):
 @pytest.fixture(scope="module")
 def tiny_gpt2():
     """Absolute (learned) position embeddings: a padding position that leaks into a prompt moves its score."""
-    from test_architectures import ARCHITECTURES
+    from helpers.models import ARCHITECTURES
 
     torch.manual_seed(0)
     return ARCHITECTURES["gpt2"][0]().eval()
@@ -89,7 +89,11 @@ def _model_and_tok(which, request):
     return model, request.getfixturevalue("qwen_tok")
 
 
-@pytest.mark.parametrize("which, limit, k", [("tiny_qwen3", None, 24), ("tiny_gpt2", 6, 24), ("smollm2", 10, 8)])
+SMOLLM2 = pytest.mark.slow  # a real model: the full suite only
+
+
+@pytest.mark.parametrize("which, limit, k", [("tiny_qwen3", None, 24), ("tiny_gpt2", 6, 24),
+                                            pytest.param("smollm2", 10, 8, marks=SMOLLM2)])
 def test_batching_invariance(which, limit, k, request):
     """One left-padded batch of mixed lengths gives each prompt's own P(Yes) and Yes+No mass."""
     model, tok = _model_and_tok(which, request)
@@ -245,7 +249,8 @@ def test_run_batches_scores_only_given_batches(tiny_qwen, qwen_tok):
     assert np.isfinite(res.p_yes[[0, 3]]).all() and np.isnan(np.delete(res.p_yes, [0, 3])).all()
 
 
-@pytest.mark.parametrize("which, limit", [("tiny_qwen3", 12), ("tiny_gpt2", 6), ("smollm2", 4)])
+@pytest.mark.parametrize("which, limit", [("tiny_qwen3", 6), ("tiny_gpt2", 6),
+                                         pytest.param("smollm2", 4, marks=SMOLLM2)])
 def test_shared_prefix_matches_full_prompts(which, limit, request):
     """Shared prefixes (header and scenario from the cache) give the full prompts' scores and each prompt's own."""
     model, tok = _model_and_tok(which, request)
@@ -312,6 +317,7 @@ def test_model_rejecting_the_cache_at_run_time_falls_back_once(tiny_qwen, qwen_t
                                                             "here)"]
 
 
+@pytest.mark.slow
 def test_compiled_model_scores_like_eager(tiny_qwen, qwen_tok):
     probe = Probe(qwen_tok, "scifi", limit=1)
     ref = probe.score(tiny_qwen)

@@ -120,6 +120,7 @@ def test_cli_unwritable_out(tiny_dir, tmp_path, capsys):
     one_error_line(rc, capsys.readouterr().err, "cannot create the output folder", str(blocker / "sub"))
 
 
+@pytest.mark.slow
 def test_cli_as_module_subprocess(tiny_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-m", "tinymcf_callback.eval", "--model", str(tiny_dir), "--limit", "2",
@@ -226,6 +227,7 @@ def test_cli_malformed_cache_line_names_the_file_and_line(tiny_dir, tmp_path, ca
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_prompt_longer_than_the_context(tiny_dir, tmp_path, capsys):
     """The same tiny model, its config saying 32 positions: refused before any forward call, nothing written."""
     short = tmp_path / "short_context"
@@ -280,6 +282,7 @@ def fp32_run(tiny_dir, tmp_path_factory):
     return report, calls
 
 
+@pytest.mark.slow
 def test_cli_dtype_is_the_dtype_the_model_runs_in(tiny_dir, tmp_path, fp32_run):
     fp32, fp32_calls = fp32_run
     with forward_calls("Qwen3ForCausalLM") as calls:
@@ -291,6 +294,7 @@ def test_cli_dtype_is_the_dtype_the_model_runs_in(tiny_dir, tmp_path, fp32_run):
     assert 0 < diff < 5e-3, diff  # bf16 rounding moves the scores a little, never far (measured 2.2e-4)
 
 
+@pytest.mark.slow
 def test_cli_token_budget_sets_the_batch_sizes(tiny_dir, tmp_path, qwen_tok, fp32_run):
     """The largest forward call holds the largest planned batch: all 32 prompts by default, far fewer at 400."""
     default, default_calls = fp32_run

@@ -70,3 +70,15 @@ def test_an_empty_or_malformed_history_is_refused_naming_the_file_and_line(tmp_p
     bad.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
     with pytest.raises(HistoryError, match=r"bad\.jsonl:2: not valid JSON"):
         read_lines(bad)
+
+
+def test_a_line_has_exactly_the_fields_the_format_documents(qwen_tok):
+    from helpers.reports import made_up_scores
+
+    from tinymcf_callback.probe import Probe
+    from tinymcf_callback.results.history import LINE_FIELDS, history_line
+
+    probe = Probe(qwen_tok, "scifi", limit=2)
+    line = history_line("scifi", probe.report(made_up_scores(probe), elapsed=1.0), {}, step=0, epoch=None,
+                        event=BASELINE_EVENT)
+    assert list(line) == list(LINE_FIELDS)

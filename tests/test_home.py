@@ -75,6 +75,7 @@ def tiny_dir(tmp_path_factory, tiny_qwen, qwen_tok):
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["option", "variable"])
 def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_dir):
     """prepare -> validate -> eval with ``--home X`` (or ``TINYMCF_HOME=X``): everything in X, found again there."""

@@ -79,6 +79,7 @@ def test_peft_prompt_learning_scores_unpadded_without_a_cache(kind, tiny_qwen, q
     assert len(notes) == 1 and "prompt-learning adapter" in notes[0]
 
 
+@pytest.mark.slow
 def test_unwrap_peels_nested_wrappers_and_stops_at_the_model(tiny_qwen):
     compiled = torch.compile(tiny_qwen, backend="eager")
     assert unwrap_model(ForwardingEngine(ForwardingEngine(compiled))) is tiny_qwen

@@ -302,6 +302,7 @@ def test_a_history_mixing_two_sets_is_refused(tmp_path):
 
 
 # ---- matplotlib is optional ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three_steps):
     script = (
         "import sys\n"
@@ -326,6 +327,7 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
 
 
 # ---- a real history, written by the callback in a Trainer run ----------------------------------------------
+@pytest.mark.slow
 def test_a_history_written_by_the_callback_is_drawn(tmp_path, qwen_tok):
     from helpers.trainer_utils import make_trainer
 

@@ -56,6 +56,7 @@ def bf16_runs(tmp_path_factory, qwen_tok):
     return runs
 
 
+@pytest.mark.slow
 def test_a_bf16_trainer_run_scores_the_checkpoint_as_eval_does(bf16_runs, tmp_path):
     run = bf16_runs[False]
     probed = json.loads((run / "checkpoint-2" / "moral_probe_scifi.json").read_text())
@@ -72,6 +73,7 @@ def test_a_bf16_trainer_run_scores_the_checkpoint_as_eval_does(bf16_runs, tmp_pa
     assert result["warnings"] == [] and abs(result["headline"]["score"]["change"]) < EVAL_AGREES
 
 
+@pytest.mark.slow
 def test_keep_autocast_scores_under_the_trainers_bf16_and_says_so(bf16_runs, tmp_path):
     run = bf16_runs[True]
     probed = json.loads((run / "checkpoint-2" / "moral_probe_scifi.json").read_text())
@@ -84,6 +86,7 @@ def test_keep_autocast_scores_under_the_trainers_bf16_and_says_so(bf16_runs, tmp
         compare(probed, offline, allow_precision_change=True)
 
 
+@pytest.mark.slow
 def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, capsys):
     a = bf16_runs[True] / "checkpoint-2" / "moral_probe_scifi.json"
     b = bf16_runs[False] / "checkpoint-2" / "moral_probe_scifi.json"
@@ -96,6 +99,7 @@ def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, c
     one_error_line(rc, capsys.readouterr().err, "unrecognized arguments: --allow-precision-change")
 
 
+@pytest.mark.slow
 def test_the_plot_warns_when_a_curve_mixes_precisions(bf16_runs, tmp_path, caplog):
     lines = (bf16_runs[False] / "moral_probe_scifi.jsonl").read_text().splitlines()
     later = json.loads(lines[1])
@@ -108,6 +112,7 @@ def test_the_plot_warns_when_a_curve_mixes_precisions(bf16_runs, tmp_path, caplo
                for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_the_sweep_will_not_extend_a_history_of_another_precision(bf16_runs, tmp_path, capsys):
     import shutil
 

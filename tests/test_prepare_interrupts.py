@@ -84,6 +84,7 @@ def test_key_never_leaks_from_a_crash(tmp_path, capfd, monkeypatch):
     assert "RuntimeError: bug with *** inside" in err and KEY not in out + err
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, clean_env):
     rows = [(f"You see a person number {i} breaking a promise to a friend.", "Loyalty", "2") for i in range(16)]
     src = write_csv(tmp_path / "many.csv", rows)
@@ -121,6 +122,7 @@ PREPARE_WITH_CTRL_C = ("import runpy, signal; signal.signal(signal.SIGINT, signa
                        "runpy.run_module('tinymcf_callback.prepare', run_name='__main__', alter_sys=True)")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_once_and_the_rerun_resumes(tmp_path, clean_env):
     """A real SIGINT while both workers wait out a 25 s ``Retry-After``: exit 130 at once, every answer kept."""
     rows = [(f"You see a person number {i} breaking a promise to a friend.", "Loyalty", "2") for i in range(16)]

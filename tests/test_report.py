@@ -14,9 +14,10 @@ import re
 
 import numpy as np
 import pytest
+from helpers.reports import ENGINE_FIELDS, made_up_scores
 
 from tinymcf_callback.data.home import folders
-from tinymcf_callback.data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, md5
+from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS, REAL_FOUNDATIONS, md5
 from tinymcf_callback.eval import main as eval_main
 from tinymcf_callback.plot import load_history
 from tinymcf_callback.probe import Probe
@@ -146,37 +147,6 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
         for metric in ("align_other", "align_self", "self_other_gap"):
             lo, est, hi = row[f"{metric}_lo"], row[metric], row[f"{metric}_hi"]
             assert (lo is None) == (hi is None) and (lo is None or lo <= est <= hi), (row["foundation"], metric)
-# true mean s per condition (other_violate, other_uphold, self_violate, self_uphold)
-TRUE_S = {"other_violate": 0.5, "other_uphold": -0.3, "self_violate": 0.3, "self_uphold": -0.2}
-
-
-def made_up_scores(probe: Probe, seed: int = 0, shift: float = 0.0) -> ScoreResult:
-    """P(Yes) per prompt from a per-vignette s: condition mean + vignette effect + noise (+ ``shift`` on violations).
-
-    The control's conditions are pulled towards 0, so ``sn`` is near 0 and the score clearly positive.
-    """
-    rng = np.random.default_rng(seed)
-    meta = probe.meta
-    ids = meta["id"].unique()
-    vignette = dict(zip(ids, rng.normal(0.0, 0.15, len(ids)), strict=True))
-    p_yes = np.empty(len(meta))
-    for i, row in enumerate(meta.itertuples()):
-        mean = TRUE_S[row.condition] * (0.1 if row.foundation_coarse == CONTROL else 1.0)
-        mean += shift if row.condition.endswith("violate") else 0.0
-        s = np.clip(mean + vignette[row.id] + rng.normal(0.0, 0.2), -0.98, 0.98)
-        wrongness = (s + 1.0) / 2.0
-        p_yes[i] = wrongness if row.frame == "wrong" else 1.0 - wrongness
-    return ScoreResult(p_yes, rng.uniform(0.6, 0.9, len(meta)), np.ones(len(meta), dtype=bool),
-                       [("Yes", 0.5), ("No", 0.3)], n_forward=1, **ENGINE_FIELDS)
-
-
-# What the engine adds to a scored result (made-up scores have no model run behind them: these say so plainly).
-ENGINE_FIELDS = {
-    "strategy": "shared", "model": "made-up",
-    "check": {"strategy": "shared", "checked": [0, 1], "max_diff": 0.0, "max_mass_diff": 0.0, "tolerance": 2e-5,
-              "precision": "float32", "fallbacks": [], "n_forward": 2, "seconds": 0.01},
-    "precision": {"dtype": "float32", "autocast": None, "device": "cpu", "compute": "float32"},
-}
 
 
 @pytest.fixture(scope="module")

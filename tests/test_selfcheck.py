@@ -188,7 +188,7 @@ BREAKS = {  # what is broken, the probe it breaks (prefix sharing or not), the s
 @pytest.mark.parametrize("name", list(BREAKS))
 def test_an_engine_broken_on_purpose_falls_back_and_says_so(name, qwen_tok, monkeypatch, caplog):
     """No rule knows these breaks: the check sees the fast paths go wrong and lands on the unpadded one."""
-    from test_architectures import ARCHITECTURES
+    from helpers.models import ARCHITECTURES
 
     attribute, broken, share, left = BREAKS[name]
     model = build(ARCHITECTURES["gpt2"][0])  # absolute positions: a wrong position shows

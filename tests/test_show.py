@@ -137,6 +137,7 @@ def test_show_with_the_judges_verdicts(tmp_path, monkeypatch, capsys):
     assert len(blocks(out)) == 3  # --show 10 of a set of 3: all of it
 
 
+@pytest.mark.slow
 def test_show_needs_no_openai_no_torch_and_no_lexicon(tmp_path):
     """A fresh interpreter in which those packages cannot be imported at all."""
     code = ("import sys\n"

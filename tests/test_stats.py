@@ -62,6 +62,7 @@ def _covered(result: dict, truth: dict) -> dict:
     return {k: iv.lo <= truth[k] <= iv.hi for k, iv in picks.items()}
 
 
+@pytest.mark.slow  # a coverage simulation: hundreds of seeded data sets
 @pytest.mark.parametrize("sizes", [SCIFI, CLIFFORD], ids=["scifi_sized", "clifford_sized"])
 def test_95_percent_intervals_cover_the_truth_95_percent_of_the_time(sizes):
     # 400 simulations: the coverage's standard error is 1.1%, so 95 +- 3% is a ~2.7 sigma band
@@ -85,6 +86,7 @@ def _pair(rng, sizes: dict, shift: np.ndarray, noise_a: float = 0.08, noise_b: f
     return _data(foundation, a), _data(foundation, b)
 
 
+@pytest.mark.slow  # a coverage simulation: hundreds of seeded data sets
 @pytest.mark.parametrize("sizes", [SCIFI, CLIFFORD], ids=["scifi_sized", "clifford_sized"])
 def test_paired_change_rejects_5_percent_under_no_change_and_always_under_a_large_one(sizes):
     # 400 null simulations: the rejection rate's standard error is 1.1%; 2%..8% is a ~2.7 sigma band

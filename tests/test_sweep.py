@@ -147,6 +147,7 @@ def lora_run(tmp_path_factory, qwen_tok):
 
 
 # ---- tests ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sweep_scores_each_checkpoint_as_if_alone(swept, reference_probe):
     lines = history(swept)
     assert [line["step"] for line in lines] == [1, 2, 3]
@@ -167,6 +168,7 @@ def test_sweep_scores_each_checkpoint_as_if_alone(swept, reference_probe):
     assert len({line["info"]["yn_mass_mean"] for line in lines}) == 3
 
 
+@pytest.mark.slow
 def test_schema_is_the_callbacks(swept, lora_run):
     written_by_callback = history(lora_run[0])[0]
     assert written_by_callback["event"] == "save" and written_by_callback["step"] == 1
@@ -174,6 +176,7 @@ def test_schema_is_the_callbacks(swept, lora_run):
         assert keys(line) == keys(written_by_callback)
 
 
+@pytest.mark.slow
 def test_rerun_appends_nothing(swept, home, capsys):
     before = (swept / HISTORY).read_bytes()
     rc, out = sweep(swept, home, capsys=capsys)
@@ -182,6 +185,7 @@ def test_rerun_appends_nothing(swept, home, capsys):
     assert "0 checkpoint(s) scored, 3 skipped (already in the history)" in out.out
 
 
+@pytest.mark.slow
 def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys):
     """Adapter checkpoints need --base-model; a step the callback logged is skipped and its line kept."""
     callback_run, base = lora_run
@@ -206,6 +210,7 @@ def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys)
     assert lines[1]["info"]["yn_mass_mean"] != lines[0]["info"]["yn_mass_mean"]  # the adapter moved the model
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, tmp_path, home, capsys):
     run = clone(plain_run, tmp_path / "run")
     (run / HISTORY).write_text(json.dumps(history(swept)[0]) + "\n")  # step 1 done: only 2 and 3 to score
@@ -225,6 +230,7 @@ def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, 
     assert rc == 1 and "2 skipped" in out.out and (run / HISTORY).read_bytes() == before
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_path, home):
     run = clone(plain_run, tmp_path / "run")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -244,6 +250,7 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
 
 
 # ---- bad input and the pieces --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such folder"),
     ("empty", "holds no checkpoint-<step> folders"),
@@ -284,6 +291,7 @@ def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
     assert recorded_steps(current_run_lines(path)) == {0, 1, 2}
 
 
+@pytest.mark.slow
 def test_one_probe_per_tokenizer(plain_run, tmp_path):
     run = clone(plain_run, tmp_path / "run")
     checkpoints = find_checkpoints(run)

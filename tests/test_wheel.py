@@ -7,6 +7,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
@@ -25,6 +27,7 @@ print("OK", r["info"]["n_prompts"])
 """
 
 
+@pytest.mark.slow
 def test_wheel_install_and_evaluate(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],

@@ -67,7 +67,11 @@ def smollm2_dir() -> Path:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        os.replace(tmp, out)  # a half-converted folder is never seen under the final name
+        try:
+            os.replace(tmp, out)  # a half-converted folder is never seen under the final name
+        except OSError:
+            if not (out / "model.safetensors").exists():
+                raise  # not another process that finished the same conversion first
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -27,7 +27,8 @@ from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .metrics import probe_key
-from .report import PRECISION_FIELDS, answer_format, headline_fields, json_records, precision_key
+from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
+from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records, precision_key
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -35,6 +36,21 @@ BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history li
 SWEEP_EVENT = "sweep"  # the event of a line written by the checkpoint sweep
 _SHOWN_STEPS = 5
 LOCK_TIMEOUT_S = 60  # another writer holds the lock for one line; a minute means it is stuck
+
+# A history line, field by field: (type, meaning). The docs' table is made from this.
+LINE_FIELDS = {
+    "step": ("integer", "the training step (0: the baseline)"),
+    "epoch": ("number or null", "the training epoch"),
+    "event": ("string", "what triggered the probe: train_begin (the step-0 baseline), evaluate, save, sweep, ..."),
+    "name": ("string", "the vignette set"),
+    "answer_format": ("string", "yesno or json"),
+    **{field: REPORT_FIELDS[field] for field in PRECISION_FIELDS},
+    **{field: REPORT_FIELDS[field] for field in HEADLINE_FIELDS + INTERVAL_SETTINGS},
+    "prompt_digest": REPORT_FIELDS["prompt_digest"],
+    "metrics": ("object", "the logged metrics of this probe (eval_moral_<name>/...), the change since the baseline"),
+    "info": ("object", "the report's info, without sample_prompt"),
+    "table": ("list", "the report's per-foundation rows, with their bounds"),
+}
 
 
 def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
@@ -46,7 +62,7 @@ def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER
 
 
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
-    """One probe as a history line (schema in the README); ``event`` says what triggered it.
+    """One probe as a history line (its fields: :data:`LINE_FIELDS`); ``event`` says what triggered it.
 
     Top level: what was scored and in which precision (``model``, ``device``, ``dtype``, ``autocast``),
     the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,

@@ -95,10 +95,11 @@ SCHEMA = {"report": REPORT_FIELDS, "extra": EXTRA_FIELDS, "info": INFO_FIELDS, "
           "table": TABLE_ROW_FIELDS, "scenarios": SCENARIO_FIELDS, "prompts": PROMPT_FIELDS}
 
 
-def schema_markdown(part: str) -> str:
-    """One part of :data:`SCHEMA` as a markdown table (the docs are made from it)."""
+def schema_markdown(part: str | dict) -> str:
+    """One part of :data:`SCHEMA` (or any such field table) as a markdown table; the docs are made from these."""
+    fields = SCHEMA[part] if isinstance(part, str) else part
     rows = [f"| `{name}` | {kind} | {meaning.replace('|', chr(92) + '|')} |" for name, (kind, meaning) in
-            SCHEMA[part].items()]
+            fields.items()]
     return "\n".join(["| field | type | meaning |", "|---|---|---|", *rows])
 
 

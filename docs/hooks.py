@@ -1,0 +1,44 @@
+"""mkdocs hook: the tables the code owns, put into the pages when the docs are built.
+
+``{{ schema:<part> }}`` is a part of the JSON report's schema (``tinymcf_callback.results.report.SCHEMA``),
+``{{ history_line }}`` the history line's fields, ``{{ settings }}`` every ProbeConfig field with
+its default, option and help. So the docs cannot drift from the formats and settings the code has.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, fields
+
+
+def _settings_table() -> str:
+    from tinymcf_callback.cli.options import flag
+    from tinymcf_callback.config import ProbeConfig
+
+    rows = ["| setting | default | on the command line | what it does |", "|---|---|---|---|"]
+    for f in fields(ProbeConfig):
+        default = f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            option = flag(f.name) if not default else "--no-" + f.name.replace("_", "-")
+        else:
+            option = f"{flag(f.name)} {f.metadata.get('metavar') or 'VALUE'}"
+        rows.append(f"| `{f.name}` | `{default!r}` | `{option}` | {f.metadata['help'].replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+def _replace(match: re.Match) -> str:
+    from tinymcf_callback.results.history import LINE_FIELDS
+    from tinymcf_callback.results.report import schema_markdown
+
+    name = match.group(1).strip()
+    if name == "settings":
+        return _settings_table()
+    if name == "history_line":
+        return schema_markdown(LINE_FIELDS)
+    if name.startswith("schema:"):
+        return schema_markdown(name.split(":", 1)[1])
+    raise ValueError(f"unknown docs placeholder {{{{ {name} }}}}")
+
+
+def on_page_markdown(markdown: str, **kwargs) -> str:
+    return re.sub(r"\{\{\s*([a-z_:]+)\s*\}\}", _replace, markdown)
