@@ -6,7 +6,7 @@ condition) with fine and coarse foundation labels. Its three rewrites per vignet
 by the md5 of the exact original text plus the condition. The shipped ``configs/``
 and ``cache/`` hold the ``scifi`` set and the rewrites of both built-in sets; sets
 made by ``tinymcf prepare`` (``clifford`` after its download, and
-users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.home`).
+users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.data.home`).
 """
 
 from __future__ import annotations

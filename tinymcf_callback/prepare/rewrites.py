@@ -1,9 +1,9 @@
 """The three rewrites of every vignette (``other_uphold``, ``self_violate``, ``self_uphold``), made by an LLM.
 
 This module owns the rewrite prompt, the check of an answer against the rules
-(:mod:`tinymcf_callback.rules`, the same rules the shipped cache passes), the plan of
+(:mod:`tinymcf_callback.prepare.rules`, the same rules the shipped cache passes), the plan of
 what is missing from the caches, and :func:`make_rewrites`, which hands that plan to the
-shared request loop (:mod:`tinymcf_callback.request_loop`). New rewrites are appended to
+shared request loop (:mod:`tinymcf_callback.prepare.request_loop`). New rewrites are appended to
 ``<home>/cache/<name>.jsonl``.
 """
 

@@ -1,6 +1,6 @@
 """Users' own vignette files: a CSV (``Scenario``/``text``, ``Foundation``, optional ``Wrong``) or JSONL.
 
-Every row goes through :func:`tinymcf_callback.rows.vignette_row`; an unknown label, an
+Every row goes through :func:`tinymcf_callback.prepare.rows.vignette_row`; an unknown label, an
 empty text, a duplicate scenario, a missing column or a rating given for some rows but
 not all is an error naming the file and the row.
 """

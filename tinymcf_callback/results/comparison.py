@@ -6,7 +6,7 @@ A report is a dict from ``evaluate`` / ``Probe.run``, or a JSON report: ``eval -
 ``eval_<name>_<tag>.json``, ``MoralProbeCallback`` writes ``checkpoint-<step>/moral_probe_<name>.json``
 and the step-0 ``moral_probe_<name>_baseline.json``. The change ``B - A`` of every headline and
 per-foundation metric gets an interval and a two-sided p-value from a paired bootstrap over
-vignettes (:func:`tinymcf_callback.stats.paired_change`): both reports are resampled with the same
+vignettes (:func:`tinymcf_callback.results.stats.paired_change`): both reports are resampled with the same
 vignettes, so what a vignette always does cancels out.
 
 A paired change means something only when both reports asked the model the same questions, so

@@ -19,7 +19,7 @@ Three strategies run the batches, fastest first (:data:`STRATEGIES`):
 :func:`first_strategy` reads the model's class and config and starts at the fastest
 strategy nothing is known against, saying why in the log (once per model) when that is not
 the shared one. Whether the chosen strategy really gives each prompt's own score is not left
-to those rules: :mod:`tinymcf_callback.selfcheck` compares a few prompts with
+to those rules: :mod:`tinymcf_callback.scoring.selfcheck` compares a few prompts with
 :func:`score_alone` on every probe and moves to the next strategy when they disagree. A batch
 that runs out of memory is halved (:func:`split_on_oom`).
 """
@@ -400,7 +400,7 @@ class ScoreResult:
     """Per-prompt outputs, in the prompts' original order (NaN where not scored).
 
     ``strategy``: the strategy that produced them; ``check``: the self-check's record
-    (:class:`tinymcf_callback.selfcheck.SelfCheck` as a dict), when the whole set was scored
+    (:class:`tinymcf_callback.scoring.selfcheck.SelfCheck` as a dict), when the whole set was scored
     through it; ``precision``: what the forward calls computed in (weights' dtype, autocast
     dtype or None, device); ``model``: which model it was.
     """
@@ -431,7 +431,7 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
     position (``prompts.ANSWER_FORMATS``): the prompts must have been formatted for it. ``calls``:
     make exactly this many forward calls, adding one-token calls whose results are dropped when
     the batches need fewer (every rank of a sharded model must make the same number; see
-    :func:`tinymcf_callback.selfcheck.score_checked`). A batch that runs out of memory is split in
+    :func:`tinymcf_callback.scoring.selfcheck.score_checked`). A batch that runs out of memory is split in
     two and retried; a prompt that does not fit alone re-raises. NaN or infinite logits raise
     ``FloatingPointError``. The caller chooses the mode (eval, inference); see :func:`probe_mode`.
     No check against each prompt alone happens here.

@@ -4,7 +4,7 @@ Under DDP, FSDP or DeepSpeed every rank holds the model, so the probe's batches 
 between ranks, each rank scores its share, and the per-prompt results are gathered so that
 every rank ends with the whole :class:`ScoreResult` and computes the same metrics (keys
 added to the Trainer's ``metrics`` must agree on all ranks, or a checkpoint barrier hangs).
-The self-check and the choice of strategy are collective too (:mod:`tinymcf_callback.selfcheck`).
+The self-check and the choice of strategy are collective too (:mod:`tinymcf_callback.scoring.selfcheck`).
 
 With sharded parameters (FSDP, ZeRO-3) the forward pass itself runs collectives, so every
 rank must make the same number of forward calls: every rank gets the same number of batches

@@ -1,9 +1,9 @@
 """The engine checks itself: every probe compares its fast path with each prompt scored alone.
 
-The rules in :mod:`tinymcf_callback.model_info` pick a starting strategy from what is known
+The rules in :mod:`tinymcf_callback.scoring.model_info` pick a starting strategy from what is known
 about a model's class and config. Rules only cover the families someone has tried, so on
 every probe :func:`score_checked` also scores a few prompts the simplest way
-(:func:`tinymcf_callback.engine.score_alone`: each prompt alone, unpadded, no cache, one full
+(:func:`tinymcf_callback.scoring.engine.score_alone`: each prompt alone, unpadded, no cache, one full
 forward call, the last position) and compares them with what the strategy gave *for the same
 prompts, in the batches they were really scored in*. The prompts checked are the ones the
 strategy treats most differently from "alone" (:func:`check_prompts`): the most padded one,
@@ -135,7 +135,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
 
     ``job`` is a :class:`~tinymcf_callback.probe.Probe` (its ``encoded``, ``batches``, ``tok``,
     ``prefix_plan``, ``sample_index``, ``answer_format`` and ``name`` are read). ``precision``: the
-    :class:`~tinymcf_callback.engine.Precision` of the running :func:`~tinymcf_callback.engine.probe_mode`,
+    :class:`~tinymcf_callback.scoring.engine.Precision` of the running :func:`~tinymcf_callback.scoring.engine.probe_mode`,
     which gives the tolerance (``tolerance`` overrides it). The result's ``check`` holds the
     :class:`SelfCheck` record. Raises :class:`EngineMismatchError` when no strategy agrees with
     each prompt alone, and the last strategy's own error when every strategy raised. ``check=False``
