@@ -135,11 +135,12 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
 
     ``job`` is a :class:`~tinymcf_callback.probe.Probe` (its ``encoded``, ``batches``, ``tok``,
     ``prefix_plan``, ``sample_index``, ``answer_format`` and ``name`` are read). ``precision``: the
-    :class:`~tinymcf_callback.scoring.engine.Precision` of the running :func:`~tinymcf_callback.scoring.engine.probe_mode`,
-    which gives the tolerance (``tolerance`` overrides it). The result's ``check`` holds the
-    :class:`SelfCheck` record. Raises :class:`EngineMismatchError` when no strategy agrees with
-    each prompt alone, and the last strategy's own error when every strategy raised. ``check=False``
-    scores with the first strategy and compares nothing (``res.check`` is None).
+    :class:`~tinymcf_callback.scoring.mode.Precision` of the running
+    :func:`~tinymcf_callback.scoring.mode.probe_mode`, which gives the tolerance (``tolerance``
+    overrides it). The result's ``check`` holds the :class:`SelfCheck` record. Raises
+    :class:`EngineMismatchError` when no strategy agrees with each prompt alone, and the last
+    strategy's own error when every strategy raised. ``check=False`` scores with the first strategy
+    and compares nothing (``res.check`` is None).
     """
     ranks = ranks or Ranks()
     encoded, batches, plan = job.encoded, job.batches, job.prefix_plan
