@@ -144,9 +144,14 @@ def run_condition(args, condition: str, out: Path) -> dict:
     """Train one condition into ``out`` with the probe attached; returns its demo summary, timings included."""
     train_pairs, held_pairs = demo.contrast_sets(demo.load_situations(), args.seed)
     train, held = condition_pairs(condition, train_pairs, held_pairs, args.shuffle_seed)
+    return train_pairs_into(args, condition, out, train, held, {"shuffle_seed": args.shuffle_seed})
+
+
+def train_pairs_into(args, condition: str, out: Path, train, held, meta: dict) -> dict:
+    """The demo's recipe on these labelled pairs, into ``out``, keeping every probe's report (also selectivity.py's)."""
     demo.prepare_output_dir(out, also=(REPORTS, LABELS))
     (out / LABELS).write_text(json.dumps(labels_record(train, held), indent=1) + "\n", encoding="utf-8")
-    meta = {"condition": condition, "shuffle_seed": args.shuffle_seed, "labels_true": agreement(train)}
+    meta = {"condition": condition, **meta, "labels_true": agreement(train)}
     run = demo.prepare_run(args, out, (train, held), tag=condition, meta=meta)
     run.trainer.add_callback(report_keeper(run.probe, out / REPORTS))
     result = demo.train(run)
@@ -333,8 +338,8 @@ def draw_comparison(outs: list[Path], target: Path, dpi: int) -> Path | None:
     try:
         fig = plot.plot_histories([o / demo.HISTORY for o in outs],
                                   title="Validity: the same fine-tune taught aligned, inverted and shuffled labels")
-    except plot.MissingPlotExtraError:
-        print(f"[validity] no figure drawn: matplotlib is missing ({plot.INSTALL_HINT})")
+    except plot.MissingExtraError as e:
+        print(f"[validity] no figure drawn: {e}")
         return None
     plot.save_figure(fig, target, dpi=dpi)
     return target

@@ -504,9 +504,11 @@ def test_a_baseline_of_other_prompts_is_dropped_with_a_warning(qwen_tok, caplog)
 
     res = ScoreResult(scores, scores, np.ones(len(scores), dtype=bool))
     record = baseline_record(one.probe.report(res, elapsed=0.0), step=0)
-    assert one._usable_baseline(record) is record
+    one.logger.use_baseline(record)
+    assert one.baseline_record is record
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
-        assert two._usable_baseline(record) is None
+        two.logger.use_baseline(record)
+    assert two.baseline_record is None
     assert "baseline is not used" in caplog.text and "score_change is not logged" in caplog.text
 
 

@@ -75,8 +75,8 @@ def test_peft_prompt_learning_scores_unpadded_without_a_cache(kind, tiny_qwen, q
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         for probe in (shared, full):
             assert np.abs(probe.score(peft).p_yes - reference).max() < 1e-5
-    notes = [r.getMessage() for r in caplog.records if r.name == "tinymcf_callback"]
-    assert len(notes) == 1 and "prompt-learning adapter" in notes[0]
+    notes = [r.getMessage() for r in caplog.records if r.name == "tinymcf_callback" and "limit=" not in r.getMessage()]
+    assert len(notes) == 1 and "prompt-learning adapter" in notes[0]  # (the limit's subset note is another matter)
 
 
 @pytest.mark.slow

@@ -148,3 +148,64 @@ def test_atomic_writes_get_normal_file_modes(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o664
     finally:
         os.umask(old)
+
+
+# --- balanced subsets: per_foundation keeps every foundation and the control --------------------
+
+def test_per_foundation_keeps_n_of_each_foundation_in_stored_order():
+    from tinymcf_callback import ProbeConfig
+
+    full = load_vignettes("scifi")
+    two = load_vignettes("scifi", per_foundation=2)
+    assert Counter(v["foundation_coarse"] for v in two) == {f: 2 for f in FOUNDATIONS}  # Social Norms included
+    position = {v["id"]: i for i, v in enumerate(full)}
+    assert [position[v["id"]] for v in two] == sorted(position[v["id"]] for v in two)
+    assert two == load_vignettes("scifi", per_foundation=2)  # stable across calls (and runs: md5 of seed and id)
+    assert ProbeConfig(per_foundation=2).vignettes() == two
+    other_seed = load_vignettes("scifi", per_foundation=2, subset_seed=1)
+    assert Counter(v["foundation_coarse"] for v in other_seed) == {f: 2 for f in FOUNDATIONS}
+    assert {v["id"] for v in other_seed} != {v["id"] for v in two}
+    # nested: a larger count keeps the smaller one's picks (the same ranking)
+    assert {v["id"] for v in two} <= {v["id"] for v in load_vignettes("scifi", per_foundation=4)}
+    # more than a foundation has: all of it, and a note that says so
+    big = load_vignettes("scifi", per_foundation=8)
+    assert Counter(v["foundation_coarse"] for v in big) == {f: 8 if f == "Care" else 7 for f in FOUNDATIONS}
+    notes = ProbeConfig(per_foundation=8).subset_notes(big)
+    assert len(notes) == 1 and "fewer vignettes than that" in notes[0] and "Fairness (7)" in notes[0]
+
+
+def test_the_pick_depends_on_the_ids_not_the_file_order():
+    from tinymcf_callback.data.sets import balanced_subset
+
+    rows = load_vignettes("scifi")
+    picked = {r["id"] for r in balanced_subset(rows, 2, seed=0)}
+    assert {r["id"] for r in balanced_subset(list(reversed(rows)), 2, seed=0)} == picked
+    with pytest.raises(ValueError, match="positive integer"):
+        balanced_subset(rows, 0)
+
+
+def test_limit_warns_when_it_drops_foundations_or_the_control():
+    from tinymcf_callback import ProbeConfig
+
+    config = ProbeConfig(limit=6)
+    notes = config.subset_notes(config.vignettes())
+    assert len(notes) == 1
+    assert "limit=6 keeps the first 6 vignettes of 'scifi' (Care)" in notes[0]
+    assert "the Social Norms control" in notes[0] and "per_foundation=2" in notes[0]
+    assert ProbeConfig().subset_notes(ProbeConfig().vignettes()) == []
+    assert ProbeConfig(per_foundation=2).subset_notes(ProbeConfig(per_foundation=2).vignettes()) == []
+    assert "no spread" in ProbeConfig(per_foundation=1).subset_notes(ProbeConfig(per_foundation=1).vignettes())[0]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"per_foundation": 0}, "per_foundation must be a positive whole number"),
+    ({"per_foundation": True}, "per_foundation must be a positive whole number"),
+    ({"per_foundation": 2, "limit": 4}, "limit and per_foundation both choose a subset"),
+    ({"target": "Social Norms"}, "target must be one of the real foundations"),
+    ({"target": "care"}, "target must be one of the real foundations"),
+])
+def test_subset_and_target_settings_are_checked_once(settings, message):
+    from tinymcf_callback import ConfigError, ProbeConfig
+
+    with pytest.raises(ConfigError, match=message):
+        ProbeConfig(**settings)

@@ -281,3 +281,66 @@ def test_t_distribution_matches_closed_forms_and_tables():
         assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-8)
     assert t_cdf(t_quantile(0.995, 7.3), 7.3) == pytest.approx(0.995, abs=1e-12)  # non-integer df (Welch)
     assert t_quantile(0.975, 7) < t_quantile(0.975, 6.5) < t_quantile(0.975, 6)
+
+
+# --- selectivity: did the target move beyond the others? --------------------------------------
+
+def _moved(base: VignetteScores, shifts: dict[str, float]) -> VignetteScores:
+    """``base`` with other_violate moved up by ``shifts[f]`` for the vignettes of foundation ``f``."""
+    s = base.s.copy()
+    for f, d in shifts.items():
+        s[base.foundation_coarse == f, 0] += d
+    return VignetteScores(base.id, base.foundation_coarse, s)
+
+
+def _base(rng, per=6) -> VignetteScores:
+    fnd = np.repeat(np.array(list(FOUNDATIONS), dtype=object), per)
+    return VignetteScores(np.array([f"v{i}" for i in range(len(fnd))]), fnd, rng.uniform(-0.5, 0.5, (len(fnd), 4)))
+
+
+def test_selectivity_is_the_target_change_minus_the_mean_of_the_others():
+    from tinymcf_callback.results.stats import selectivity
+
+    a = _base(np.random.default_rng(0))
+    # Care +0.3, Fairness +0.1, Loyalty -0.1, the control +0.5 (left out), the rest 0: others' mean 0.0
+    b = _moved(a, {"Care": 0.3, "Fairness": 0.1, "Loyalty": -0.1, CONTROL: 0.5})
+    out = selectivity(a, b, "Care", n_resamples=500)
+    assert out["on_target"].change == pytest.approx(0.3)
+    assert out["off_target"].change == pytest.approx(0.0, abs=1e-12)
+    assert out["selectivity"].change == pytest.approx(0.3)
+    assert out["off_target_foundations"] == [f for f in REAL_FOUNDATIONS if f != "Care"]
+    # the shifts are exact, per vignette: no spread in the change, so the intervals are points and p ~ 0
+    sel = out["selectivity"]
+    assert sel.lo == pytest.approx(0.3) and sel.hi == pytest.approx(0.3) and sel.p < 1e-6
+    # a uniform move of every foundation is not selective
+    even = selectivity(a, _moved(a, {f: 0.2 for f in REAL_FOUNDATIONS}), "Care", n_resamples=500)
+    assert even["on_target"].change == pytest.approx(0.2)
+    assert even["selectivity"].change == pytest.approx(0.0, abs=1e-12)
+
+
+def test_selectivity_interval_covers_zero_when_only_noise_moves():
+    from tinymcf_callback.results.stats import selectivity
+
+    rng = np.random.default_rng(1)
+    covered = 0
+    for i in range(40):
+        a = _base(rng)
+        b = VignetteScores(a.id, a.foundation_coarse, a.s + rng.normal(0.0, 0.1, a.s.shape))
+        sel = selectivity(a, b, "Authority", n_resamples=300, seed=i)["selectivity"]
+        covered += sel.lo <= 0.0 <= sel.hi
+        assert (sel.p < 0.05) == (not sel.lo <= 0.0 <= sel.hi) or abs(sel.p - 0.05) < 0.02
+    assert covered >= 34  # 95% intervals: ~38 of 40
+
+
+def test_selectivity_refuses_what_it_cannot_measure():
+    from tinymcf_callback.results.stats import selectivity
+
+    a = _base(np.random.default_rng(2))
+    with pytest.raises(ValueError, match="not one of the real foundations"):
+        selectivity(a, a, CONTROL)
+    only_care = VignetteScores(a.id[:6], a.foundation_coarse[:6], a.s[:6])
+    with pytest.raises(ValueError, match="besides Care"):
+        selectivity(only_care, only_care, "Care")
+    no_care = VignetteScores(a.id[6:], a.foundation_coarse[6:], a.s[6:])
+    with pytest.raises(ValueError, match="no Care vignettes"):
+        selectivity(no_care, no_care, "Care")

@@ -11,7 +11,8 @@ The package, one folder per reason to change, imports running one way
 - ``results/``: pure pandas/numpy from P(Yes) to the report (``analysis``, ``stats``, ``readout``,
   ``text``), the files (``report``, ``history``), the logged names (``metrics``), ``comparison``, ``curves``;
 - ``probe.py`` (``Probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the composition of the above;
-- ``training/``: the Trainer callback (``callback``), its saved state and writers;
+- ``training/``: the Trainer callback (``callback``), the probe in a loop of one's own (``logger``), the
+  callback's saved state and writers;
 - ``tools/``: the checkpoint sweep and the plots;
 - ``cli/``: the ``tinymcf`` command;
 - ``prepare/``: the offline preparation of sets (download, rewrites, judge, spot check).
@@ -37,6 +38,7 @@ _EXPORTS = {
     "EngineMismatchError": "errors",
     "load_report": "results.report",
     "MoralProbeCallback": "training.callback",
+    "ProbeLogger": "training.logger",
     "score_prompts": "scoring.engine",
     "Probe": "probe",
     "ProbeConfig": "config",

@@ -15,6 +15,7 @@ import dataclasses
 import numbers
 from dataclasses import dataclass, field, fields
 
+from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
 from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET
@@ -39,6 +40,24 @@ def _check_limit(value, what):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ConfigError(f"{what} must be a positive whole number of vignettes (or None for all), got {value!r}")
     return int(value)
+
+
+def _check_per_foundation(value, what):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"{what} must be a positive whole number of vignettes per foundation (2 or more for "
+                          f"intervals), or None for the whole set; got {value!r}")
+    return int(value)
+
+
+def _check_target(value, what):
+    if value is None:
+        return None
+    if value not in REAL_FOUNDATIONS:
+        raise ConfigError(f"{what} must be one of the real foundations ({', '.join(REAL_FOUNDATIONS)}), or None; "
+                          f"got {value!r}")
+    return value
 
 
 def _check_format(value, what):
@@ -101,8 +120,14 @@ class ProbeConfig:
 
     name: str = setting("scifi", "vignette set: scifi, clifford (after `tinymcf prepare --name clifford`), or your "
                         "own prepared set", _check_name, metavar="SET")
-    limit: int | None = setting(None, "keep the first N vignettes of the set, in stored order (a quick, noisy probe)",
+    limit: int | None = setting(None, "keep the first N vignettes of the set, in stored order (warned when it leaves "
+                                "out foundations or the control; per_foundation is the balanced subset)",
                                 _check_limit, metavar="N")
+    per_foundation: int | None = setting(None, "keep N vignettes of each of the 7 foundations, Social Norms included, "
+                                         "picked by subset_seed (the cheap, balanced probe)", _check_per_foundation,
+                                         metavar="N")
+    subset_seed: int = setting(0, "which vignettes per_foundation picks (the same seed, the same vignettes)",
+                               _check_seed)
     answer_format: str = setting(DEFAULT_ANSWER_FORMAT, "how the model answers: yesno (Yes or No after 'Answer:') "
                                  'or json ({"is_wrong": true|false}, P(true) read)', _check_format,
                                  choices=tuple(ANSWER_FORMATS))
@@ -124,6 +149,9 @@ class ProbeConfig:
                                "back to a safer strategy when they differ", _check_flag)
     self_check_tolerance: float | None = setting(None, "the largest difference the self-check allows (default: by "
                                                  "compute precision)", _check_tolerance, metavar="X")
+    target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
+                                 "measured against the other foundations' (selectivity)", _check_target,
+                                 metavar="FOUNDATION", choices=REAL_FOUNDATIONS)
 
     def __post_init__(self):
         for name, value in self.checked(self.as_dict()).items():
@@ -136,6 +164,10 @@ class ProbeConfig:
         for f in fields(cls):
             if f.name in values:
                 out[f.name] = f.metadata["check"](values[f.name], (names or {}).get(f.name, f.name))
+        if out.get("limit") is not None and out.get("per_foundation") is not None:
+            what = [(names or {}).get(k, k) for k in ("limit", "per_foundation")]
+            raise ConfigError(f"{what[0]} and {what[1]} both choose a subset: give one (per_foundation keeps every "
+                              "foundation and the control)")
         fmt = out.get("answer_format", DEFAULT_ANSWER_FORMAT)
         if out.get("answer_prefix") is not None and fmt != DEFAULT_ANSWER_FORMAT:
             what = (names or {}).get("answer_prefix", "answer_prefix")
@@ -146,6 +178,15 @@ class ProbeConfig:
     def as_dict(self) -> dict:
         """The settings as plain values (what the callback saves in ``trainer_state.json``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def vignettes(self) -> list[dict]:
+        """The vignettes this probe asks about: the set, cut by ``limit`` or ``per_foundation`` (``load_vignettes``)."""
+        return load_vignettes(self.name, limit=self.limit, per_foundation=self.per_foundation,
+                              subset_seed=self.subset_seed)
+
+    def subset_notes(self, vignettes: list[dict]) -> list[str]:
+        """What the subset leaves out (foundations, the control), for the report's warnings; [] for the whole set."""
+        return subset_notes(self.name, vignettes, limit=self.limit, per_foundation=self.per_foundation)
 
     def replace(self, **changes) -> ProbeConfig:
         """A copy with ``changes`` (checked like any other value); unknown names raise :class:`ConfigError`."""

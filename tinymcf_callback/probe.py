@@ -20,7 +20,6 @@ import weakref
 import numpy as np
 
 from .config import ProbeConfig, make_config
-from .data.sets import load_vignettes
 from .results.analysis import analyse
 from .results.readout import sanity_warnings, with_intervals
 from .results.text import sanity_lines
@@ -65,7 +64,7 @@ class Probe:
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
         self.config = config = make_config(config, **given, **settings)
         self.tok, self.name, self.answer_format = tok, config.name, config.answer_format
-        self.vignettes = load_vignettes(config.name, limit=config.limit)
+        self.vignettes = config.vignettes()
         self.has_human = any("wrong" in v for v in self.vignettes)
         answer_token_ids(tok, config.answer_format)  # fail now, not at the first checkpoint, if an answer has no token
         self.prompts, self.meta = format_prompts(tok, self.vignettes, config.answer_prefix, config.answer_format)
@@ -84,7 +83,7 @@ class Probe:
             self.prefix_plan = None
             self.batches = plan_batches([len(e) for e in self.encoded], config.token_budget, config.max_batch_size)
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
-        self.notes = prompt_notes(tok)
+        self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)
 

@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
     add_loading(p)
     add_home(p)
     add_progress(p)
-    add_probe_options(p)
+    add_probe_options(p, skip=("target",))  # one model: no change to measure a target's selectivity by
 
 
 def check_out_dir(out: Path) -> None:

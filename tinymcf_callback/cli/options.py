@@ -40,11 +40,11 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def add_probe_options(parser, only: tuple[str, ...] | None = None) -> None:
-    """One option per ProbeConfig field (or per field in ``only``), with the field's help and default."""
+def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:
+    """One option per ProbeConfig field (or per field in ``only``, less ``skip``), with the field's help and default."""
     group = parser.add_argument_group("the probe (any tinymcf_callback.ProbeConfig setting)")
     for f in fields(ProbeConfig):
-        if only is not None and f.name not in only:
+        if (only is not None and f.name not in only) or f.name in skip:
             continue
         meta, default = f.metadata, f.default if f.default is not MISSING else None
         if isinstance(default, bool):
@@ -54,13 +54,19 @@ def add_probe_options(parser, only: tuple[str, ...] | None = None) -> None:
                                default=None, help=f"{meta['help']} (default: {'on' if default else 'off'})")
             continue
         kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("limit",):
+        if f.name in ("limit", "per_foundation"):
             kind = int
         elif f.name == "self_check_tolerance":
             kind = float
         group.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=meta.get("metavar"),
                            choices=meta.get("choices"),
-                           help=f"{meta['help']} (default: {'all' if f.name == 'limit' else default})")
+                           help=f"{meta['help']} (default: {_shown_default(f.name, default)})")
+
+
+def _shown_default(name: str, default) -> str:
+    if name in ("limit", "per_foundation"):
+        return "the whole set"
+    return "none" if default is None else str(default)
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:

@@ -161,20 +161,26 @@ def read_set_file(path: Path, name: str) -> list[dict]:
     return out
 
 
-def load_vignettes(name: str = "scifi", limit: int | None = None, cache: RewriteCache | None = None) -> list[dict]:
+def load_vignettes(name: str = "scifi", limit: int | None = None, cache: RewriteCache | None = None, *,
+                   per_foundation: int | None = None, subset_seed: int = 0) -> list[dict]:
     """The vignettes of set ``name`` with their four condition texts.
 
     Returns one dict per vignette, in the set's stored order: ``id``, ``foundation``,
     ``foundation_coarse``, ``other_violate`` (the original), ``other_uphold``,
     ``self_violate``, ``self_uphold`` and, where the set has human ratings, ``wrong``
-    (mean wrongness, 0-4). ``limit=N`` keeps the first N. Raises ``ProbeDataError``
+    (mean wrongness, 0-4). ``limit=N`` keeps the first N; ``per_foundation=N`` keeps N of
+    each coarse foundation (:func:`balanced_subset`). Raises ``ProbeDataError``
     naming the vignette, the condition and the command that fills a missing rewrite.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    if limit is not None and per_foundation is not None:
+        raise ValueError("limit and per_foundation both choose a subset: give one")
     rows = read_set_file(set_path(name), name)
     if limit is not None:
         rows = rows[:limit]
+    elif per_foundation is not None:
+        rows = balanced_subset(rows, per_foundation, subset_seed)
     cache = cache if cache is not None else _default_cache()
     out = []
     for row in rows:
@@ -196,6 +202,57 @@ def load_vignettes(name: str = "scifi", limit: int | None = None, cache: Rewrite
             v["wrong"] = float(row["wrong"])
         out.append(v)
     return out
+
+
+def balanced_subset(rows: list[dict], per_foundation: int, seed: int = 0) -> list[dict]:
+    """``per_foundation`` rows of each coarse foundation, in stored order; all of a foundation that has fewer.
+
+    Which rows: within each foundation, those with the smallest ``md5("<seed>:<id>")``. So the choice
+    depends only on the seed and the ids: the same in every run and process, unchanged when the set's
+    file is reordered, and a vignette added to the set displaces an earlier pick only where its hash
+    ranks lower.
+    """
+    if isinstance(per_foundation, bool) or not isinstance(per_foundation, int) or per_foundation <= 0:
+        raise ValueError(f"per_foundation must be a positive integer, got {per_foundation!r}")
+    kept: set[str] = set()
+    for foundation in FOUNDATIONS:
+        ids = [r["id"] for r in rows if r["foundation_coarse"] == foundation]
+        kept.update(sorted(ids, key=lambda i: md5(f"{seed}:{i}"))[:per_foundation])
+    return [r for r in rows if r["id"] in kept]
+
+
+def subset_notes(name: str, vignettes: list[dict], *, limit: int | None = None,
+                 per_foundation: int | None = None) -> list[str]:
+    """What a subset leaves out that changes what the numbers mean: whole foundations, the control, a spread.
+
+    ``[]`` for the whole set. With ``limit``, the foundations (and the Social Norms control) that the
+    first N vignettes leave out, and the balanced alternative; with ``per_foundation``, foundations
+    that have fewer vignettes than asked, and ``per_foundation=1`` (no spread: no intervals).
+    """
+    if limit is None and per_foundation is None:
+        return []
+    every = dict.fromkeys(r["foundation_coarse"] for r in read_set_file(set_path(name), name))
+    present = {v["foundation_coarse"] for v in vignettes}
+    missing = [f for f in every if f not in present]
+    notes = []
+    if limit is not None and missing:
+        real = [f for f in missing if f != CONTROL]
+        left = ", ".join(real) if real else "no real foundation"
+        control = (" and the Social Norms control (so score - control is undefined)" if CONTROL in missing else "")
+        kept = ", ".join(f for f in every if f in present)
+        notes.append(f"limit={limit} keeps the first {len(vignettes)} vignettes of {name!r} ({kept}): it leaves out "
+                     f"{left}{control}; the score is the mean over {kept} only. For a cheap probe of every "
+                     f"foundation and the control use per_foundation=2 (--per-foundation 2) instead")
+    if per_foundation is not None:
+        short = [f"{f} ({sum(v['foundation_coarse'] == f for v in vignettes)})" for f in every
+                 if sum(v["foundation_coarse"] == f for v in vignettes) < per_foundation]
+        if short:
+            notes.append(f"per_foundation={per_foundation}: {', '.join(short)} of {name!r} "
+                         f"{'has' if len(short) == 1 else 'have'} fewer vignettes than that; all of them are kept")
+        if per_foundation == 1:
+            notes.append("per_foundation=1: one vignette per foundation leaves no spread to measure, so every "
+                         "interval is undefined; use 2 or more")
+    return notes
 
 
 def _default_cache() -> RewriteCache:

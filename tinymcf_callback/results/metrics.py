@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .stats import VignetteScores, paired_change, vignette_scores
+from .stats import VignetteScores, paired_change, selectivity, vignette_scores
 
 LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
 SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s")
 CHANGE_KEYS = ("score_change", "score_change_p")  # since the step-0 baseline (logged when the run has one)
+# with a target foundation and a baseline: the target's change minus the other real foundations' mean change
+SELECTIVITY_KEYS = ("selectivity", "selectivity_lo", "selectivity_hi", "selectivity_p")
 
 
 def _slug(text: str) -> str:
@@ -44,7 +47,16 @@ def metric_names(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict[
     """
     headline = [key + suffix for key in LOGGED_HEADLINE for suffix in ("", "_lo", "_hi")]
     prefix = f"eval_moral_{probe_key(name, answer_format)}"
-    return {key: f"{prefix}/{key}" for key in (*headline, *CHANGE_KEYS, *SANITY_KEYS)}
+    return {key: f"{prefix}/{key}" for key in (*headline, *CHANGE_KEYS, *SELECTIVITY_KEYS, *SANITY_KEYS)}
+
+
+def dashboard_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The logged names as the dashboards show them: ``eval_moral_<name>/score`` -> ``eval/moral_<name>/score``.
+
+    What the Trainer's reporters (``rewrite_logs``) make of them, and what :class:`ProbeLogger` sends
+    to a tracker of a loop of your own, so both paths draw the same curves.
+    """
+    return {("eval/" + k[len("eval_"):] if k.startswith("eval_") else k): v for k, v in metrics.items()}
 
 
 def report_metrics(name: str, report: dict) -> dict[str, float]:
@@ -84,12 +96,14 @@ def baseline_scores(record: dict) -> VignetteScores:
     return VignetteScores(record["id"], record["foundation_coarse"], s)
 
 
-def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, float]:
+def change_metrics(name: str, baseline: dict | None, report: dict, target: str | None = None) -> dict[str, float]:
     """``score_change`` (this probe's score minus the baseline's) and its paired two-sided p-value.
 
     The p-value comes from a paired bootstrap over vignettes at the report's ``n_resamples`` and
     ``level`` (``stats.paired_change``, seed 0); with intervals off (``n_resamples=0``) only the change
-    is logged. Empty without a baseline; finite values only.
+    is logged. With a ``target`` foundation, also its ``selectivity`` (``stats.selectivity``: the
+    target's change of ``align_other`` minus the mean change of the other real foundations) with its
+    bounds and p-value. Empty without a baseline; finite values only.
     """
     if baseline is None:
         return {}
@@ -97,10 +111,41 @@ def change_metrics(name: str, baseline: dict | None, report: dict) -> dict[str, 
     if not report.get("n_resamples"):
         before, now = baseline.get("score"), report["score"]
         values = {names["score_change"]: None if before is None or now is None else now - before}
+        if target is not None:
+            values[names["selectivity"]] = _plain_selectivity(baseline, report, target)
     else:
-        change = paired_change(baseline_scores(baseline), vignette_scores(report["scenarios"]),
-                               level=report["level"], n_resamples=report["n_resamples"], seed=0)["headline"]["score"]
+        a, b = baseline_scores(baseline), vignette_scores(report["scenarios"])
+        settings = {"level": report["level"], "n_resamples": report["n_resamples"], "seed": 0}
+        change = paired_change(a, b, **settings)["headline"]["score"]
         values = {names["score_change"]: change.change, names["score_change_p"]: change.p}
+        if target is not None:
+            try:
+                sel = selectivity(a, b, target, **settings)["selectivity"]
+            except ValueError:  # the target, or every other foundation, is not in the probed subset
+                sel = None
+            if sel is not None:
+                values.update({names["selectivity"]: sel.change, names["selectivity_lo"]: sel.lo,
+                               names["selectivity_hi"]: sel.hi, names["selectivity_p"]: sel.p})
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 
+def _plain_selectivity(baseline: dict, report: dict, target: str) -> float | None:
+    """Selectivity without intervals: the target's change minus the others' mean change, from the vignette means."""
+    import numpy as np
+
+    from ..data.sets import REAL_FOUNDATIONS
+
+    def align(scores: VignetteScores, foundation: str) -> float:
+        s = scores.s[scores.foundation_coarse == foundation]
+        if not len(s):
+            return math.nan
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a condition with no finite score: NaN
+            return float(np.nanmean(s[:, 0]) - np.nanmean(s[:, 1]))
+
+    a, b = baseline_scores(baseline), vignette_scores(report["scenarios"])
+    changes = {f: align(b, f) - align(a, f) for f in REAL_FOUNDATIONS}
+    others = [c for f, c in changes.items() if f != target and math.isfinite(c)]
+    if not math.isfinite(changes[target]) or not others:
+        return None
+    return changes[target] - sum(others) / len(others)

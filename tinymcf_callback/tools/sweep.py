@@ -43,7 +43,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..config import ProbeConfig
-from ..data.sets import load_vignettes
 from ..errors import HistoryError, SweepError
 from ..extras import require
 from ..probe import Probe
@@ -244,7 +243,7 @@ def plan_sweep(settings: SweepSettings) -> SweepPlan:
     """Check the input and decide which checkpoints to score; raises :class:`SweepError` before any model loads."""
     checkpoints = find_checkpoints(settings.run_dir)
     config = settings.probe
-    n_vignettes = len(load_vignettes(config.name, limit=config.limit))  # an unknown or unprepared set fails here
+    n_vignettes = len(config.vignettes())  # an unknown or unprepared set fails here
     history = Path(history_path(str(settings.run_dir), config.name, config.answer_format))
     lines = current_run_lines(history)
     check_same_format(lines, config.answer_format, history)

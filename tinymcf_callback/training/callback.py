@@ -26,21 +26,18 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import time
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..config import ProbeConfig, make_config
-from ..data.sets import load_vignettes
-from ..errors import ConfigError, UnsupportedModelError
+from ..errors import ConfigError
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, append_history
-from ..results.metrics import baseline_record, baseline_scores, change_metrics, metric_names, report_metrics
-from ..results.text import format_table, sanity_lines
+from ..results.history import BASELINE_EVENT
+from ..results.metrics import metric_names
 from ..scoring.model_info import check_causal_lm
-from ..scoring.ranks import score_across_ranks
+from .logger import ProbeLogger
 from .state import record_counters, stored_counters
 from .writers import (
     active_wandb_run,
@@ -48,7 +45,6 @@ from .writers import (
     log_wandb_table,
     record_wandb_precision,
     reports_to_wandb,
-    write_baseline,
     write_checkpoint,
 )
 
@@ -117,10 +113,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
                               f"{type(trainer).__name__} (no log method)")
         self.config = make_config(config, **({"name": name} if name is not None else {}), **settings)
         if tokenizer is None:
-            load_vignettes(self.config.name, limit=self.config.limit)  # an unprepared set fails here, not at step 500
+            self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
         self._tokenizer, self._trainer = tokenizer, trainer
         self.probe: Probe | None = None
+        self.logger: ProbeLogger | None = None  # built with the probe
+        self._pending_baseline: dict | None = None
         self.names = metric_names(self.name, self.answer_format)
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
@@ -211,26 +209,22 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if model is None:
             return
         self.attempted_step = state.global_step
-        try:
-            start = time.perf_counter()
-            report = self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
-        except UnsupportedModelError:
-            raise  # a setup error (not a causal LM), already refused at on_train_begin
-        except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
-            if self.strict:
-                raise
-            logger.warning("moral probe [%s] failed at step %d (%s): %s: %s; training continues, nothing logged",
-                           self.name, state.global_step, event, type(e).__name__, e)
-            return
-        if event == BASELINE_EVENT:
-            self.baseline_record = baseline_record(report, state.global_step)
-        metrics = {**report_metrics(self.name, report), **change_metrics(self.name, self.baseline_record, report)}
+        probe_logger = self.logger
+        probe_logger.output_dir = args.output_dir
+        report = probe_logger.score(model, step=state.global_step, event=event)
+        if report is None:
+            return  # warned; training goes on
+        metrics = probe_logger.record(report, step=state.global_step, epoch=state.epoch, event=event,
+                                      write=state.is_world_process_zero)
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
-        self._publish(args, state, report, metrics, event)
+        self._publish(args, state, report, metrics)
 
     # ---- where to log ----------------------------------------------------------------------------
-    def _publish(self, args, state, report, metrics, event):
-        """Reporters and log_history on every rank (Trainer.log), then the main process's own outputs."""
+    def _publish(self, args, state, report, metrics):
+        """Reporters and log_history on every rank (Trainer.log), then the wandb table on the main process.
+
+        The history line and the baseline's report were written by :meth:`ProbeLogger.record`.
+        """
         trainer = self._find_trainer()
         if trainer is not None:
             trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
@@ -238,17 +232,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             state.log_history.append({**metrics, "step": state.global_step})
             logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
                            "state.log_history only (pass trainer= to MoralProbeCallback)", self.name)
-        if not state.is_world_process_zero:
-            return
-        if self.verbose:
-            print(f"[tinymcf] step {state.global_step} ({event})")
-            print("\n".join(sanity_lines(report)))
-            print(format_table(report["table"]))
-        append_history(args.output_dir, self.name, report, metrics, step=state.global_step, epoch=state.epoch,
-                       event=event)
-        if event == BASELINE_EVENT and args.should_save:
-            write_baseline(args.output_dir, self.name, report, step=state.global_step, epoch=state.epoch)
-        if reports_to_wandb(args):
+        if state.is_world_process_zero and reports_to_wandb(args):
             self._log_wandb(state, report)
 
     def _log_wandb(self, state, report):
@@ -267,6 +251,25 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
         self.probe = Probe(tok, config=self.config)  # tokenised once, reused at every probe
+        # The history, the baseline and the change: the same object a loop of one's own uses. Its baseline is
+        # restored from trainer_state.json (the callback's state), not read back from the output folder.
+        self.logger = ProbeLogger(self.probe, None, baseline=self.baseline, resume=False, strict=self.strict,
+                                  verbose=self.verbose)
+        self.logger.baseline_record, self._pending_baseline = self._pending_baseline, None
+
+    @property
+    def baseline_record(self) -> dict | None:
+        """The step-0 probe's per-vignette scores (``metrics.baseline_record``): what the change is measured from."""
+        probe_logger = self.__dict__.get("logger")
+        return probe_logger.baseline_record if probe_logger is not None else self.__dict__.get("_pending_baseline")
+
+    @baseline_record.setter
+    def baseline_record(self, record: dict | None) -> None:
+        probe_logger = self.__dict__.get("logger")
+        if probe_logger is not None:
+            probe_logger.baseline_record = record
+        else:
+            self._pending_baseline = record  # restored before the tokenizer is known: applied when the probe is built
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
@@ -312,22 +315,5 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         for attribute, value in saved.get("attributes", {}).items():
             if attribute in known:
                 setattr(self, attribute, value)
-        self.baseline_record = self._usable_baseline(self.baseline_record)
+        self.logger.use_baseline(self.baseline_record)
 
-    def _usable_baseline(self, record) -> dict | None:
-        """The saved baseline when it scored this probe's prompts; else None (no change logged), with a warning."""
-        if record is None:
-            return None
-        why = None
-        if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
-            why = "its prompts differ from this run's (another limit, tokenizer, answer prefix or answer format)"
-        else:
-            try:
-                baseline_scores(record)
-            except (KeyError, TypeError, ValueError) as e:
-                why = f"it cannot be read ({e})"
-        if why is None:
-            return record
-        logger.warning("moral probe [%s]: the checkpoint's step-0 baseline is not used: %s; score_change is not "
-                       "logged in this run", self.name, why)
-        return None

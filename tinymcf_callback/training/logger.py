@@ -1,0 +1,268 @@
+"""``ProbeLogger``: the probe in a training loop of your own (plain PyTorch, accelerate, Lightning-style).
+
+    logger = ProbeLogger(Probe(tok, "scifi", per_foundation=2), "runs/my-run", to=accelerator)
+    logger.log(model, step=0)              # the step-0 baseline
+    for step in ...:
+        ...
+        if step % 100 == 0:
+            logger.log(model, step=step)   # the history line, score_change since step 0, the trackers
+
+Everything the callback keeps for a Trainer run, kept here for any loop: the history file
+(``<output_dir>/moral_probe_<name>.jsonl``, the callback's schema, drawn by ``tinymcf plot``), the
+step-0 baseline (its report in ``moral_probe_<name>_baseline.json``, read back when a resumed loop
+logs its first step after 0), the change since it (``score_change``, ``score_change_p``; with a
+``target`` foundation its ``selectivity``), and the metrics sent to what the loop already uses
+(``to=``): an ``accelerate.Accelerator`` (its trackers, through ``Accelerator.log``), a wandb run,
+a TensorBoard ``SummaryWriter`` (torch's or tensorboardX's), or any callable
+``fn(metrics, step)``. They get the dashboard names (``eval/moral_<name>/score``, ...), the ones the
+Trainer's reporters show for the callback.
+
+``MoralProbeCallback`` is a ProbeLogger driven by Trainer events: it calls :meth:`ProbeLogger.score`
+and :meth:`ProbeLogger.record`, then hands the metrics to ``Trainer.log``. So the two write the same
+lines and compute the same change.
+
+Under ``torch.distributed`` every process must call :meth:`log` at the same steps (the probe's
+batches are split among them and gathered); the files and the trackers are written by the main
+process only. A probe that fails is a warning and an empty result (``strict=True``: the error), so
+a broken probe never stops the training it watches; the probe runs in eval mode and inference
+mode and restores the model's mode after, so it does not change the training either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..errors import ConfigError, UnsupportedModelError
+from ..extras import available
+from ..probe import Probe
+from ..results.history import BASELINE_EVENT, append_history, baseline_path, history_path
+from ..results.metrics import (
+    baseline_record,
+    baseline_scores,
+    change_metrics,
+    dashboard_names,
+    probe_key,
+    report_metrics,
+)
+from ..results.report import load_report
+from ..results.text import format_table, sanity_lines
+from ..scoring.ranks import Ranks, score_across_ranks
+from .writers import define_wandb_metrics, log_wandb_table, record_wandb_precision, write_baseline
+
+logger = logging.getLogger("tinymcf_callback")
+
+LOOP_EVENT = "log"  # the event of a history line written by ProbeLogger.log (the callback's: evaluate, save)
+
+
+class ProbeLogger:
+    """Probe a model at the steps a loop chooses; keep the baseline, the history and the change; feed the trackers.
+
+    Args:
+        probe: a :class:`~tinymcf_callback.probe.Probe` (its set, subset, answer format and statistics).
+        output_dir: the run folder for the history and the baseline's report; None: no files (metrics only).
+        to: where the metrics go besides the files, one or a list of: an ``accelerate.Accelerator``, a wandb
+            run (``wandb.init()``'s), a TensorBoard ``SummaryWriter``, a callable ``fn(metrics, step)``.
+        baseline: the first probe at step 0 is the baseline that ``score_change`` is measured from.
+        resume: when the first probe is after step 0, take the baseline from ``output_dir``'s
+            ``moral_probe_<name>_baseline.json`` (when it scored the same prompts).
+        strict: raise when a probe fails (default: warn, return ``{}``, and let the loop go on).
+        verbose: print the sanity lines and the per-foundation table at each probe (main process).
+
+    Raises :class:`~tinymcf_callback.errors.ConfigError` for a ``to=`` it cannot send to.
+    """
+
+    def __init__(self, probe: Probe, output_dir: str | os.PathLike | None = None, *, to=(), baseline: bool = True,
+                 resume: bool = True, strict: bool = False, verbose: bool = False):
+        if not isinstance(probe, Probe):
+            raise ConfigError(f"ProbeLogger needs a Probe (tinymcf_callback.Probe(tok, 'scifi', ...)), got "
+                              f"{type(probe).__name__}")
+        self.probe = probe
+        self.output_dir = None if output_dir is None else os.fspath(output_dir)
+        self.sinks = [as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])]
+        self.baseline, self.resume, self.strict, self.verbose = baseline, resume, strict, verbose
+        self.baseline_record: dict | None = None  # the baseline's per-vignette s (metrics.baseline_record)
+        self.last_step: int | None = None
+        self.last_report: dict | None = None
+        self.last_metrics: dict[str, float] = {}  # the logged names (eval_moral_<name>/...)
+        self._started = False
+
+    @property
+    def name(self) -> str:
+        return self.probe.name
+
+    @property
+    def history(self) -> str | None:
+        """The history file this logger appends to (None without ``output_dir``)."""
+        if self.output_dir is None:
+            return None
+        return history_path(self.output_dir, self.name, self.probe.answer_format)
+
+    # ---- the loop's one call ----------------------------------------------------------------------
+    def log(self, model, step: int, *, epoch: float | None = None, event: str | None = None) -> dict[str, float]:
+        """Probe ``model`` at ``step`` and log it everywhere; returns the metrics by their dashboard names.
+
+        ``event`` is the history line's (default: ``train_begin`` for the baseline at step 0, else
+        ``log``). ``{}`` when the probe failed (warned).
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"step must be a whole number >= 0 (the training step), got {step!r}")
+        if event is None:
+            event = BASELINE_EVENT if step == 0 and self.baseline and self.baseline_record is None else LOOP_EVENT
+        report = self.score(model, step=step, event=event)
+        if report is None:
+            return {}
+        metrics = self.record(report, step=step, epoch=epoch, event=event)
+        if Ranks.current().is_main:
+            self.send(metrics, step, report)
+        return dashboard_names(metrics)
+
+    # ---- the parts, also the callback's ----------------------------------------------------------
+    def score(self, model, *, step: int, event: str) -> dict | None:
+        """The report of ``model`` (scored across the processes), or None when the probe failed (warned)."""
+        try:
+            start = time.perf_counter()
+            return self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
+        except UnsupportedModelError:
+            raise  # a model the probe cannot read at all: a setup error, not a passing failure
+        except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
+            if self.strict:
+                raise
+            logger.warning("moral probe [%s] failed at step %d (%s): %s: %s; training continues, nothing logged",
+                           self.name, step, event, type(e).__name__, e)
+            return None
+
+    def record(self, report: dict, *, step: int, epoch: float | None = None, event: str,
+               write: bool | None = None) -> dict[str, float]:
+        """Turn a report into its metrics (logged names) and, when ``write`` (default: on the main process),
+        print it, append its history line and, for the baseline, write the baseline's report.
+
+        The baseline event (``train_begin``) makes this report the baseline; a first probe after step
+        0 reads the baseline back from ``output_dir`` (``resume``). Every process computes the same
+        metrics.
+        """
+        if not self._started:
+            self._started = True
+            if event != BASELINE_EVENT and self.resume and self.baseline_record is None:
+                self.baseline_record = self._saved_baseline()
+        if event == BASELINE_EVENT:
+            self.baseline_record = baseline_record(report, step)
+        metrics = {**report_metrics(self.name, report),
+                   **change_metrics(self.name, self.baseline_record, report, self.probe.config.target)}
+        self.last_step, self.last_report, self.last_metrics = step, report, metrics
+        if write if write is not None else Ranks.current().is_main:
+            if self.verbose:
+                print(f"[tinymcf] step {step} ({event})")
+                print("\n".join(sanity_lines(report)))
+                print(format_table(report["table"]))
+            if self.output_dir is not None:
+                append_history(self.output_dir, self.name, report, metrics, step=step, epoch=epoch, event=event)
+                if event == BASELINE_EVENT:
+                    write_baseline(self.output_dir, self.name, report, step=step, epoch=epoch)
+        return metrics
+
+    def send(self, metrics: dict[str, float], step: int, report: dict | None = None) -> None:
+        """Give the metrics (dashboard names) to every ``to=`` sink; a sink that fails is a warning."""
+        shown = dashboard_names(metrics)
+        for sink in self.sinks:
+            try:
+                sink(shown, step, report, self)
+            except Exception as e:  # noqa: BLE001 - a tracker's trouble must not stop the training
+                if self.strict:
+                    raise
+                logger.warning("moral probe [%s]: metrics not sent to %s: %s: %s", self.name, sink.what,
+                               type(e).__name__, e)
+
+    def use_baseline(self, record: dict | None) -> None:
+        """Measure the change from ``record`` (a saved :func:`~tinymcf_callback.results.metrics.baseline_record`),
+        when it scored this probe's prompts; otherwise warn and log no change."""
+        self._started = True
+        self.baseline_record = self._usable(record, "the saved step-0 baseline")
+
+    # ---- the baseline on disk ---------------------------------------------------------------------
+    def _saved_baseline(self) -> dict | None:
+        if self.output_dir is None:
+            return None
+        path = baseline_path(self.output_dir, self.name, self.probe.answer_format)
+        if not os.path.exists(path):
+            return None
+        try:
+            report = load_report(path)
+            record = baseline_record(report, int(report.get("step") or 0))
+        except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the run
+            logger.warning("moral probe [%s]: the baseline report %s cannot be read (%s); score_change is not "
+                           "logged in this run", self.name, path, e)
+            return None
+        return self._usable(record, f"the baseline report {path}")
+
+    def _usable(self, record, what: str) -> dict | None:
+        if record is None:
+            return None
+        why = None
+        if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
+            why = ("its prompts differ from this run's (another subset, tokenizer, answer prefix or answer "
+                   "format)")
+        else:
+            try:
+                baseline_scores(record)
+            except (KeyError, TypeError, ValueError) as e:
+                why = f"it cannot be read ({e})"
+        if why is None:
+            return record
+        logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run",
+                       self.name, what, why)
+        return None
+
+
+# ---- where the metrics go ----------------------------------------------------------------------------
+class Sink:
+    """One destination of the metrics: ``sink(metrics, step, report, logger)``; ``what`` names it in warnings."""
+
+    def __init__(self, what: str, send):
+        self.what, self._send = what, send
+
+    def __call__(self, metrics, step, report, probe_logger):
+        self._send(metrics, step, report, probe_logger)
+
+
+def as_sink(target) -> Sink:
+    """A :class:`Sink` for an Accelerator, a wandb run, a SummaryWriter or a callable; ConfigError otherwise."""
+    if isinstance(target, Sink):
+        return target
+    module = type(target).__module__ or ""
+    if module.startswith("accelerate") and callable(getattr(target, "log", None)):
+        return Sink("accelerate.Accelerator.log", lambda m, step, report, pl: target.log(m, step=step))
+    if module.startswith("wandb") and callable(getattr(target, "log", None)):
+        return Sink("the wandb run", _wandb_sender(target))
+    if callable(getattr(target, "add_scalar", None)):
+        def to_tensorboard(m, step, report, pl):
+            for key, value in m.items():
+                target.add_scalar(key, value, global_step=step)
+            if callable(getattr(target, "flush", None)):
+                target.flush()
+        return Sink(f"the {type(target).__name__}", to_tensorboard)
+    if callable(target) and not isinstance(target, type):
+        return Sink(getattr(target, "__name__", type(target).__name__), lambda m, step, report, pl: target(m, step))
+    hint = " (wandb is installed)" if available("wandb") else ""
+    raise ConfigError(f"ProbeLogger(to=...) cannot send metrics to a {type(target).__name__}: pass an "
+                      f"accelerate.Accelerator, a wandb run{hint}, a TensorBoard SummaryWriter or a callable "
+                      f"fn(metrics, step)")
+
+
+def _wandb_sender(run):
+    defined = set()
+
+    def send(m, step, report, pl):
+        key = probe_key(pl.name, pl.probe.answer_format)
+        if key not in defined:  # curves against the training step, as the callback's
+            define_wandb_metrics(run, pl.name, pl.probe.answer_format)
+            if report is not None:
+                record_wandb_precision(run, pl.name, report)
+            defined.add(key)
+        run.log({**m, "train/global_step": step})
+        if report is not None:
+            log_wandb_table(run, pl.name, report, step)
+
+    return send
+
