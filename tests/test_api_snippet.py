@@ -1,10 +1,12 @@
-"""The original project's documented lower-level API, run exactly as its README writes it.
+"""The documented lower-level API, run exactly as docs/python.md writes it.
 
     prompts, meta = format_prompts(tok, vignettes)
     # ... your own forward pass returning [N, V] logits at the answer position ...
     scored = score_prompts(logits, tok)
     report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"])
     print(report["info"])
+
+(the docs' forward pass uses ``encode_batch``; the first test writes its own, independent of the engine)
 
 with ``vignettes = load_vignettes("scifi")`` (all 51 vignettes, 408 prompts) and a forward
 pass written here, independent of the engine: left-padded batches, positions that skip
@@ -66,3 +68,39 @@ def test_score_prompts_reads_as_a_mapping_and_as_the_old_tuple(tiny_qwen, qwen_t
     assert set(dict(scored)) == {"p_yes", "yn_mass"} and {**scored}["yn_mass"] is yn_mass
     with pytest.raises(KeyError, match="p_yes, yn_mass"):
         scored["p_no"]
+
+
+def test_encode_batch_is_the_engines_encoding_whatever_the_tokenizer_pads(tiny_qwen, qwen_tok):
+    import copy
+
+    from tinymcf_callback import compare, encode_batch
+
+    tok = copy.deepcopy(qwen_tok)
+    tok.padding_side = "right"  # SmolLM2's default: the trap encode_batch avoids
+    vignettes = load_vignettes("scifi", per_foundation=2)
+    prompts, meta = format_prompts(tok, vignettes)
+    logits = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), 16):  # the documented snippet
+            batch = encode_batch(tok, prompts[start:start + 16], tiny_qwen)
+            logits.append(tiny_qwen(**batch).logits[:, -1])
+    scored = score_prompts(torch.cat(logits), tok)
+    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"], name="scifi")
+
+    probe = Probe(qwen_tok, "scifi", per_foundation=2).run(tiny_qwen)
+    assert np.abs(scored["p_yes"] - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
+    # the hand-scored report is a report: intervals, raw rows, the prompts' digest; compare pairs it
+    assert report["prompt_digest"] == probe["prompt_digest"] and report["score_lo"] <= report["score"]
+    assert list(report["raw"]["p_yes"]) == list(scored["p_yes"])
+    change = compare(probe, report)
+    assert abs(change["headline"]["score"]["change"]) < 1e-5
+
+    # what the obvious way gives: right-padded rows read a pad token's logits, not the answer's
+    with torch.inference_mode():
+        enc = tok(prompts[:16], padding=True, return_tensors="pt")
+        naive = score_prompts(tiny_qwen(**enc).logits[:, -1], tok)["p_yes"]
+    assert np.abs(naive - scored["p_yes"][:16]).max() > 1e-3
+    batch = encode_batch(tok, prompts[:2])  # without a model: positions from 0, left padding
+    assert batch["attention_mask"][:, 0].tolist() == [int(len(tok(p, add_special_tokens=False).input_ids) ==
+                                                           batch["input_ids"].shape[1]) for p in prompts[:2]]
+    assert batch["position_ids"][batch["attention_mask"].bool()].min() == 0 and batch["use_cache"] is False

@@ -106,7 +106,9 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     names = metric_names("scifi")
     no_control = {names[k + b] for k in ("social_norms", "score_minus_sn") for b in ("", "_lo", "_hi")}
     for e in entries:
-        assert set(names.values()) - {names["human_corr"], *no_control} <= set(e)  # limit=3: Care only
+        selectivity = {names[k] for k in names if k.startswith("selectivity")}  # logged with a target only
+        assert set(names.values()) - {names["human_corr"], *no_control, *selectivity} <= set(e)  # limit=3: Care only
+        assert not selectivity & set(e)
         assert "eval_moral_scifi/care/align_other" in e and "eval_moral_scifi/care/self_other_gap" in e
         assert e[names["score_lo"]] <= e[SCORE] <= e[names["score_hi"]]
         assert e[names["gap_lo"]] <= e[names["gap"]] <= e[names["gap_hi"]]

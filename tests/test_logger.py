@@ -157,3 +157,20 @@ def test_what_it_cannot_send_to_is_refused_and_a_failing_probe_does_not_stop_the
     strict = ProbeLogger(probe, None, strict=True)
     with pytest.raises(torch.OutOfMemoryError):
         strict.log(tiny_model().eval(), step=0)
+
+
+def test_a_target_foundation_adds_its_selectivity(tmp_path, qwen_tok):
+    from tinymcf_callback.data.sets import REAL_FOUNDATIONS
+
+    probe = Probe(qwen_tok, "scifi", per_foundation=2, target="Care")
+    probe_logger = ProbeLogger(probe, tmp_path)
+    base = probe_logger.log(tiny_model(seed=0).eval(), step=0)
+    moved = probe_logger.log(tiny_model(seed=1).eval(), step=5)  # another model: the change is "training"
+    assert base["eval/moral_scifi/selectivity"] == 0.0
+    lines = [line for _, line in read_lines(tmp_path / "moral_probe_scifi.jsonl")]
+    align = [{row["foundation"]: row["align_other"] for row in line["table"]} for line in lines]
+    change = {f: align[1][f] - align[0][f] for f in REAL_FOUNDATIONS}
+    expected = change["Care"] - sum(change[f] for f in REAL_FOUNDATIONS if f != "Care") / 5
+    assert moved["eval/moral_scifi/selectivity"] == pytest.approx(expected, abs=1e-9)
+    lo, hi = moved["eval/moral_scifi/selectivity_lo"], moved["eval/moral_scifi/selectivity_hi"]
+    assert lo <= moved["eval/moral_scifi/selectivity"] <= hi and 0.0 <= moved["eval/moral_scifi/selectivity_p"] <= 1

@@ -43,6 +43,7 @@ _EXPORTS = {
     "Probe": "probe",
     "ProbeConfig": "config",
     "evaluate": "probe",
+    "encode_batch": "scoring.engine",
     "FRAMES": "scoring.prompts",
     "format_prompt": "scoring.prompts",
     "format_prompts": "scoring.prompts",

@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import ProbeConfig, make_config
 from .results.analysis import analyse
-from .results.readout import sanity_warnings, with_intervals
+from .results.readout import HEADLINE_FIELDS, sanity_warnings
 from .results.text import sanity_lines
 from .scoring.batching import encode_prompts, plan_batches, plan_group_batches, plan_prefixes
 from .scoring.engine import ScoreResult, check_context, run_batches
@@ -127,7 +127,8 @@ class Probe:
     def report(self, res: ScoreResult, elapsed: float | None = None) -> dict:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`)."""
         config = self.config
-        out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed)
+        out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed, name=self.name, level=config.level,
+                      n_resamples=config.n_resamples, seed=config.seed)
         info = out["info"]
         info["yn_top3_rate"] = float(np.mean(res.yn_top3)) if len(res.yn_top3) else None
         info["sample_prompt"] = self.prompts[self.sample_index]
@@ -137,16 +138,14 @@ class Probe:
         info["self_check"] = self.check_info(res.check)
         info["precision"] = res.precision
         info["warnings"] = self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
-        raw = self.meta.copy()
-        raw["p_yes"], raw["yn_mass"] = res.p_yes, res.yn_mass
-        table, headline = with_intervals(out, level=config.level, n_resamples=config.n_resamples, seed=config.seed)
+        headline = {k: out[k] for k in HEADLINE_FIELDS}
         precision = res.precision or {}
         return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
                 "dtype": precision.get("dtype"), "autocast": precision.get("autocast"),
-                "device": precision.get("device"), "table": table, **headline,
-                "level": config.level if config.n_resamples else None, "n_resamples": config.n_resamples,
+                "device": precision.get("device"), "table": out["table"], **headline,
+                "level": out["level"], "n_resamples": config.n_resamples,
                 "seed": config.seed, "prompt_digest": self.prompt_digest,
-                "info": info, "scenarios": out["scenarios"], "raw": raw}
+                "info": info, "scenarios": out["scenarios"], "raw": out["raw"]}
 
     def check_info(self, check: dict | None) -> dict | None:
         """The self-check's record with the checked prompts named (``vignette <id> (<condition>, frame <frame>)``)."""

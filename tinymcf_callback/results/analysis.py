@@ -25,6 +25,9 @@ import numpy as np
 import pandas as pd
 
 from ..data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from .readout import with_intervals
+from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 
 def _corr(a, b) -> float | None:
@@ -65,20 +68,41 @@ def scenario_scores(p_yes, meta: pd.DataFrame, yn_mass=None) -> pd.DataFrame:
     return wide
 
 
-def analyse(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None = None) -> dict:
-    """Per-foundation alignment from per-prompt ``p_yes`` and the prompts' ``meta``.
+def analyse(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None = None, *, name: str | None = None,
+            level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0) -> dict:
+    """Per-foundation alignment from per-prompt ``p_yes`` and the prompts' ``meta``: a report ``compare`` takes.
 
-    Returns ``{"table", "score", "gap", "sn", "info", "scenarios"}``: ``table`` has one
-    row per coarse foundation (``n``, ``s_<condition>`` means, ``align_other``,
-    ``align_self``, ``self_other_gap``); ``info`` holds the sanity figures
-    (``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``,
-    ``n_prompts``, ``elapsed_s``). Missing parts give NaN in the table and None in the
-    headline numbers, never an exception.
+    Returns ``{"table", "score", "gap", "sn", "score_minus_sn", their "_lo"/"_hi" bounds, "info",
+    "scenarios", "raw", "name", "answer_format", "prompt_digest", "level", "n_resamples", "seed"}``:
+    ``table`` has one row per coarse foundation (``n``, ``s_<condition>`` means, ``align_other``,
+    ``align_self``, ``self_other_gap`` and their ``_lo``/``_hi`` bounds); ``info`` holds the sanity
+    figures (``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``, ``n_prompts``,
+    ``elapsed_s``); ``raw`` is ``meta`` with ``p_yes`` and ``yn_mass``. Missing parts give NaN in
+    the table and None in the headline numbers, never an exception.
+
+    The bounds are bootstrap intervals over vignettes at ``level`` (``n_resamples=0``: none, every
+    bound None). ``name`` (the set, e.g. ``"scifi"``), ``prompt_digest`` and ``answer_format``
+    (from ``meta.attrs``, which ``format_prompts`` fills) let :func:`~tinymcf_callback.compare`
+    pair this report with another, a :class:`~tinymcf_callback.Probe`'s included: same set, same
+    prompts.
 
     ``elapsed_s`` is ``elapsed`` when given. Otherwise, when ``meta`` comes from
     ``format_prompts``, it is the seconds since the prompts were formatted (so it covers
     tokenising and your own forward pass); else None.
     """
+    out = analyse_point(p_yes, meta, yn_mass, elapsed)
+    table, headline = with_intervals(out, level=level, n_resamples=n_resamples, seed=seed)
+    raw = meta.copy()
+    raw["p_yes"] = np.asarray(p_yes, dtype=float)
+    raw["yn_mass"] = np.asarray(yn_mass, dtype=float) if yn_mass is not None else np.nan
+    return {**out, "table": table, **headline, "raw": raw, "name": name,
+            "answer_format": meta.attrs.get("answer_format", DEFAULT_ANSWER_FORMAT),
+            "prompt_digest": meta.attrs.get("prompt_digest"),
+            "level": level if n_resamples else None, "n_resamples": n_resamples, "seed": seed}
+
+
+def analyse_point(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None = None) -> dict:
+    """:func:`analyse`'s estimates without intervals: ``{"table", "score", "gap", "sn", "info", "scenarios"}``."""
     if len(meta) != len(np.asarray(p_yes)):
         raise ValueError(f"p_yes has {len(np.asarray(p_yes))} values for {len(meta)} prompts")
     sc = scenario_scores(p_yes, meta, yn_mass)

@@ -205,6 +205,36 @@ def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
     return offset + (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def encode_batch(tok, prompts: list[str], model=None, *, device=None) -> dict:
+    """The model's inputs for ``prompts``, as the engine builds them: ``logits = model(**batch).logits[:, -1]``.
+
+    - the prompts' own tokens only (``add_special_tokens=False``: :func:`~tinymcf_callback.format_prompts`
+      already wrote the chat template's special tokens, a tokenizer's BOS would come twice);
+    - left padding whatever the tokenizer's ``padding_side`` (a right-padded row's last position is a pad
+      token, not the answer: P(Yes) off by 0.27 on SmolLM2-135M);
+    - ``position_ids`` that skip the padding, counted from where ``model`` counts (``padding_idx + 1``
+      for RoBERTa-style embeddings), when its forward takes them; ``use_cache=False``.
+
+    Without ``model``: position ids from 0 and a pad id from the tokenizer. ``device``: where the
+    tensors go (default: the model's device, else CPU). Score the logits with
+    :func:`~tinymcf_callback.score_prompts`.
+    """
+    seqs = tok(list(prompts), add_special_tokens=False)["input_ids"]
+    if model is not None:
+        args, pad_id = ForwardArgs.of(model), pad_token_id(model, tok)
+        device = model_device(model) if device is None else device
+    else:
+        args = ForwardArgs(position_ids=True, logits_to_keep=False, cache_kw=None)
+        pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id) if isinstance(t, int)), 0)
+    ids, mask = _left_pad(seqs, pad_id)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if args.position_ids:
+        batch["position_ids"] = _positions(mask, args.position_base)
+    batch = {k: v.to(device) if device is not None else v for k, v in batch.items()}
+    batch["use_cache"] = False
+    return batch
+
+
 class FullPrompts:
     """Strategies ``"full"`` and ``"unpadded"``: each prompt whole, so every answer sits in the last column.
 

@@ -128,6 +128,8 @@ def format_prompts(tok, vignettes: list[dict], answer_prefix: str | None = None,
     ``foundation_coarse``, ``condition``, ``frame`` and ``wrong`` (human rating, NaN where the set
     has none). ``meta.attrs["formatted_at"]`` holds the time (``time.time()``) the prompts were made:
     ``analyse`` reports the seconds since then as ``elapsed_s`` when not given an ``elapsed``.
+    ``meta.attrs["prompt_digest"]`` (:func:`prompt_digest`) and ``meta.attrs["answer_format"]`` say
+    which questions were asked, so that ``analyse``'s report of a hand-scored run can be compared.
     """
     fmt = answer_format_of(answer_format)
     if answer_prefix is not None and fmt.prefill is not None:
@@ -145,6 +147,8 @@ def format_prompts(tok, vignettes: list[dict], answer_prefix: str | None = None,
                     "condition": cond, "frame": frame, "wrong": v.get("wrong", float("nan")),
                 })
     meta = pd.DataFrame(rows)
+    meta.attrs["prompt_digest"] = prompt_digest(prompts, meta, fmt.name)
+    meta.attrs["answer_format"] = fmt.name
     meta.attrs["formatted_at"] = time.time()
     return prompts, meta
 
