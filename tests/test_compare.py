@@ -152,3 +152,39 @@ def test_undefined_changes_are_none_not_errors(qwen_tok):
     assert result["headline"]["score"]["change"] is not None and result["headline"]["score"]["p"] is None
     assert result["headline"]["sn"] == {"a": None, "b": None, "change": None, "lo": None, "hi": None, "p": None}
     assert math.isnan(result["table"]["lo"].iloc[0])
+
+
+def test_a_target_adds_selectivity_in_the_result_and_the_text(probe, before, capsys, tmp_path):
+    from tinymcf_callback.cli.main import main
+    from tinymcf_callback.results.comparison import format_comparison
+    from tinymcf_callback.results.report import write_report
+
+    # B: Care's violations judged 0.3 worse, nothing else moved (the same vignette effects and noise)
+    res = made_up_scores(probe, seed=0)
+    care = (probe.meta["foundation_coarse"] == "Care") & probe.meta["condition"].str.endswith("violate")
+    wrong = probe.meta["frame"] == "wrong"
+    res.p_yes = res.p_yes.copy()
+    res.p_yes[care & wrong] = np.clip(res.p_yes[care & wrong] + 0.15, 0, 1)
+    res.p_yes[care & ~wrong] = np.clip(res.p_yes[care & ~wrong] - 0.15, 0, 1)
+    after_care = probe.report(res, elapsed=1.0)
+    result = compare(before, after_care, target="Care")
+    sel = result["selectivity"]
+    moved = after_care["table"]["align_other"] - before["table"]["align_other"]
+    assert sel["target"] == "Care" and len(sel["off_target_foundations"]) == 5
+    assert sel["on_target"]["change"] == pytest.approx(moved["Care"], abs=1e-12) and moved["Care"] > 0.1
+    assert sel["off_target"]["change"] == pytest.approx(0.0, abs=1e-12)
+    assert sel["selectivity"]["change"] == pytest.approx(moved["Care"], abs=1e-12)
+    assert sel["selectivity"]["lo"] > 0 and sel["selectivity"]["p"] < 0.05
+    assert "selectivity" not in compare(before, after_care)
+    text = format_comparison(result)
+    assert "selectivity of Care" in text and "on - off target" in text
+    with pytest.raises(CompareError, match="selectivity of 'Care': .* no real foundation besides Care"):
+        care_only = Probe(probe.tok, "scifi", limit=9)  # the first 9 of scifi: Care only
+        compare(*(care_only.report(made_up_scores(care_only, seed=0, shift=d)) for d in (0.0, 0.1)), target="Care")
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_report(a, before)
+    write_report(b, after_care)
+    assert main(["compare", str(a), str(b), "--target", "Care"]) == 0
+    assert "on - off target" in capsys.readouterr().out
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+from ..data.sets import REAL_FOUNDATIONS
 from ..results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 
 NAME = "compare"
@@ -21,6 +22,9 @@ def add_arguments(p) -> None:
                    help=f"confidence level of the intervals (default: {DEFAULT_LEVEL})")
     p.add_argument("--n-resamples", type=int, default=DEFAULT_RESAMPLES,
                    help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES})")
+    p.add_argument("--target", default=None, choices=REAL_FOUNDATIONS, metavar="FOUNDATION",
+                   help="the foundation B's training or steering aims at: adds its selectivity (its align_other change "
+                        f"minus the mean change of the other real foundations); one of {', '.join(REAL_FOUNDATIONS)}")
     p.add_argument("--allow-precision-change", action="store_true",
                    help="compare reports scored in different precisions (a warning instead of an error)")
 
@@ -34,6 +38,6 @@ def run(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the result carries them; printed with the table
         result = compare(*(load_report(path) for path in args.reports), level=level, n_resamples=n_resamples,
-                         labels=labels, allow_precision_change=args.allow_precision_change)
+                         labels=labels, allow_precision_change=args.allow_precision_change, target=args.target)
     print(format_comparison(result, labels))
     return 0

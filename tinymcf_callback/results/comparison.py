@@ -31,7 +31,7 @@ import pandas as pd
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .report import answer_format, check_report, describe_precision, load_report, precision_key
-from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, vignette_scores
+from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, selectivity, vignette_scores
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
 _SHOWN_IDS = 3
@@ -139,7 +139,8 @@ def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
 
 # ---- the comparison --------------------------------------------------------------------------------
 def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
-            seed: int | None = 0, labels: tuple[str, str] = ("A", "B"), allow_precision_change: bool = False) -> dict:
+            seed: int | None = 0, labels: tuple[str, str] = ("A", "B"), allow_precision_change: bool = False,
+            target: str | None = None) -> dict:
     """The paired change ``B - A`` of every headline and per-foundation metric between two reports.
 
     ``report_a``/``report_b``: report dicts (``evaluate``, or a loaded JSON report of schema 1 or
@@ -153,6 +154,12 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
     Raises :class:`CompareError` (a ``ValueError``) for reports that cannot be paired, and for
     reports of two precisions unless ``allow_precision_change``; warns (``UserWarning``) when the
     prompts could not be checked or the precisions differ (allowed).
+
+    ``target``: the real foundation a training run or a steering vector aims at. The result then
+    also holds ``"selectivity"``: ``{"target", "off_target_foundations", "on_target", "off_target",
+    "selectivity"}``, each of the last three ``{"change", "lo", "hi", "p"}``: the target's
+    ``align_other`` change, the mean change of the other real foundations, and their difference
+    (:func:`~tinymcf_callback.results.stats.selectivity`, the same paired resamples).
     """
     a, b = (load_report(r) if isinstance(r, (str, Path)) else check_report(r, label)
             for r, label in zip((report_a, report_b), labels, strict=True))
@@ -177,10 +184,21 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
             row = _row(va, vb, result["foundations"][foundation][metric], f"{foundation} {metric}", labels)
             table.append({"foundation": foundation, "metric": metric, "n": n,
                           **{k: _value(v) for k, v in row.items()}})
-    return {"name": a["name"], "answer_format": answer_format(a), "n_vignettes": sum(result["n"].values()),
-            "level": result["level"],
-            "n_resamples": result["n_resamples"], "seed": result["seed"], "method": result["method"],
-            "headline": headline, "table": pd.DataFrame(table), "warnings": notes}
+    out = {"name": a["name"], "answer_format": answer_format(a), "n_vignettes": sum(result["n"].values()),
+           "level": result["level"],
+           "n_resamples": result["n_resamples"], "seed": result["seed"], "method": result["method"],
+           "headline": headline, "table": pd.DataFrame(table), "warnings": notes}
+    if target is not None:
+        try:
+            sel = selectivity(vignette_scores(a["scenarios"]), vignette_scores(b["scenarios"]), target, level=level,
+                              n_resamples=n_resamples, seed=seed)
+        except ValueError as e:
+            raise CompareError(f"selectivity of {target!r}: {e}") from None
+        num = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731
+        out["selectivity"] = {"target": target, "off_target_foundations": sel["off_target_foundations"],
+                              **{k: {f: num(getattr(sel[k], f)) for f in ("change", "lo", "hi", "p")}
+                                 for k in ("on_target", "off_target", "selectivity")}}
+    return out
 
 
 def _row(va: float, vb: float, change, what: str, labels: tuple[str, str]) -> dict:
@@ -212,6 +230,16 @@ def format_comparison(result: dict, labels: tuple[str, str] = ("A", "B")) -> str
     lines += ["", _text(head, "headline", level)]
     if len(result["table"]):
         lines += ["", _text(result["table"], ["foundation", "metric", "n"], level)]
+    if result.get("selectivity"):
+        sel = result["selectivity"]
+        others = ", ".join(sel["off_target_foundations"])
+        rows = pd.DataFrame([{"selectivity": what, **{c: _value(v) for c, v in sel[key].items()}, "a": math.nan,
+                              "b": math.nan}
+                             for key, what in (("on_target", f"{sel['target']} align_other"),
+                                               ("off_target", "mean of the others"),
+                                               ("selectivity", "on - off target"))])
+        lines += ["", f"[tinymcf] selectivity of {sel['target']}: its align_other change minus the mean change of "
+                      f"{others}", _text(rows, "selectivity", level).replace("n/a", "   ")]
     return "\n".join(lines)
 
 
