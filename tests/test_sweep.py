@@ -200,7 +200,7 @@ def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys)
     one_error_line(rc, out.err, "checkpoint-2 is a PEFT adapter", "pass --base-model PATH")
     assert (run / HISTORY).read_bytes() == callback_lines[0]
 
-    rc, _ = sweep(run, home, "--base-model", str(base))
+    rc, _ = sweep(run, home, "--base-model", str(base), "--no-baseline")  # the callback had no baseline either
     assert rc == 0
     assert (run / HISTORY).read_bytes().startswith(callback_lines[0])  # untouched, byte for byte
     lines = history(run)
@@ -304,3 +304,60 @@ def test_one_probe_per_tokenizer(plain_run, tmp_path):
     assert tokenizer_fingerprint(str(checkpoints[2].folder)) != prints[0]
     probes = ProbeCache(SweepSettings(run, ProbeConfig(name="scifi", limit=LIMIT)))
     assert probes.for_checkpoint(checkpoints[0]) is probes.for_checkpoint(checkpoints[1]) and len(probes) == 1
+
+
+@pytest.mark.slow
+def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home, capsys):
+    """With the starting weights, a sweep's history is the callback's: the baseline line and the change since it."""
+    base = tmp_path / "base"
+    tiny_model(seed=0).save_pretrained(base)  # the weights make_trainer starts from
+    qwen_tok.save_pretrained(base)
+    cb = MoralProbeCallback(name="scifi", limit=LIMIT, events="save", verbose=False)
+    run = train(tmp_path / "callback", qwen_tok, [cb], max_steps=2, learning_rate=1e-2)
+    by_callback = history(run)
+    assert [(line["step"], line["event"]) for line in by_callback] == [(0, "train_begin"), (1, "save"), (2, "save")]
+
+    swept = clone(run, tmp_path / "swept")
+    (swept / "moral_probe_scifi_baseline.json").unlink()
+    rc, out = sweep(swept, home, "--base-model", str(base), capsys=capsys)
+    assert rc == 0 and "step 0: the starting weights" in out.err and "change since step 0=" in out.out
+    lines = history(swept)
+    assert [(line["step"], line["event"]) for line in lines] == [(0, "train_begin"), (1, "sweep"), (2, "sweep")]
+    for ours, theirs in zip(lines, by_callback, strict=True):
+        same_line(ours, theirs)  # every number, score_change and score_change_p included
+    change = lines[2]["metrics"]["eval_moral_scifi/score_change"]
+    assert change == pytest.approx(lines[2]["score"] - lines[0]["score"], abs=1e-9) and change != 0.0
+    baseline = json.loads((swept / "moral_probe_scifi_baseline.json").read_text())
+    assert baseline["step"] == 0 and baseline["score"] == lines[0]["score"]
+
+    # a history with step 0 already in it (the callback's): the change comes from its baseline report
+    resumed = clone(run, tmp_path / "resumed")
+    (resumed / HISTORY).write_text("".join(json.dumps(line) + "\n" for line in by_callback[:2]))
+    assert sweep(resumed, home)[0] == 0
+    same_line(history(resumed)[2], by_callback[2])
+
+    # no starting weights known: no step 0, and a note that says how to get it
+    plain = clone(run, tmp_path / "plain")
+    rc, out = sweep(plain, home, capsys=capsys)
+    assert rc == 0 and "pass --base-model PATH" in out.err
+    assert [line["step"] for line in history(plain)] == [1, 2]
+    assert "eval_moral_scifi/score_change" not in history(plain)[0]["metrics"]
+    rc, out = sweep(clone(run, tmp_path / "off"), home, "--base-model", str(base), "--no-baseline", capsys=capsys)
+    assert rc == 0 and [line["step"] for line in history(tmp_path / "off")] == [1, 2]
+
+
+def test_the_starting_weights_come_from_base_model_or_an_adapters_config(tmp_path):
+    from tinymcf_callback.tools.sweep import starting_model
+
+    run, base = tmp_path / "run", tmp_path / "base"
+    (run / "checkpoint-1").mkdir(parents=True)
+    base.mkdir()
+    settings = SweepSettings(run, ProbeConfig(name="scifi"))
+    assert starting_model(settings, find_checkpoints(run)) == (None, "")
+    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    source, how = starting_model(settings, find_checkpoints(run))
+    assert source == str(base) and "checkpoint-1/adapter_config.json" in how
+    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/remote"}))
+    assert starting_model(settings, find_checkpoints(run)) == (None, "")  # a Hub id: not read without being asked
+    given = SweepSettings(run, ProbeConfig(name="scifi"), base_model="org/remote")
+    assert starting_model(given, find_checkpoints(run)) == ("org/remote", "--base-model")

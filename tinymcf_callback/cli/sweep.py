@@ -18,7 +18,11 @@ SUMMARY = "score each checkpoint-<step> of a Trainer run into its history (the c
 def add_arguments(p) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a Trainer output directory (TrainingArguments.output_dir)")
     p.add_argument("--base-model", metavar="PATH", default=None,
-                   help="the model PEFT adapter checkpoints were trained on (needed for adapter-only checkpoints)")
+                   help="the run's starting weights: scored as the step-0 baseline (the change since it is logged), "
+                        "and the model PEFT adapter checkpoints apply to (default: the local folder an adapter's "
+                        "adapter_config.json names)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="do not score the starting weights as step 0 (no score_change in the lines)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
     add_loading(p, device_help="cpu, cuda, cuda:1, ... (default: this process's device; under several processes "
@@ -36,7 +40,7 @@ def run(args) -> int:
 
     settings = SweepSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
                              tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, baseline=not args.no_baseline)
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
     hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded

@@ -15,6 +15,12 @@ tools read both alike.
   :class:`Probe` (prompts formatted and tokenised once).
 - **PEFT adapters** (``adapter_config.json`` without full weights) are scored on top of
   ``--base-model``.
+- **From step 0**: the run's starting weights (``--base-model``, else the local folder an adapter's
+  ``adapter_config.json`` names) are scored as the step-0 baseline, as the callback's
+  ``train_begin`` probe is (its report written to ``moral_probe_<name>_baseline.json`` when none is
+  there), and every line carries the change since it (``score_change``, ``score_change_p``, and
+  ``selectivity`` with a ``--target``). A step 0 already in the history is not scored again: its
+  baseline report gives the change. ``--no-baseline`` leaves step 0 out.
 - **Failures**: a checkpoint that cannot be loaded or scored is reported with its cause and the
   sweep goes on; the caller gets the list.
 - **Several processes** (``accelerate launch`` or ``torchrun``): the checkpoints go in rounds of
@@ -46,9 +52,18 @@ from ..config import ProbeConfig
 from ..errors import HistoryError, SweepError
 from ..extras import require
 from ..probe import Probe
-from ..results.history import SWEEP_EVENT, append_line, current_run, history_line, history_path, read_lines
-from ..results.metrics import report_metrics
-from ..results.report import describe_precision, precision_key
+from ..results.history import (
+    BASELINE_EVENT,
+    SWEEP_EVENT,
+    append_line,
+    baseline_path,
+    current_run,
+    history_line,
+    history_path,
+    read_lines,
+)
+from ..results.metrics import baseline_record, change_metrics, report_metrics
+from ..results.report import describe_precision, load_report, precision_key, write_report
 from ..results.text import with_bounds
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
@@ -71,6 +86,7 @@ class SweepSettings:
     device: str | None = None  # default: this process's device (accelerate's PartialState)
     dtype: str = "auto"
     progress: bool = True
+    baseline: bool = True  # score the starting weights as step 0 and log the change since them
 
     @property
     def name(self) -> str:
@@ -85,6 +101,7 @@ class Checkpoint:
     folder: Path
     epoch: float | None
     adapter: bool
+    baseline: bool = False  # the run's starting weights (not a checkpoint-<step> folder): step 0
 
 
 @dataclass
@@ -95,6 +112,9 @@ class SweepPlan:
     pending: list[Checkpoint]
     skipped: list[int]
     precision: tuple[str, str | None] | None = None  # the precision of the history's lines, when they record one
+    baseline: dict | None = None  # the step-0 baseline's per-vignette scores (metrics.baseline_record), when known
+    baseline_event: str = BASELINE_EVENT  # train_begin in an empty history; sweep when lines are there already
+    notes: list[str] = field(default_factory=list)  # what the main process says before scoring (the baseline's source)
 
 
 @dataclass
@@ -106,6 +126,7 @@ class Outcome:
     process: int
     line: dict | None = None
     error: str | None = None
+    report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
 
 
 @dataclass
@@ -250,10 +271,56 @@ def plan_sweep(settings: SweepSettings) -> SweepPlan:
     check_same_vignettes(lines, n_vignettes, history)
     done = recorded_steps(lines)
     pending = [c for c in checkpoints if c.step not in done]
-    if pending:
+    plan = SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done], history_precision(lines),
+                     baseline_event=BASELINE_EVENT if not lines else SWEEP_EVENT)
+    if settings.baseline:
+        plan_baseline(plan, settings, checkpoints, done)
+    if plan.pending:
         check_writable(settings.run_dir, history)
-        check_loadable(pending, settings)
-    return SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done], history_precision(lines))
+        check_loadable(plan.pending, settings)
+    return plan
+
+
+def starting_model(settings: SweepSettings, checkpoints: list[Checkpoint]) -> tuple[str | None, str]:
+    """Where the run's starting weights are, and how that was found (``--base-model``, an adapter's config)."""
+    if settings.base_model:
+        return settings.base_model, "--base-model"
+    for c in checkpoints:
+        named = adapter_base_name(c.folder) if c.adapter else None
+        if named and Path(named).is_dir():
+            return named, f"the base_model_name_or_path of {c.folder.name}/{ADAPTER_CONFIG}"
+    return None, ""
+
+
+def plan_baseline(plan: SweepPlan, settings: SweepSettings, checkpoints: list[Checkpoint], done: set[int]) -> None:
+    """Put the step-0 baseline in the plan: to be scored first, or read back from the baseline report on disk."""
+    config = settings.probe
+    if 0 in done or any(c.step == 0 for c in checkpoints):
+        if 0 in done:
+            plan.baseline = saved_baseline(settings.run_dir, config.name, config.answer_format, plan)
+        return
+    source, how = starting_model(settings, checkpoints)
+    if source is None:
+        plan.notes.append("no step-0 baseline: the run's starting weights are unknown (pass --base-model PATH to "
+                          "score them and log the change since them; --no-baseline to say you do not want it)")
+        return
+    plan.notes.append(f"step 0: the starting weights {source} ({how}) are scored as the baseline")
+    plan.pending.insert(0, Checkpoint(0, Path(source), 0.0, adapter=False, baseline=True))
+
+
+def saved_baseline(run_dir: Path, name: str, answer_format: str, plan: SweepPlan) -> dict | None:
+    """The baseline record from the run's ``moral_probe_<name>_baseline.json`` (the callback's), or None (a note)."""
+    path = Path(baseline_path(str(run_dir), name, answer_format))
+    if not path.exists():
+        plan.notes.append(f"step 0 is in the history but {path.name} is not beside it: no change since the "
+                          f"baseline is logged")
+        return None
+    try:
+        report = load_report(path)
+        return baseline_record(report, int(report.get("step") or 0))
+    except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the sweep
+        plan.notes.append(f"{path} cannot be read ({describe(e)}): no change since the baseline is logged")
+        return None
 
 
 def check_writable(run_dir: Path, history: Path) -> None:
@@ -299,7 +366,9 @@ class ProbeCache:
 def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str):
     """The checkpoint's model on ``device``: its full weights, or the base model with its PEFT adapter applied."""
     dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
-    if checkpoint.adapter:
+    if checkpoint.baseline and not Path(checkpoint.folder).is_dir():  # a Hub id given as --base-model
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint.folder), dtype=dtype)
+    elif checkpoint.adapter:
         base = AutoModelForCausalLM.from_pretrained(settings.base_model, dtype=dtype)
         model = require("peft").PeftModel.from_pretrained(base, str(checkpoint.folder))
     else:
@@ -308,21 +377,31 @@ def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str
 
 
 def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: SweepSettings, device: str,
-                     process: int) -> Outcome:
-    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
+                     process: int, plan: SweepPlan) -> Outcome:
+    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``.
+
+    The line's metrics are the callback's: the report's, and the change since ``plan.baseline``
+    (when it scored the same prompts). The baseline's own outcome carries its report.
+    """
+    label = "the starting weights (step 0)" if checkpoint.baseline else checkpoint.folder.name
     try:
         model = load_checkpoint(checkpoint, settings, device)
         try:
-            report = probes.for_checkpoint(checkpoint).run(model)
+            probe = probes.for_checkpoint(checkpoint)
+            report = probe.run(model)
         finally:
             del model
             free_memory()
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the sweep of the others
-        return Outcome(checkpoint.step, checkpoint.folder.name, process, error=describe(e))
-    metrics = report_metrics(settings.name, report)
-    line = history_line(settings.name, report, metrics, step=checkpoint.step, epoch=checkpoint.epoch,
-                        event=SWEEP_EVENT)
-    return Outcome(checkpoint.step, checkpoint.folder.name, process, line=line)
+        return Outcome(checkpoint.step, label, process, error=describe(e))
+    baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
+    if baseline is not None and baseline.get("prompt_digest") != report["prompt_digest"]:
+        baseline = None  # another tokenizer's prompts: no paired change (said once, by the main process)
+    metrics = {**report_metrics(settings.name, report),
+               **change_metrics(settings.name, baseline, report, settings.probe.target)}
+    event = plan.baseline_event if checkpoint.baseline else SWEEP_EVENT
+    line = history_line(settings.name, report, metrics, step=checkpoint.step, epoch=checkpoint.epoch, event=event)
+    return Outcome(checkpoint.step, label, process, line=line, report=report if checkpoint.baseline else None)
 
 
 def describe(error: Exception) -> str:
@@ -353,17 +432,27 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
     device = str(state.device) if settings.device in (None, state.device.type) else settings.device
     probes = ProbeCache(settings)
     result = SweepResult(plan.history, plan.skipped)
+    if state.is_main_process:
+        for note in plan.notes:
+            print(f"[tinymcf] {note}", file=sys.stderr)
     bar = tqdm(total=len(plan.pending), desc=f"sweep [{settings.name}]", unit="checkpoint",
                disable=not (settings.progress and state.is_main_process and plan.pending))
+    # The baseline goes first and alone: every later line needs its scores for the change since step 0.
+    rounds = [plan.pending[:1]] if plan.pending and plan.pending[0].baseline else []
+    rest = plan.pending[len(rounds):]
+    rounds += [rest[i:i + state.num_processes] for i in range(0, len(rest), state.num_processes)]
     try:
-        for start in range(0, len(plan.pending), state.num_processes):
-            round_ = plan.pending[start:start + state.num_processes]
+        for round_ in rounds:
             with state.split_between_processes(round_) as mine:
-                outcomes = [score_checkpoint(c, probes, settings, device, state.process_index) for c in mine]
+                outcomes = [score_checkpoint(c, probes, settings, device, state.process_index, plan) for c in mine]
             outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
-            failed_write = agree(state, _write_round(plan, outcomes, state) if state.is_main_process else None)
+            failed_write = agree(state, _write_round(plan, outcomes, state, settings) if state.is_main_process
+                                 else None)
             if failed_write:
                 raise SweepError(failed_write)
+            for o in outcomes:
+                if o.report is not None:
+                    plan.baseline = baseline_record(o.report, 0)
             result.scored += [o.step for o in outcomes if o.line is not None]
             result.failures += [o for o in outcomes if o.line is None]
             bar.update(len(round_))
@@ -400,7 +489,8 @@ def _plan_or_error(settings: SweepSettings) -> SweepPlan | Exception:
         return e
 
 
-def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState) -> str | None:
+def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,
+                 settings: SweepSettings | None = None) -> str | None:
     """Append the round's lines in step order and print one line per checkpoint; a refusal or write error as text.
 
     A line scored in another precision than the history's is not written (the sweep stops: a rerun with
@@ -419,9 +509,23 @@ def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState) 
             append_line(history, o.line)
         except OSError as e:
             return f"cannot append to the history {history}: {e.strerror or e}"
+        if o.report is not None and settings is not None:
+            keep_baseline_report(settings, o.report)
         where = f" on process {o.process + 1} of {state.num_processes}" if state.num_processes > 1 else ""
         tqdm.write(f"[tinymcf] step {o.step} ({o.folder}{where}): {summary(o.line)}")
     return None
+
+
+def keep_baseline_report(settings: SweepSettings, report: dict) -> None:
+    """Write the baseline's report beside the history (``compare`` against any checkpoint), never over one there."""
+    path = Path(baseline_path(str(settings.run_dir), settings.name, settings.probe.answer_format))
+    if path.exists():
+        tqdm.write(f"[tinymcf] {path.name} is there already: kept as it is", file=sys.stderr)
+        return
+    try:
+        write_report(path, report, step=0, epoch=0.0)
+    except OSError as e:
+        tqdm.write(f"[tinymcf] could not write the baseline report {path}: {e.strerror or e}", file=sys.stderr)
 
 
 def summary(line: dict) -> str:
@@ -429,4 +533,8 @@ def summary(line: dict) -> str:
                                 bool(line.get("level")))
     warnings = len(line["info"].get("warnings") or [])
     note = f" ({warnings} warning{'s' * (warnings != 1)} in the history's info.warnings)" if warnings else ""
-    return f"score={f('score')} gap={f('gap')} social-norms control={f('sn')}{note}"
+    change = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change")), ""))
+    p = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change_p")), ""))
+    since = "" if change is None or line["step"] == 0 else (
+        f" change since step 0={change:+.3f}" + ("" if p is None else f" (p={p:.3f})"))
+    return f"score={f('score')} gap={f('gap')} social-norms control={f('sn')}{since}{note}"
