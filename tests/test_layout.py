@@ -6,7 +6,7 @@ The parts, from the bottom up (a module may import its own part and the parts be
     data      data/                                    the home, the vignette sets and their rewrites
     scoring   scoring/                                 prompts, models, batching, the engine and its self-check
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
-    probe     probe.py, config.py                      Probe, evaluate, ProbeConfig: the composition
+    probe     probe.py, config.py, steering.py         Probe, evaluate, ProbeConfig, dose-response: the composition
     uses      training/, tools/                        the callback; the sweep and the plots
     cli       cli/ and the python -m aliases           the tinymcf command
 
@@ -30,8 +30,9 @@ from tinymcf_callback import _aliases
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
 LAYERS = ("base", "data", "scoring", "results", "probe", "uses", "cli")
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_aliases": "base", "data": "data",
-           "scoring": "scoring", "results": "results", "probe": "probe", "config": "probe", "training": "uses",
-           "tools": "uses", "cli": "cli", "eval": "cli", "plot": "cli", "validate": "cli", "__main__": "cli",
+           "scoring": "scoring", "results": "results", "probe": "probe", "config": "probe", "steering": "probe",
+           "training": "uses", "tools": "uses", "cli": "cli", "eval": "cli", "plot": "cli", "validate": "cli",
+           "__main__": "cli",
            "prepare": "prepare", "testing": "testing", "__init__": "init"}
 MAY_IMPORT = {"prepare": {"base", "data", "prepare"}, "testing": set(),
               **{layer: set(LAYERS[:i + 1]) for i, layer in enumerate(LAYERS)}}
@@ -99,7 +100,7 @@ def test_the_layering_check_sees_an_import_against_the_direction(tmp_path):
 def test_the_top_level_holds_only_the_composition_and_the_aliases():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "_aliases", "_io", "config", "errors", "eval", "extras", "plot", "probe",
-                   "testing", "validate"]
+                   "steering", "testing", "validate"]
 
 
 @pytest.mark.parametrize("old, new", sorted(_aliases.MOVED.items()))

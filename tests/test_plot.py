@@ -347,3 +347,277 @@ def test_a_history_written_by_the_callback_is_drawn(tmp_path, qwen_tok):
     assert "Care" in panels and "Fairness" not in panels and "Social Norms (control)" not in panels
     assert any("no value at any step" in t.get_text() for t in axes_titled(fig, MINUS_PANEL).texts)  # no control
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# ---- paper figures -------------------------------------------------------------------------------------------
+from tinymcf_callback.results.curves import PlotOptionError, metric_key  # noqa: E402
+
+PAPER_HEADLINE = ["Score and Social Norms control", "Score minus control", "Self-other gap"]
+
+
+def banded_line(step, score, sn, *, w=0.1, care=0.0, name="scifi", event="evaluate", **kw):
+    """A probe line with intervals on the headline and Care's align_other (``sn=None``: no Social Norms row)."""
+    bounds = {"score_lo": score - w, "score_hi": score + w, "gap_lo": -w, "gap_hi": w, "level": 0.95,
+              "care.align_other_lo": care - w, "care.align_other_hi": care + w}
+    if sn is not None:
+        bounds.update(sn_lo=sn - w, sn_hi=sn + w)
+    return probe_line(step, score, 0.0, sn, name=name, event=event, care=(care, care / 2), bounds=bounds, **kw)
+
+
+def paper_axes(fig):
+    """The axes that hold curves (a paper figure has no legend axes), in drawing order."""
+    return [ax for ax in fig.axes if ax.get_lines()]
+
+
+def rendered_texts(fig):
+    """Every visible text of ``fig`` once drawn (tick labels exist only then)."""
+    import io
+
+    import matplotlib.text
+
+    fig.savefig(io.BytesIO(), format="png")
+    return [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+
+
+@pytest.fixture
+def banded(tmp_path):
+    lines = [banded_line(0, 0.0, 0.02, event="train_begin"), banded_line(10, 0.3, 0.05, care=0.2),
+             banded_line(20, 0.6, 0.1, care=0.5)]
+    return write_history(tmp_path / "banded", lines)
+
+
+def test_paper_headline_is_one_column_wide_with_small_fonts_and_labels(banded):
+    fig = plot_histories(banded, panels="headline")
+    assert [ax.get_title() for ax in paper_axes(fig)] == PAPER_HEADLINE
+    assert fig.get_size_inches()[0] == pytest.approx(3.4)
+    texts = rendered_texts(fig)
+    assert max(t.get_fontsize() for t in texts) <= 8.5 and min(t.get_fontsize() for t in texts) >= 6.5
+    axes = paper_axes(fig)
+    assert [ax.get_ylabel() for ax in axes] == ["alignment", "score − control", "other − self"]
+    assert [ax.get_xlabel() for ax in axes] == ["", "", "training step"]  # shared x: labelled once, at the bottom
+    for ax in axes:  # a zero line in every panel
+        assert any(ln.get_label() == "_zero" and set(ln.get_ydata()) == {0.0} for ln in ax.get_lines())
+    x, y = xy(line_labelled(axes[0], "banded · score"))
+    assert x.tolist() == [0, 10, 20] and y.tolist() == [0.0, 0.3, 0.6]
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["estimate, 95% interval",
+                                                          "Social Norms control, 95% interval"]
+    assert not fig.get_suptitle()  # a paper figure's caption says what it is
+
+
+def test_paper_score_and_control_bands_differ_in_colour_and_hatching(banded):
+    ax = paper_axes(plot_histories(banded, panels="headline"))[0]
+    score = next(c for c in ax.collections if c.get_label() == "banded · score interval")
+    control = next(c for c in ax.collections if c.get_label() == "banded · sn interval")
+    assert score.get_hatch() == "///" and control.get_hatch() == "\\\\\\"
+    assert tuple(score.get_facecolor()[0][:3]) != tuple(control.get_facecolor()[0][:3])
+    assert line_labelled(ax, "banded · score").get_color() != line_labelled(ax, "banded · sn").get_color()
+    assert line_labelled(ax, "banded · sn").get_linestyle() == "--"
+    assert {(0, -0.08), (20, 0.2)} <= band_edges(ax, "banded · sn interval")
+
+
+def test_paper_figure_has_no_empty_panel_for_a_subset_history(tmp_path, caplog):
+    # A --limit run: Care only, no Social Norms row and no sn at any step, no human ratings.
+    lines = [banded_line(0, 0.0, None, event="train_begin"), banded_line(10, 0.4, None, care=0.4)]
+    path = write_history(tmp_path / "subset", lines)
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        fig = plot_histories(path, panels="headline,foundations,sanity")
+    axes = paper_axes(fig)
+    assert [ax.get_title() for ax in axes] == ["Score", "Self-other gap", "Care", "Yes+No mass: mean, min",
+                                               "Frame agreement"]
+    assert len(fig.axes) == len(axes)  # the odd slot of the two-column grid is removed, not left blank
+    for ax in axes:
+        assert any(np.isfinite(xy(ln)[1]).any() for ln in ax.get_lines() if not ln.get_label().startswith("_"))
+        assert not ax.texts
+    note = " ".join(r.getMessage() for r in caplog.records)
+    assert "left out of the figure" in note and "sn (" in note and "score_minus_sn" in note and "human_corr" in note
+
+
+def test_a_history_without_any_chosen_metric_is_an_error(three_steps):
+    with pytest.raises(PlotOptionError, match=r"nothing to draw: none of human_corr has a value"):
+        plot_histories(three_steps, metrics="human_corr")
+
+
+def test_metrics_name_panels_in_order_and_pair_score_with_its_control(banded):
+    fig = plot_histories(banded, metrics="gap, Care ,sn,score,align_self:care")
+    assert [ax.get_title() for ax in paper_axes(fig)] == ["Self-other gap", "Care", "Score and Social Norms control",
+                                                          "Care: align_self"]
+    assert xy(line_labelled(paper_axes(fig)[3], "banded · align_self:Care"))[1].tolist() == [0.0, 0.1, 0.25]
+    assert metric_key("social_norms") == "align_other:Social Norms"
+    assert metric_key("ALIGN_SELF:fairness") == "align_self:Fairness" and metric_key("YN_MASS_MIN") == "yn_mass_min"
+
+
+def test_unknown_metric_or_group_lists_the_known_ones(banded, capsys):
+    with pytest.raises(PlotOptionError, match=r"unknown metric 'bogus'.*score, sn, score_minus_sn, gap.*"
+                                              r"align_self:<foundation>.*yn_mass_mean"):
+        plot_histories(banded, metrics="score,bogus")
+    rc = main([str(banded), "--metrics", "score,Kindness"])
+    one_error_line(rc, capsys.readouterr().err, "error: unknown metric 'Kindness'", "Care, Fairness", "human_corr")
+    rc = main([str(banded), "--panels", "headlines"])
+    one_error_line(rc, capsys.readouterr().err, "unknown panel group 'headlines'", "dashboard, headline, foundations")
+    rc = main([str(banded), "--panels", "dashboard", "--metrics", "score"])
+    one_error_line(rc, capsys.readouterr().err, "--panels dashboard draws every panel")
+    assert not list(banded.parent.glob("*.png"))
+
+
+def test_small_multiples_one_column_per_run_sharing_y_per_row(tmp_path, banded):
+    others = [write_history(tmp_path / f"seed{i}", [banded_line(0, 0.1 * i, 0.0), banded_line(10, 0.2 * i, 0.1)])
+              for i in (1, 2)]
+    fig = plot_histories([banded, *others], panels="headline")
+    axes = paper_axes(fig)
+    assert len(axes) == 3 * 3 and fig.get_size_inches()[0] == pytest.approx(3.4)
+    grid = [[axes[3 * row + col] for col in range(3)] for row in range(3)]  # metrics × runs
+    assert [ax.get_title() for ax in grid[0]] == ["banded", "seed1", "seed2"]
+    assert [row[0].get_ylabel() for row in grid] == ["score, control", "score − control", "self-other gap"]
+    for row in grid:
+        assert all(row[0].get_shared_y_axes().joined(row[0], ax) for ax in row[1:])
+        assert row[0].get_ylim() == row[2].get_ylim()
+    assert not grid[0][0].get_shared_y_axes().joined(grid[0][0], grid[1][0])
+    for col, run in enumerate(["banded", "seed1", "seed2"]):  # each column holds its own run only
+        labels = {ln.get_label().split(" · ")[0] for ln in grid[0][col].get_lines() if ln.get_label()[0] != "_"}
+        assert labels == {run}
+        assert grid[0][col].get_label() == f"{run} · Score and Social Norms control"
+    assert xy(line_labelled(grid[0][2], "seed2 · score"))[1].tolist() == [0.2, 0.4]
+
+
+def test_overlay_draws_the_runs_on_one_axis_with_light_unhatched_bands(tmp_path, banded):
+    other = write_history(tmp_path / "seed1", [banded_line(0, 0.1, 0.0), banded_line(10, 0.2, 0.1)])
+    fig = plot_histories([banded, other], panels="headline", overlay=True)
+    ax = paper_axes(fig)[0]
+    assert len(paper_axes(fig)) == 3 and ax.get_title() == PAPER_HEADLINE[0]
+    a, b = line_labelled(ax, "banded · score"), line_labelled(ax, "seed1 · score")
+    assert a.get_color() != b.get_color() and a.get_marker() != b.get_marker()
+    bands = [c for c in ax.collections if c.get_label().endswith(" interval")]
+    assert len(bands) == 4 and all(not c.get_hatch() for c in bands)
+    assert all(c.get_facecolor()[0][3] < 0.1 for c in bands)
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:2] == ["banded", "seed1"]
+
+
+def test_width_option_and_its_limits(banded):
+    assert plot_histories(banded, panels="sanity", width=7).get_size_inches()[0] == pytest.approx(7)
+    with pytest.raises(PlotOptionError, match=r"--width 0.5: the figure's width in inches, from 1.5 to 20"):
+        plot_histories(banded, panels="headline", width=0.5)
+    with pytest.raises(PlotOptionError, match=r"--width sets a paper figure's width"):
+        plot_histories(banded, width=3.4)  # the dashboard is 15 in wide
+
+
+def test_cli_paper_figure_options(banded, tmp_path, capsys):
+    from PIL import Image
+
+    assert main([str(banded), "--panels", "headline", "--width", "5"]) == 0
+    png = banded.with_name("moral_probe_scifi_headline.png")  # beside the dashboard's moral_probe_scifi.png
+    assert str(png) in capsys.readouterr().out
+    assert Image.open(png).size[0] == 5 * 300  # printed: 300 dpi
+    svg = tmp_path / "fig.svg"
+    assert main([str(banded), "--metrics", "score,Care", "--out", str(svg), "--title", "Figure 2"]) == 0
+    text = svg.read_text(encoding="utf-8")
+    assert "Figure 2" in text and "Care" in text
+    assert main([str(banded)]) == 0 and banded.with_suffix(".png").exists()  # no option: the dashboard, as before
+
+
+# ---- dose-response histories (--x coefficient) -------------------------------------------------------------
+def dose_line(index, coefficient, direction, score, *, direction_index=0, sn=0.05, answering=None, w=0.1):
+    """A dose-response line: a probe line with the steering fields (``step`` is only the sweep's line index)."""
+    line = banded_line(index, score, sn, w=w, care=score, event="train_begin" if direction == "none" else "dose")
+    line.update(coefficient=coefficient, direction=direction, direction_index=direction_index)
+    if answering is not None:
+        line["answering"] = answering
+    return line
+
+
+def write_dose(folder: Path, lines, name="scifi") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"moral_probe_{name}_dose.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def dose(tmp_path):
+    """c=0 unsteered; the real direction at -2, 2, 4 (written out of order; 4 stops answering); 3 random directions."""
+    lines = [dose_line(0, 0.0, "none", 0.3),
+             dose_line(1, 2.0, "real", 0.9), dose_line(2, -2.0, "real", -0.2), dose_line(3, 4.0, "real", 1.2,
+                                                                                          answering=False)]
+    randoms = {0: (0.25, 0.40, 0.35), 1: (0.30, 0.20, 0.10), 2: (0.35, 0.30, 0.50)}  # at -2, 2, 4
+    for k, values in randoms.items():
+        for c, v in zip((-2.0, 2.0, 4.0), values, strict=True):
+            lines.append(dose_line(4, c, "random", v, direction_index=k))  # the same step: never deduped by it
+    lines.append(dose_line(9, 2.0, "real", 0.8))  # the real line at c=2 again: the last line wins
+    return write_dose(tmp_path / "dose_run", lines)
+
+
+def test_a_dose_history_is_read_by_direction_and_coefficient(dose, caplog):
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        h = load_history(dose, x="coefficient")
+    assert h.x == "coefficient" and h.steps.tolist() == [-2.0, 0.0, 2.0, 4.0]
+    assert h.headline["score"].est.tolist() == [-0.2, 0.3, 0.8, 1.2]
+    assert h.answering.tolist() == [True, True, True, False]
+    assert len(h.random) == 3 and all(r.steps.tolist() == [-2.0, 0.0, 2.0, 4.0] for r in h.random)
+    env = h.random_envelope("score")
+    assert env.k == 3 and env.x.tolist() == [-2.0, 0.0, 2.0, 4.0]
+    assert np.allclose(env.lo, [0.25, 0.3, 0.2, 0.1]) and np.allclose(env.hi, [0.35, 0.3, 0.4, 0.5])
+    assert np.allclose(env.median, [0.3, 0.3, 0.3, 0.35])  # at c=0 every random curve is the unsteered line
+    assert np.allclose(h.random_envelope("align_other:Care").hi, env.hi)
+    assert any("real at c=2 logged more than once" in r.getMessage() for r in caplog.records)
+
+
+def test_dose_figure_shows_the_real_direction_against_the_random_ones(dose):
+    fig = plot_histories(dose, panels="headline", x="coefficient")
+    ax = paper_axes(fig)[0]
+    assert ax.get_title() == PAPER_HEADLINE[0] and paper_axes(fig)[-1].get_xlabel() == "steering coefficient"
+    x, y = xy(line_labelled(ax, "dose_run · score"))
+    assert x.tolist() == [-2, 0, 2, 4] and y.tolist() == [-0.2, 0.3, 0.8, 1.2]
+    assert {(-2, -0.3), (4, 1.3)} <= band_edges(ax, "dose_run · score interval")
+    grey = next(c for c in ax.collections if c.get_label() == "dose_run · score random directions (k=3)")
+    assert {(-2, 0.25), (-2, 0.35), (0, 0.3), (4, 0.1), (4, 0.5)} <= {
+        tuple(np.round(v, 9)) for p in grey.get_paths() for v in p.vertices}
+    assert xy(line_labelled(ax, "dose_run · score random median"))[1].tolist() == pytest.approx([0.3, 0.3, 0.3, 0.35])
+    off = line_labelled(ax, "dose_run · score not answering")
+    assert xy(off)[0].tolist() == [4] and off.get_marker() == "x"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "random directions (k=3)" in legend and "not answering (Yes+No mass < 0.5)" in legend
+    # Random directions have no band of their own per direction: one grey band per panel, never k curves.
+    assert not [ln for ln in ax.get_lines() if "random 0" in ln.get_label()]
+
+
+def test_dose_dashboard_and_foundation_panels(dose):
+    fig = plot_histories(dose, x="coefficient")
+    ax = axes_titled(fig, SCORE_PANEL)
+    assert xy(line_labelled(ax, "dose_run · score"))[0].tolist() == [-2, 0, 2, 4]
+    assert [c.get_label() for c in ax.collections if "random" in c.get_label()] == [
+        "dose_run · score random directions (k=3)"]
+    assert ax.get_xlabel() == "steering coefficient"
+    assert "dose response" in fig.get_suptitle()
+    care = paper_axes(plot_histories(dose, panels="foundations", x="coefficient"))[0]
+    assert care.get_title() == "Care"
+    assert xy(line_labelled(care, "dose_run · align_other:Care"))[1].tolist() == [-0.2, 0.3, 0.8, 1.2]
+
+
+def test_x_axis_and_history_kind_must_agree(dose, three_steps, capsys):
+    rc = main([str(dose)])
+    one_error_line(rc, capsys.readouterr().err, str(dose), "is a dose-response history", "--x coefficient")
+    rc = main([str(three_steps), "--x", "coefficient"])
+    one_error_line(rc, capsys.readouterr().err, str(three_steps), "has no 'coefficient' field", "--x step")
+
+
+def test_a_run_folder_with_both_histories_gives_the_one_the_x_axis_draws(tmp_path, dose, capsys):
+    both = dose.parent
+    write_history(both, [probe_line(0, 0.0, 0.0, 0.0)])
+    assert load_history(both, x="coefficient").path == dose
+    assert load_history(both).path == both / "moral_probe_scifi.jsonl"
+    assert main([str(both), "--x", "coefficient", "--panels", "headline"]) == 0
+    assert (both / "moral_probe_scifi_dose_headline.png").exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("direction", "sideways", "direction is 'sideways', not one of none, real, random"),
+    ("coefficient", "big", "coefficient is 'big', not a finite number"),
+    ("direction_index", -1, "direction_index is -1, not a non-negative integer"),
+])
+def test_a_malformed_dose_line_names_file_and_line(tmp_path, field, value, message):
+    bad = dose_line(1, 1.0, "real", 0.5)
+    bad[field] = value
+    path = write_dose(tmp_path / "bad", [dose_line(0, 0.0, "none", 0.3), bad])
+    with pytest.raises(HistoryError, match=f"moral_probe_scifi_dose.jsonl:2: a dose-response history line: "
+                                           f"{message}"):
+        load_history(path, x="coefficient")

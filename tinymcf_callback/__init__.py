@@ -11,6 +11,7 @@ The package, one folder per reason to change, imports running one way
 - ``results/``: pure pandas/numpy from P(Yes) to the report (``analysis``, ``stats``, ``readout``,
   ``text``), the files (``report``, ``history``), the logged names (``metrics``), ``comparison``, ``curves``;
 - ``probe.py`` (``Probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the composition of the above;
+  ``steering.py``: the probe under a family of interventions (dose-response, random-direction control);
 - ``training/``: the Trainer callback (``callback``), the probe in a loop of one's own (``logger``), the
   callback's saved state and writers;
 - ``tools/``: the checkpoint sweep and the plots;
@@ -39,6 +40,10 @@ _EXPORTS = {
     "load_report": "results.report",
     "MoralProbeCallback": "training.callback",
     "ProbeLogger": "training.logger",
+    "ResidualSteering": "steering",
+    "DoseResponse": "steering",
+    "random_directions": "steering",
+    "residual_direction": "steering",
     "score_prompts": "scoring.engine",
     "Probe": "probe",
     "ProbeConfig": "config",

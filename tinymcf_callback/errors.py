@@ -42,6 +42,10 @@ class HistoryError(TinymcfError, ValueError):
     """A history file that cannot be read or drawn: missing, empty, malformed, or mixed with another set's."""
 
 
+class PlotOptionError(TinymcfError, ValueError):
+    """A figure option (metric, panel group, x axis, width) that cannot be used; the message lists the choices."""
+
+
 class SweepError(TinymcfError):
     """Bad input or an unusable run folder for the checkpoint sweep."""
 

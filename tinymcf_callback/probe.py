@@ -153,6 +153,22 @@ class Probe:
             return None
         return {**check, "checked_prompts": [self.labels[i] for i in check["checked"]]}
 
+    def dose_response(self, model, intervene, coefficients, *, controls=None, n_random: int = 0, seed: int = 0,
+                      output_dir=None, progress: bool = False):
+        """Probe ``model`` under ``intervene(c)`` for each coefficient: a steering dose-response with its control.
+
+        ``intervene(c)`` returns a context manager (:class:`~tinymcf_callback.steering.ResidualSteering`,
+        a PEFT adapter's scale, a steering library's context); ``c = 0`` is the unsteered model, scored
+        once and added when absent. ``n_random=k`` (with a ``ResidualSteering``): the same
+        intervention along ``k`` seeded random directions of the same norm; ``controls=[...]``: your
+        own. ``output_dir``: append the dose history ``moral_probe_<name>_dose.jsonl`` there
+        (``tinymcf plot --x coefficient``). Returns a :class:`~tinymcf_callback.steering.DoseResponse`.
+        """
+        from .steering import dose_response
+
+        return dose_response(self, model, intervene, coefficients, controls=controls, n_random=n_random, seed=seed,
+                             output_dir=output_dir, progress=progress)
+
     def run(self, model, *, progress: bool = False, ranks: Ranks | None = None) -> dict:
         """Score ``model`` and return its report: :meth:`score` then :meth:`report`, timed."""
         start = time.perf_counter()

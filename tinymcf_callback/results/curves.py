@@ -4,19 +4,34 @@ Reading needs only numpy (drawing, in :mod:`tinymcf_callback.tools.plot`, needs 
 lines kept are the history's own rules (:mod:`~tinymcf_callback.results.history`): the current
 run, the last line of each step. Where a line carries interval bounds (``score_lo``/``score_hi``
 at the top level, ``align_other_lo``/``align_other_hi`` in a table row, ...) the curve has them.
+
+A **dose-response history** (``moral_probe_<key>_dose.jsonl``, read with ``x="coefficient"``) has
+the same lines plus ``coefficient`` (float), ``direction`` (``"none"`` for the unsteered c=0
+line, ``"real"`` or ``"random"``), ``direction_index`` (0..k-1 for the random directions) and
+optionally ``answering`` (false: Yes+No mass fell below 0.5 there). Its ``step`` is only the
+line's index in the sweep: its lines are grouped by (direction, direction_index, coefficient),
+the last line of a repeated key winning, never by step. Its :class:`History` is the real
+direction's curve against the coefficient (the unsteered line at c=0 included), with one
+:class:`History` per random direction in ``random`` and their min/max/median envelope from
+:meth:`History.random_envelope`.
+
+Metrics are named by one string each (:func:`metric_key`): ``score``, ``sn``,
+``score_minus_sn``, ``gap``; ``align_other:<foundation>`` and ``align_self:<foundation>``;
+``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..data.sets import FOUNDATIONS
-from ..errors import HistoryError
+from ..errors import HistoryError, PlotOptionError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .history import (
     check_line,
@@ -34,6 +49,10 @@ logger = logging.getLogger("tinymcf_callback")
 HEADLINE = ("score", "sn", "score_minus_sn", "gap")  # the line's fields (score_minus_sn is derived)
 FOUNDATION_METRICS = ("align_other", "align_self")
 SANITY = ("yn_mass_mean", "yn_mass_min", "frame_agreement", "human_corr")  # keys of the line's ``info``
+_SHOWN = 5  # repeated keys named in a warning
+X_AXES = ("step", "coefficient")  # what a curve is drawn against: the training step, or the steering coefficient
+DOSE_DIRECTIONS = ("none", "real", "random")  # a dose line's ``direction``: unsteered (c=0), the real one, a random one
+DOSE_FIELDS = ("coefficient", "direction", "direction_index")  # the fields a dose-response line adds
 
 
 @dataclass
@@ -46,19 +65,116 @@ class Series:
 
 
 @dataclass
+class Envelope:
+    """The random directions' control at each coefficient: min and max (the band) and median over the k directions."""
+
+    x: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    median: np.ndarray
+    k: int
+
+
+@dataclass
 class History:
-    """The curves of one run on one vignette set, one point per probed step (ascending)."""
+    """The curves of one run on one vignette set, one point per probed step (ascending).
+
+    For a dose-response history (``x == "coefficient"``) ``steps`` holds the steering coefficients
+    (ascending) of the real direction's curve, ``answering`` is False where the model stopped
+    answering, and ``random`` holds one curve per random direction.
+    """
 
     path: Path
     label: str  # the legend entry: the run folder's name
     name: str  # the vignette set
-    steps: np.ndarray
+    steps: np.ndarray  # the x values: training steps, or steering coefficients (x == "coefficient")
     headline: dict[str, Series]  # score, sn, score_minus_sn, gap
     foundations: dict[str, dict[str, Series]]  # foundation -> align_other / align_self
     sanity: dict[str, np.ndarray]  # yn_mass_mean, yn_mass_min, frame_agreement, human_corr
     level: float | None  # the intervals' level, when the lines say it
     answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json": which answers the probe read
     precision: tuple[str, str | None] | None = None  # (weights dtype, autocast) of every line, when they agree
+    x: str = "step"  # "step" (a training history) or "coefficient" (a dose-response history)
+    answering: np.ndarray | None = None  # dose-response: False where Yes+No mass fell below 0.5 ("answering": false)
+    random: list[History] = field(default_factory=list)  # dose-response: one curve per random direction
+
+    def series(self, key: str) -> Series:
+        """The curve of metric ``key`` (a :func:`metric_key`); all NaN for a foundation this history lacks."""
+        if key in HEADLINE:
+            return self.headline[key]
+        if key in SANITY:
+            return Series(self.sanity[key])
+        metric, _, foundation = key.partition(":")
+        if metric not in FOUNDATION_METRICS or not foundation:
+            raise PlotOptionError(f"unknown metric {key!r}: {known_metrics_text()}")
+        curves = self.foundations.get(foundation)
+        return curves[metric] if curves is not None else Series(np.full(len(self.steps), math.nan))
+
+    def has_value(self, key: str) -> bool:
+        """Whether metric ``key`` has a finite value at some point of this curve."""
+        return bool(np.isfinite(self.series(key).est).any())
+
+    def random_envelope(self, key: str) -> Envelope | None:
+        """Min, max and median of ``key`` over the random directions at each of their coefficients (None: none).
+
+        At c=0 every random curve holds the unsteered line, so the envelope closes on its value there.
+        A coefficient at which no random direction has a finite value is NaN (a gap in the band).
+        """
+        if not self.random:
+            return None
+        xs = np.unique(np.concatenate([r.steps for r in self.random]))
+        values = np.full((len(self.random), len(xs)), math.nan)
+        for i, r in enumerate(self.random):
+            values[i, np.searchsorted(xs, r.steps)] = r.series(key).est
+        lo, hi, median = (np.full(len(xs), math.nan) for _ in range(3))
+        known = np.isfinite(values).any(axis=0)
+        if known.any():
+            lo[known] = np.nanmin(values[:, known], axis=0)
+            hi[known] = np.nanmax(values[:, known], axis=0)
+            median[known] = np.nanmedian(values[:, known], axis=0)
+        return Envelope(xs, lo, hi, median, len(self.random))
+
+
+def foundation_order(names: Iterable[str]) -> list[str]:
+    """``names`` without repeats, the standard foundations first in their order, then the others sorted."""
+    present = set(names)
+    return [f for f in FOUNDATIONS if f in present] + sorted(present - set(FOUNDATIONS))
+
+
+def known_metrics(foundations: Iterable[str] = ()) -> list[str]:
+    """Every metric name :func:`metric_key` accepts in its canonical form, for the known and the given foundations."""
+    found = foundation_order([*FOUNDATIONS, *foundations])
+    return [*HEADLINE, *(f"{m}:{f}" for f in found for m in FOUNDATION_METRICS), *SANITY]
+
+
+def known_metrics_text(foundations: Iterable[str] = ()) -> str:
+    found = foundation_order([*FOUNDATIONS, *foundations])
+    return (f"the known metrics are {', '.join(HEADLINE)} (headline); a foundation ({', '.join(found)}) for its "
+            f"align_other, or align_other:<foundation> / align_self:<foundation>; {', '.join(SANITY)} (sanity)")
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.replace("_", " ").replace("-", " ").lower().split())
+
+
+def metric_key(name: str, foundations: Iterable[str] = ()) -> str:
+    """The canonical name of metric ``name`` (``"care"``: ``"align_other:Care"``); unknown: :class:`PlotOptionError`.
+
+    Headline and sanity names are matched exactly (lower case); a foundation's name, alone or after
+    ``align_other:``/``align_self:``, ignoring case, ``_`` and ``-`` (``social_norms`` is Social Norms).
+    ``foundations``: foundation names beyond the standard ones (those of the histories drawn).
+    """
+    text = name.strip()
+    if text.lower() in HEADLINE or text.lower() in SANITY:
+        return text.lower()
+    metric, sep, foundation = text.partition(":")
+    if not sep:
+        metric, foundation = "align_other", text
+    metric = metric.strip().lower()
+    by_norm = {_norm(f): f for f in foundation_order([*FOUNDATIONS, *foundations])}
+    if metric in FOUNDATION_METRICS and _norm(foundation) in by_norm:
+        return f"{metric}:{by_norm[_norm(foundation)]}"
+    raise PlotOptionError(f"unknown metric {name!r}: {known_metrics_text(foundations)}")
 
 
 def _number(path: Path, lineno: int, field: str, value) -> float:
@@ -99,8 +215,7 @@ def headline_series(path: Path, kept: list[tuple[int, dict]]) -> dict[str, Serie
 def foundation_series(path: Path, kept: list[tuple[int, dict]]) -> dict[str, dict[str, Series]]:
     """``align_other`` and ``align_self`` of each foundation present at some step (NaN at steps without it)."""
     rows = [{row["foundation"]: row for row in line["table"]} for _, line in kept]
-    present = {f for r in rows for f in r}
-    order = [f for f in FOUNDATIONS if f in present] + sorted(present - set(FOUNDATIONS))
+    order = foundation_order(f for r in rows for f in r)
     out = {}
     for foundation in order:
         records = [(n, r.get(foundation, {})) for (n, _), r in zip(kept, rows, strict=True)]
@@ -119,12 +234,94 @@ def run_label(path: Path) -> str:
     return path.resolve().parent.name or str(path)
 
 
-def load_history(path: str | Path, label: str | None = None) -> History:
-    """Read one history file (or the run folder holding it) into curves; raises :class:`HistoryError`."""
-    path = resolve_history_path(path)
-    lines = read_lines(path)
-    for lineno, line in lines:
-        check_line(path, lineno, line)
+def _check_x(x: str) -> str:
+    if x not in X_AXES:
+        raise PlotOptionError(f"unknown x axis {x!r}: choose step (a training history) or coefficient (a "
+                              f"dose-response history, moral_probe_<name>_dose.jsonl)")
+    return x
+
+
+def is_dose_name(path: Path) -> bool:
+    """Whether ``path`` is named like a dose-response history (``moral_probe_<key>_dose.jsonl``)."""
+    return path.name.startswith("moral_probe_") and path.name.endswith("_dose.jsonl")
+
+
+def resolve_curve_path(path: str | Path, x: str = "step") -> Path:
+    """The history ``path`` names, as :func:`resolve_history_path`; a run folder holding both a training history and
+    a dose-response one gives the dose file with ``x="coefficient"`` and the other with ``x="step"``."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.glob("moral_probe_*.jsonl"))
+        wanted = [p for p in found if is_dose_name(p) == (x == "coefficient")]
+        if len(found) > 1 and len(wanted) == 1:
+            return wanted[0]
+    return resolve_history_path(path)
+
+
+def _curves(path: Path, kept: list[tuple[int, dict]]) -> dict:
+    """The fields of a :class:`History` read from ``kept`` lines (one per point, in drawing order)."""
+    return {"headline": headline_series(path, kept), "foundations": foundation_series(path, kept),
+            "sanity": {key: np.array([_number(path, n, key, line["info"].get(key)) for n, line in kept])
+                       for key in SANITY}}
+
+
+def _dose_key(path: Path, lineno: int, line: dict) -> tuple[str, int, float]:
+    """A dose-response line's (direction, direction_index, coefficient), checked."""
+    where = f"{path}:{lineno}: a dose-response history line"
+    if "coefficient" not in line:
+        raise HistoryError(f"{where} without a 'coefficient': every line of a moral_probe_<name>_dose.jsonl history "
+                           f"carries coefficient, direction and direction_index")
+    c = line["coefficient"]
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c):
+        raise HistoryError(f"{where}: coefficient is {c!r}, not a finite number")
+    direction = line.get("direction")
+    if direction not in DOSE_DIRECTIONS:
+        raise HistoryError(f"{where}: direction is {direction!r}, not one of {', '.join(DOSE_DIRECTIONS)}")
+    index = line.get("direction_index", 0)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise HistoryError(f"{where}: direction_index is {index!r}, not a non-negative integer")
+    answering = line.get("answering", True)
+    if not isinstance(answering, bool):
+        raise HistoryError(f"{where}: answering is {answering!r}, not true or false")
+    return direction, index if direction == "random" else 0, float(c)
+
+
+def dose_lines(path: Path, run: list[tuple[int, dict]]) -> dict[tuple[str, int], list[tuple[int, dict]]]:
+    """The lines of each (direction, direction_index), by ascending coefficient; the last line of a repeated key wins.
+
+    The unsteered lines (direction ``none``) are under ``("none", 0)``; they are not merged into the others here.
+    """
+    by_key: dict[tuple[str, int, float], tuple[int, dict]] = {}
+    repeated = []
+    for lineno, line in run:
+        key = _dose_key(path, lineno, line)
+        if key in by_key:
+            repeated.append(key)
+        by_key[key] = (lineno, line)
+    if repeated:
+        shown = ", ".join(f"{d}{'' if d != 'random' else f' #{i}'} at c={c:g}" for d, i, c in
+                          sorted(set(repeated))[:_SHOWN])
+        more = "" if len(set(repeated)) <= _SHOWN else ", ..."
+        logger.warning("%s: %s%s logged more than once; drawing the last line of each", path, shown, more)
+    out: dict[tuple[str, int], list[tuple[int, dict]]] = {}
+    for (direction, index, _), record in sorted(by_key.items(), key=lambda kv: kv[0]):
+        out.setdefault((direction, index), []).append(record)
+    return out
+
+
+def _with_unsteered(unsteered: list[tuple[int, dict]], own: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """A direction's lines with the unsteered ones at coefficients it has no line of its own for, by coefficient."""
+    mine = {float(line["coefficient"]) for _, line in own}
+    merged = [r for r in unsteered if float(r[1]["coefficient"]) not in mine] + own
+    return sorted(merged, key=lambda r: float(r[1]["coefficient"]))
+
+
+def _coefficients(kept: list[tuple[int, dict]]) -> np.ndarray:
+    return np.array([float(line["coefficient"]) for _, line in kept], dtype=float)
+
+
+def _check_one_set(path: Path, lines: list[tuple[int, dict]]) -> tuple[str, str]:
+    """The (vignette set, answer format) of a history's lines; refuses a file that mixes sets or formats."""
     names = sorted({line["name"] for _, line in lines})
     if len(names) > 1:
         raise HistoryError(f"{path} mixes vignette sets {names}: a history holds one set (moral_probe_<name>.jsonl)")
@@ -135,22 +332,60 @@ def load_history(path: str | Path, label: str | None = None) -> History:
         raise HistoryError(f"{path} mixes answer formats {shown}: P(Yes) and P(true) are different readings, so "
                            f"one curve cannot hold both; a history holds one format (moral_probe_<name>.jsonl for "
                            f"yesno, moral_probe_<name>_json.jsonl for json)")
-    kept = last_line_per_step(path, current_run(path, lines))
+    return names[0], formats[0]
+
+
+def _warn_precisions(path: Path, kept: list[tuple[int, dict]]) -> tuple[str, str | None] | None:
     precisions = line_precisions(kept)
     if len(precisions) > 1:
         logger.warning("%s: WARNING: its probes were scored in %s; a change along the curve between them is partly "
                        "the precision's, not the model's", path, " and ".join(
                            f"{describe_precision(k)} (from step {step})" for k, step in precisions.items()))
-    return History(
-        path=path, label=label or run_label(path), name=names[0],
-        steps=np.array([line["step"] for _, line in kept], dtype=float),
-        headline=headline_series(path, kept),
-        foundations=foundation_series(path, kept),
-        sanity={key: np.array([_number(path, n, key, line["info"].get(key)) for n, line in kept]) for key in SANITY},
-        level=interval_level(kept),
-        answer_format=formats[0],
-        precision=next(iter(precisions), None) if len(precisions) == 1 else None,
-    )
+    return next(iter(precisions), None) if len(precisions) == 1 else None
+
+
+def load_history(path: str | Path, label: str | None = None, *, x: str = "step") -> History:
+    """Read one history file (or the run folder holding it) into curves; raises :class:`HistoryError`.
+
+    ``x="step"`` (default): a training history, against the step. ``x="coefficient"``: a dose-response
+    history (``moral_probe_<name>_dose.jsonl``), against the steering coefficient. Each refuses the other
+    kind of file, naming it and the ``--x`` that draws it.
+    """
+    path = resolve_curve_path(path, _check_x(x))
+    lines = read_lines(path)
+    for lineno, line in lines:
+        check_line(path, lineno, line)
+    dose = next((n for n, line in lines if any(f in line for f in DOSE_FIELDS)), None)
+    if x == "step" and dose is not None:
+        raise HistoryError(f"{path} is a dose-response history (line {dose} carries a steering coefficient or "
+                           f"direction; its step is only the line's index in the sweep): draw it against the "
+                           f"coefficient with --x coefficient (x='coefficient')")
+    if x == "coefficient" and dose is None:
+        raise HistoryError(f"{path} has no 'coefficient' field: it is a training history, not a dose-response one "
+                           f"(moral_probe_<name>_dose.jsonl); draw it against the step with --x step")
+    name, fmt = _check_one_set(path, lines)
+    label = label or run_label(path)
+    if x == "step":
+        kept = last_line_per_step(path, current_run(path, lines))
+        precision = _warn_precisions(path, kept)
+        return History(path=path, label=label, name=name,
+                       steps=np.array([line["step"] for _, line in kept], dtype=float), **_curves(path, kept),
+                       level=interval_level(kept), answer_format=fmt, precision=precision)
+    groups = dose_lines(path, current_run(path, lines))
+    unsteered = groups.pop(("none", 0), [])
+    real = _with_unsteered(unsteered, groups.pop(("real", 0), []))
+    if not real:
+        raise HistoryError(f"{path}: a dose-response history without an unsteered (direction 'none') or a 'real' "
+                           f"direction line: nothing to draw against the coefficient")
+    random = []
+    for (_, index), own in sorted(groups.items()):
+        kept = _with_unsteered(unsteered, own)
+        random.append(History(path=path, label=f"{label} · random {index}", name=name, steps=_coefficients(kept),
+                              **_curves(path, kept), level=None, answer_format=fmt, x=x))
+    everything = sorted(unsteered + real + [r for own in groups.values() for r in own], key=lambda r: r[0])
+    return History(path=path, label=label, name=name, steps=_coefficients(real), **_curves(path, real),
+                   level=interval_level(real), answer_format=fmt, precision=_warn_precisions(path, everything), x=x,
+                   answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
 
 
 def _distinct_labels(paths: list[Path]) -> list[str]:
@@ -163,11 +398,14 @@ def _distinct_labels(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
-def load_histories(paths) -> list[History]:
-    """Read several histories for one figure: they must be different files of the same vignette set."""
+def load_histories(paths, *, x: str = "step") -> list[History]:
+    """Read several histories for one figure: they must be different files of the same vignette set.
+
+    ``x``: ``"step"`` (training histories) or ``"coefficient"`` (dose-response histories), as :func:`load_history`.
+    """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    resolved = [resolve_history_path(p) for p in paths]
+    resolved = [resolve_curve_path(p, _check_x(x)) for p in paths]
     if not resolved:
         raise HistoryError("no history given: pass one or more moral_probe_<name>.jsonl files")
     seen: dict[Path, Path] = {}
@@ -175,7 +413,7 @@ def load_histories(paths) -> list[History]:
         if p.resolve() in seen:
             raise HistoryError(f"the history {p} is given twice (also as {seen[p.resolve()]})")
         seen[p.resolve()] = p
-    histories = [load_history(p, label) for p, label in zip(resolved, _distinct_labels(resolved), strict=True)]
+    histories = [load_history(p, label, x=x) for p, label in zip(resolved, _distinct_labels(resolved), strict=True)]
     first = histories[0]
     precisions = {h.precision for h in histories if h.precision is not None}
     if len(precisions) > 1:

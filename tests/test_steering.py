@@ -1,0 +1,144 @@
+"""Steering dose-response on tiny random models: the hook, the random control, the dose history (mechanics only)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from helpers.models import ARCHITECTURES
+
+from tinymcf_callback import ConfigError, Probe, ResidualSteering, compare, random_directions, residual_direction
+from tinymcf_callback.results.history import read_lines
+from tinymcf_callback.steering import decoder_layers
+
+
+@pytest.fixture(scope="module")
+def probe(qwen_tok):
+    return Probe(qwen_tok, "scifi", per_foundation=1, n_resamples=200)
+
+
+@pytest.fixture(scope="module")
+def direction(tiny_qwen):
+    torch.manual_seed(3)
+    return torch.randn(tiny_qwen.config.hidden_size)
+
+
+def test_every_position_steering_is_one_number_on_every_path(tiny_qwen, qwen_tok, probe, direction):
+    """Adding c*v at every position after a layer is the same on the shared path as each prompt whole."""
+    steer = ResidualSteering(tiny_qwen, 0, direction)
+    full = Probe(qwen_tok, "scifi", per_foundation=1, share_prefix=False)
+    base = probe.score(tiny_qwen).p_yes
+    with steer(2.0):
+        shared, whole = probe.score(tiny_qwen), full.score(tiny_qwen)
+    assert shared.strategy == "shared" and not shared.check["fallbacks"]  # the self-check found them equal
+    assert np.abs(shared.p_yes - whole.p_yes).max() < 1e-5
+    assert np.abs(shared.p_yes - base).max() > 1e-3  # the push moved the answers
+    with steer(0.0):
+        assert np.array_equal(probe.score(tiny_qwen).p_yes, base)  # c = 0 is no hook at all
+    assert np.array_equal(probe.score(tiny_qwen).p_yes, base)  # the hook is gone after the block
+
+
+def test_answer_position_steering_scores_each_prompt_whole(tiny_qwen, qwen_tok, probe, direction, caplog):
+    """At the answer position only, the shared path would also push the prefixes' last tokens: the dose-response
+    scores each prompt whole, and gets what a hook on each prompt alone gives."""
+    steer = ResidualSteering(tiny_qwen, 0, direction, at="answer")  # layer 0: the next layer reads the cache
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        result = probe.dose_response(tiny_qwen, steer, [3.0])
+    rep = result.reports[("real", 0, 3.0)]
+    assert rep["info"]["strategy"] == "full" and not rep["info"]["self_check"]["fallbacks"]
+    alone = Probe(qwen_tok, "scifi", per_foundation=1, share_prefix=False, self_check=False)
+    with steer(3.0):
+        ref = alone.run(tiny_qwen)
+    assert np.abs(rep["raw"]["p_yes"].to_numpy() - ref["raw"]["p_yes"].to_numpy()).max() < 1e-6
+    # on the shared path this hook also pushes the prefixes' last tokens, which later tokens attend to: another
+    # number (on this tiny Qwen3 by 4.5e-6, within float32's tolerance; test_selfcheck has a tiny Llama where it is
+    # 1e-3 and the self-check falls back); at every position the two paths agree exactly (the test above)
+    shared_probe = Probe(qwen_tok, "scifi", per_foundation=1, self_check=False)
+    with steer(3.0):
+        shared = shared_probe.score(tiny_qwen)
+    assert shared.strategy == "shared" and np.abs(shared.p_yes - ref["raw"]["p_yes"].to_numpy()).max() > 1e-6
+
+
+def test_dose_response_changes_random_control_and_history(tiny_qwen, probe, direction, tmp_path):
+    steer = ResidualSteering(tiny_qwen, 0, direction)
+    result = probe.dose_response(tiny_qwen, steer, [2.0, -2.0], n_random=3, seed=1, output_dir=tmp_path)
+    assert result.coefficients == [-2.0, 0.0, 2.0] and result.n_random == 3
+    assert len(result.reports) == 1 + 2 * (1 + 3)
+    # each change is the paired change against the unsteered report: what compare() gives
+    for key in [("real", 0, 2.0), ("random", 2, -2.0)]:
+        ours = result.changes[key]["headline"]["score"]
+        theirs = compare(result.base, result.reports[key], n_resamples=200)["headline"]["score"]
+        assert ours.change == pytest.approx(theirs["change"], abs=1e-12)
+        assert ours.change == pytest.approx(result.reports[key]["score"] - result.base["score"], abs=1e-12)
+    control = result.control()
+    assert list(control["coefficient"]) == [-2.0, 2.0]
+    for row in control.itertuples():
+        rand = [result.changes[("random", j, row.coefficient)]["headline"]["score"].change for j in range(3)]
+        assert row.random_min == pytest.approx(min(rand)) and row.random_max == pytest.approx(max(rand))
+        assert row.beyond_random == (not min(rand) <= row.real <= max(rand))
+        assert 0.25 <= row.rank_p <= 1.0  # k = 3: at best 1/4
+    per = result.foundations()
+    assert set(per["foundation"]) == set(result.base["table"].index) and len(per) == 2 * 7
+    table = result.table()
+    assert len(table) == 9 and set(table["direction"]) == {"none", "real", "random"}
+    assert table["answering"].dtype == bool and "c=+2" in result.summary()
+
+    lines = [line for _, line in read_lines(tmp_path / "moral_probe_scifi_dose.jsonl")]
+    assert len(lines) == 9
+    assert (lines[0]["event"], lines[0]["direction"], lines[0]["coefficient"]) == ("train_begin", "none", 0.0)
+    assert {line["event"] for line in lines[1:]} == {"dose"}
+    assert [(ln["direction"], ln["direction_index"], ln["coefficient"]) for ln in lines[1:3]] == [
+        ("real", 0, -2.0), ("real", 0, 2.0)]
+    assert lines[2]["metrics"]["eval_moral_scifi/score_change"] == pytest.approx(
+        result.changes[("real", 0, 2.0)]["headline"]["score"].change, abs=1e-9)
+    assert all(isinstance(line["answering"], bool) for line in lines)
+
+
+def test_random_directions_have_the_norm_and_are_seeded(direction):
+    r = random_directions(direction, 4, seed=0)
+    assert r.shape == (4, direction.numel())
+    assert torch.allclose(r.norm(dim=1), direction.norm().expand(4))
+    assert torch.equal(r, random_directions(direction, 4, seed=0))
+    assert not torch.equal(r, random_directions(direction, 4, seed=1))
+    cos = (r @ direction) / (r.norm(dim=1) * direction.norm())
+    assert cos.abs().max() < 0.6  # random in 64 dimensions: far from the real direction
+
+
+def test_residual_direction_is_a_difference_of_means_at_the_answer_position(tiny_qwen, qwen_tok):
+    from tinymcf_callback import encode_batch
+    from tinymcf_callback.scoring.prompts import FRAMES, format_prompt
+
+    pos, neg = ["You see a man kick a dog."], ["You see a man pet a dog.", "You see a girl feed a cat."]
+    v = residual_direction(tiny_qwen, qwen_tok, pos, neg, layer=0)
+
+    def at_answer(text):
+        batch = encode_batch(qwen_tok, [format_prompt(qwen_tok, text, FRAMES["wrong"])], tiny_qwen)
+        with torch.inference_mode():
+            return tiny_qwen(**batch, output_hidden_states=True).hidden_states[1][0, -1]
+
+    expected = at_answer(pos[0]) - (at_answer(neg[0]) + at_answer(neg[1])) / 2
+    assert torch.allclose(v, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "opt", "gpt_neox", "bloom", "falcon", "mpt", "mamba"])
+def test_the_decoder_layers_are_found_across_families(arch):
+    model = ARCHITECTURES[arch][0]()
+    layers = decoder_layers(model)
+    assert isinstance(layers, torch.nn.ModuleList) and len(layers) == 2
+
+
+def test_bad_steering_input_is_refused(tiny_qwen, probe, direction):
+    with pytest.raises(ConfigError, match="layer must be a decoder layer index"):
+        ResidualSteering(tiny_qwen, 5, direction)
+    with pytest.raises(ConfigError, match="residual stream has 64"):
+        ResidualSteering(tiny_qwen, 0, torch.ones(10))
+    with pytest.raises(ConfigError, match="at must be one of every, answer"):
+        ResidualSteering(tiny_qwen, 0, direction, at="last")
+    with pytest.raises(ConfigError, match="n_random needs a ResidualSteering"):
+        probe.dose_response(tiny_qwen, lambda c: torch.no_grad(), [1.0], n_random=2)
+    with pytest.raises(ConfigError, match="coefficients must be"):
+        probe.dose_response(tiny_qwen, ResidualSteering(tiny_qwen, 0, direction), ["strong"])
+    assert json.dumps(repr(ResidualSteering(tiny_qwen, -1, direction))).count("layer=1") == 1
