@@ -322,13 +322,14 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
     train_pairs, eval_pairs = pairs if pairs is not None else contrast_sets(load_situations(), args.seed)
     train_ds, eval_ds = encode(tok, train_pairs), encode(tok, eval_pairs)
     limit = args.limit or None
-    probed = load_vignettes("scifi", limit=limit)
+    per_foundation = getattr(args, "per_foundation", 0) or None
+    probed = load_vignettes("scifi", limit=limit, per_foundation=per_foundation)
     foundations = list(dict.fromkeys(v["foundation_coarse"] for v in probed))
     print(f"[{tag}] SmolLM2-135M-Instruct fp32 on CPU, loaded in {t_loaded - t_start:.1f}s from {model_dir}")
     print(f"[{tag}] training on {4 * len(train_ds)} examples ({2 * len(train_ds)} situations x 2 questions, "
           f"{4 * args.batch_size} a batch); held out {4 * len(eval_ds)} ({2 * len(eval_ds)} situations) "
           "for eval_loss / answer_accuracy")
-    print(f"[{tag}] probe: scifi, {len(probed)} of 51 vignettes ({'all' if limit is None else f'--limit {limit}'}: "
+    print(f"[{tag}] probe: scifi, {len(probed)} of 51 vignettes ({_subset(limit, per_foundation)}: "
           f"{', '.join(foundations)}), {len(probed) * 8} prompts, {answer_format} answers, at step 0 and every "
           f"{args.eval_every} steps")
 
@@ -337,7 +338,8 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
                       compute_metrics=answer_accuracy, preprocess_logits_for_metrics=answer_argmax)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict, the probe's 30 metrics included
     trainer.add_callback(progress_printer(tag))
-    probe = MoralProbeCallback(name="scifi", limit=limit, trainer=trainer, answer_format=answer_format)
+    probe = MoralProbeCallback(name="scifi", limit=limit, per_foundation=per_foundation, trainer=trainer,
+                               answer_format=answer_format)
     trainer.add_callback(probe)
     (out / MARKER).write_text(json.dumps({"args": vars(args), **(meta or {}),
                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2) + "\n",
@@ -428,6 +430,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_args(p, p.parse_args(argv))
 
 
+def _subset(limit: int | None, per_foundation: int | None) -> str:
+    if per_foundation:
+        return f"--per-foundation {per_foundation}"
+    return "all" if limit is None else f"--limit {limit}"
+
+
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
     """The recipe's options (shared with examples/validity.py)."""
     def default(key: str) -> str:
@@ -436,6 +444,9 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help=f"optimizer steps {default('steps')}")
     p.add_argument("--eval-every", type=int, help=f"evaluate, save and probe every N steps {default('eval_every')}")
     p.add_argument("--limit", type=int, help=f"probe the first N scifi vignettes, 0 = all 51 {default('limit')}")
+    p.add_argument("--per-foundation", type=int, default=0,
+                   help="probe N scifi vignettes of each of the 7 foundations instead (the balanced subset that keeps "
+                        "the Social Norms control; 0 = off, the default; not with --limit)")
     p.add_argument("--lr", type=float, help=f"learning rate {default('lr')}")
     p.add_argument("--batch-size", type=int, help=f"contrast pairs per batch, 4 sequences each {default('batch_size')}")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and the model (default 0)")
@@ -448,8 +459,14 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.steps <= 0 or args.eval_every <= 0 or args.batch_size <= 0 or args.limit < 0 or args.lr <= 0:
-        p.error("--steps, --eval-every, --batch-size and --lr must be positive; --limit must be >= 0")
+    if args.per_foundation:
+        args.limit = 0 if args.limit == QUICK["limit"] and args.quick else args.limit  # --quick's limit gives way
+    if args.steps <= 0 or args.eval_every <= 0 or args.batch_size <= 0 or args.limit < 0 or args.lr <= 0 \
+            or args.per_foundation < 0:
+        p.error("--steps, --eval-every, --batch-size and --lr must be positive; --limit and --per-foundation must "
+                "be >= 0")
+    if args.limit and args.per_foundation:
+        p.error("--limit and --per-foundation both choose the probed vignettes: give one")
     return args
 
 

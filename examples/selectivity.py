@@ -134,7 +134,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--from-runs", action="store_true", help="train nothing: recompute the tables from the folders")
     demo.add_recipe_args(p)
-    args = demo.finish_args(p, p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.quick and not args.per_foundation and args.limit is None:
+        args.per_foundation = 2  # selectivity needs the other foundations beside the target: a balanced subset
+    args = demo.finish_args(p, args)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = [t for t in args.targets if t not in demo.REAL]
     if unknown or not args.targets:
@@ -153,11 +156,14 @@ def main(argv=None) -> int:
         for target, out in zip(args.targets, outs, strict=True):
             run_target(args, target, out)
     reference = Path(args.reference) if args.reference else ROOT / "runs" / "validity" / "aligned"
+    rows = [run_stats(out, args.targets, args) for out in outs]
     if reference.is_dir() and (reference / validity.REPORTS / "step-0.json").exists():
-        outs.append(reference)
+        try:
+            rows.append(run_stats(reference, args.targets, args))
+        except ValueError as e:  # a reference probed on another subset (a --quick run): no yardstick
+            print(f"[selectivity] the reference {reference} is left out: {e}", file=sys.stderr)
     elif args.reference:
         raise SystemExit(f"selectivity: --reference {reference} holds no finished run with kept reports")
-    rows = [run_stats(out, args.targets, args) for out in outs]
     table = markdown(rows, args.targets, args.level)
     wall = time.perf_counter() - t0
     (top / "selectivity.json").write_text(json.dumps({"args": vars(args), "wall_s": round(wall, 1), "runs": rows},

@@ -69,6 +69,7 @@ def test_the_quick_starts_run_as_written(tmp_path, smollm2_path):
     lines = [json.loads(line) for line in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 2, 4] and lines[0]["event"] == "train_begin"
     assert {line["dtype"] for line in lines} == {"float32"} and lines[-1]["info"]["n_vignettes"] == 14
+    assert len(lines[-1]["table"]) == 7  # per_foundation=2: every foundation, the control included
     assert (run / "checkpoint-4" / "moral_probe_scifi.json").exists()
     one_model = outputs["Quick start: one model"].splitlines()
     assert any(line.startswith("[tinymcf] score=") for line in one_model)

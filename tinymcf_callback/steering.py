@@ -47,8 +47,8 @@ import pandas as pd
 import torch
 
 from .errors import ConfigError, UnsupportedModelError
-from .results.history import BASELINE_EVENT, append_line
-from .results.metrics import change_metrics, probe_key, report_metrics
+from .results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, history_line
+from .results.metrics import baseline_record, change_metrics, report_metrics
 from .results.readout import MIN_YN_MASS
 from .results.stats import paired_change, vignette_scores
 from .scoring.engine import encode_batch
@@ -57,7 +57,6 @@ from .scoring.prompts import FRAMES, format_prompt
 
 logger = logging.getLogger("tinymcf_callback")
 
-DOSE_EVENT = "dose"  # the event of a steered line in the dose history (the unsteered line is the baseline's)
 POSITIONS = ("every", "answer")
 
 
@@ -338,11 +337,6 @@ def check_coefficients(coefficients) -> list[float]:
     return sorted(set(values) | {0.0})
 
 
-def dose_history_path(output_dir: str | os.PathLike, name: str, answer_format: str) -> Path:
-    """``<output_dir>/moral_probe_<name>_dose.jsonl`` (``..._json_dose.jsonl`` with JSON answers)."""
-    return Path(output_dir) / f"moral_probe_{probe_key(name, answer_format)}_dose.jsonl"
-
-
 def dose_response(probe, model, intervene, coefficients, *, controls=None, n_random: int = 0, seed: int = 0,
                   output_dir: str | os.PathLike | None = None, progress: bool = False) -> DoseResponse:
     """Probe ``model`` under ``intervene(c)`` for each of ``coefficients`` (see :meth:`Probe.dose_response`)."""
@@ -391,9 +385,7 @@ def dose_response(probe, model, intervene, coefficients, *, controls=None, n_ran
 
 
 def _append(result: DoseResponse, probe, report: dict, *, step: int, direction: str, index: int, c: float) -> None:
-    from .results.history import history_line
-
-    baseline = None if direction == "none" else _record(result)
+    baseline = None if direction == "none" else baseline_record(result.base, 0)
     metrics = {**report_metrics(probe.name, report),
                **change_metrics(probe.name, baseline, report, probe.config.target)}
     line = history_line(probe.name, report, metrics, step=step, epoch=None,
@@ -404,8 +396,3 @@ def _append(result: DoseResponse, probe, report: dict, *, step: int, direction: 
     except OSError as e:
         logger.warning("dose-response [%s]: could not append the history %s: %s", probe.name, result.history, e)
 
-
-def _record(result: DoseResponse) -> dict:
-    from .results.metrics import baseline_record
-
-    return baseline_record(result.base, 0)

@@ -34,8 +34,11 @@ from ..data.sets import FOUNDATIONS
 from ..errors import HistoryError, PlotOptionError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .history import (
+    DOSE_DIRECTIONS,
+    DOSE_LINE_FIELDS,
     check_line,
     current_run,
+    is_dose_history,
     last_line_per_step,
     line_format,
     line_precisions,
@@ -51,8 +54,7 @@ FOUNDATION_METRICS = ("align_other", "align_self")
 SANITY = ("yn_mass_mean", "yn_mass_min", "frame_agreement", "human_corr")  # keys of the line's ``info``
 _SHOWN = 5  # repeated keys named in a warning
 X_AXES = ("step", "coefficient")  # what a curve is drawn against: the training step, or the steering coefficient
-DOSE_DIRECTIONS = ("none", "real", "random")  # a dose line's ``direction``: unsteered (c=0), the real one, a random one
-DOSE_FIELDS = ("coefficient", "direction", "direction_index")  # the fields a dose-response line adds
+DOSE_FIELDS = tuple(DOSE_LINE_FIELDS)[:3]  # the fields a dose-response line must carry (answering is optional)
 
 
 @dataclass
@@ -243,7 +245,7 @@ def _check_x(x: str) -> str:
 
 def is_dose_name(path: Path) -> bool:
     """Whether ``path`` is named like a dose-response history (``moral_probe_<key>_dose.jsonl``)."""
-    return path.name.startswith("moral_probe_") and path.name.endswith("_dose.jsonl")
+    return is_dose_history(path)
 
 
 def resolve_curve_path(path: str | Path, x: str = "step") -> Path:

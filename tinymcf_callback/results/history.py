@@ -61,6 +61,28 @@ def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER
     return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}.jsonl")
 
 
+# The dose-response history (tinymcf_callback.steering): the same lines, with these fields added.
+DOSE_EVENT = "dose"  # a steered line; the unsteered line (c = 0) is a baseline line (event train_begin)
+DOSE_DIRECTIONS = ("none", "real", "random")  # unsteered (c = 0), the direction studied, a random control one
+DOSE_LINE_FIELDS = {
+    "coefficient": ("number", "the intervention's coefficient c (0: the unsteered model)"),
+    "direction": ("string", "none (the unsteered line), real (the direction studied) or random (a control)"),
+    "direction_index": ("integer", "which random direction (0 to k-1); 0 for none and real"),
+    "answering": ("boolean", "the mean Yes+No mass is at least 0.5 (false: the steered model stops answering)"),
+}
+
+
+def dose_history_path(output_dir: str | os.PathLike, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> Path:
+    """``<output_dir>/moral_probe_<name>_dose.jsonl``: a dose-response's lines (``..._<name>_json_dose.jsonl``)."""
+    return Path(output_dir) / f"moral_probe_{probe_key(name, answer_format)}_dose.jsonl"
+
+
+def is_dose_history(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is named like a dose-response history (``moral_probe_<key>_dose.jsonl``)."""
+    name = Path(path).name
+    return name.startswith("moral_probe_") and name.endswith("_dose.jsonl")
+
+
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
     """One probe as a history line (its fields: :data:`LINE_FIELDS`); ``event`` says what triggered it.
 
