@@ -26,7 +26,7 @@ step) because no checkpoint holds it. ``tinymcf_callback.results.stats.bootstrap
 intervals of the score, the Social Norms control and their difference; ``stats.paired_change``
 gives the change of each since step 0 with its p-value (the same vignettes at both steps).
 
-    python examples/validity.py              # the experiment (~12 min on 2 idle CPU cores)
+    python examples/validity.py              # the experiment (~25 min on 2 idle CPU cores)
     python examples/validity.py --quick      # smoke run of the mechanics (2 steps, 2 vignettes)
 
 Writes, under ``--output-dir`` (default ``runs/validity``): ``aligned/``, ``inverted/``,

@@ -385,7 +385,7 @@ def dose_response(probe, model, intervene, coefficients, *, controls=None, n_ran
 
 
 def _append(result: DoseResponse, probe, report: dict, *, step: int, direction: str, index: int, c: float) -> None:
-    baseline = None if direction == "none" else baseline_record(result.base, 0)
+    baseline = baseline_record(result.base, 0)  # the unsteered line's own change is 0, as the callback's baseline
     metrics = {**report_metrics(probe.name, report),
                **change_metrics(probe.name, baseline, report, probe.config.target)}
     line = history_line(probe.name, report, metrics, step=step, epoch=None,
