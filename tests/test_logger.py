@@ -174,3 +174,23 @@ def test_a_target_foundation_adds_its_selectivity(tmp_path, qwen_tok):
     assert moved["eval/moral_scifi/selectivity"] == pytest.approx(expected, abs=1e-9)
     lo, hi = moved["eval/moral_scifi/selectivity_lo"], moved["eval/moral_scifi/selectivity_hi"]
     assert lo <= moved["eval/moral_scifi/selectivity"] <= hi and 0.0 <= moved["eval/moral_scifi/selectivity_p"] <= 1
+
+
+@pytest.mark.slow
+def test_metrics_reach_a_wandb_run(tmp_path, qwen_tok, monkeypatch):
+    import wandb
+    from helpers.trackers import wandb_run_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = wandb.init(project="tinymcf-test", dir=str(tmp_path))
+    try:
+        *_, logged, _, _ = train(qwen_tok, tmp_path / "run", to=run)
+    finally:
+        wandb.finish()
+    rows, metrics, config = wandb_run_records(tmp_path)
+    found = {int(float(r["train/global_step"])): float(r[SCORE]) for r in rows if SCORE in r}
+    assert sorted(found) == [0, 2, 4] and found[4] == pytest.approx(logged[4][SCORE], abs=1e-9)
+    ours = [m for m in metrics if "moral" in m.glob_name + m.name]
+    assert len(ours) == 1 and ours[0].step_metric == "train/global_step"  # curves against the loop's step
+    assert config["moral_scifi/dtype"] == "float32"
+    assert any("eval/moral_scifi/table/path" in r for r in rows)  # the per-foundation table at each probe
