@@ -70,6 +70,7 @@ def test_score_prompts_reads_as_a_mapping_and_as_the_old_tuple(tiny_qwen, qwen_t
         scored["p_no"]
 
 
+@pytest.mark.slow
 def test_encode_batch_is_the_engines_encoding_whatever_the_tokenizer_pads(tiny_qwen, qwen_tok):
     import copy
 

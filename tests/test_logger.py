@@ -53,6 +53,7 @@ def train(tok, out=None, *, steps=4, probe_every=2, to=(), accelerator=None, **l
     return losses, weights, logged, probe_logger, model
 
 
+@pytest.mark.slow
 def test_training_is_bit_identical_with_and_without_the_logger(tmp_path, qwen_tok):
     seen = []
     losses0, weights0, _, _, model0 = train(qwen_tok)
@@ -65,6 +66,7 @@ def test_training_is_bit_identical_with_and_without_the_logger(tmp_path, qwen_to
     assert seen[1][1] == logged[2]
 
 
+@pytest.mark.slow
 def test_history_baseline_and_change_as_the_callback_writes_them(tmp_path, qwen_tok):
     *_, logged, probe_logger, _ = train(qwen_tok, tmp_path, steps=4)
     lines = [line for _, line in read_lines(tmp_path / "moral_probe_scifi.jsonl")]

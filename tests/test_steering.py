@@ -62,6 +62,7 @@ def test_answer_position_steering_scores_each_prompt_whole(tiny_qwen, qwen_tok, 
     assert shared.strategy == "shared" and np.abs(shared.p_yes - ref["raw"]["p_yes"].to_numpy()).max() > 1e-6
 
 
+@pytest.mark.slow
 def test_dose_response_changes_random_control_and_history(tiny_qwen, probe, direction, tmp_path):
     steer = ResidualSteering(tiny_qwen, 0, direction)
     result = probe.dose_response(tiny_qwen, steer, [2.0, -2.0], n_random=3, seed=1, output_dir=tmp_path)
