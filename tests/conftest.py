@@ -57,6 +57,17 @@ def clean_env(monkeypatch, tmp_path):
     return work
 
 
+@pytest.fixture
+def llm(monkeypatch):
+    """The strict fake OpenAI-compatible server on 127.0.0.1 (tests/helpers/fake_llm_server.py), its key set."""
+    from helpers.fake_llm_server import FakeLLM
+    from helpers.prepare import KEY
+
+    with FakeLLM(KEY) as server:
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        yield server
+
+
 @pytest.fixture(scope="session")
 def qwen_tok():
     from transformers import AutoTokenizer

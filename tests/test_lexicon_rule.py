@@ -12,7 +12,6 @@ import json
 import sys
 
 import pytest
-from helpers.fake_llm_server import FakeLLM
 
 from tinymcf_callback import load_vignettes, rules
 from tinymcf_callback._io import read_jsonl
@@ -33,13 +32,6 @@ def clean_env(monkeypatch, tmp_path):
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)
-
-
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
 
 
 def cli(capsys, *argv):

@@ -26,13 +26,6 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
-
-
 # --------------------------------------------------------------------------- the Clifford file
 # ``clifford_source`` runs each test on a generated file of the same shape (every machine) and on the
 # real CSV (where it is present; see tests/conftest.py and tests/clifford_like.py).

@@ -22,13 +22,6 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
-
-
 # --------------------------------------------------------------------------- the key, kills, resume
 
 SUBPROCESS_ENV = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cli_checks import one_error_line
-from helpers.fake_llm_server import FakeLLM
-from helpers.prepare import KEY, MY_ROWS, api, cache_lines, cli, my_csv
+from helpers.prepare import MY_ROWS, api, cache_lines, cli, my_csv
 
 from tinymcf_callback import load_vignettes
 from tinymcf_callback.data.home import folders
@@ -16,13 +15,6 @@ from tinymcf_callback.data.sets import md5
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
 
 
 # --------------------------------------------------------------------------- judge validation

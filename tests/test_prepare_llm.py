@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.fake_llm_server import FakeLLM
-from helpers.prepare import KEY
 
 from tinymcf_callback.prepare.llm import (
     Answer,
@@ -17,13 +15,6 @@ from tinymcf_callback.prepare.llm import (
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
 
 
 # --------------------------------------------------------------------------- small parts

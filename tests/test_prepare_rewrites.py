@@ -27,13 +27,6 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def llm(monkeypatch):
-    with FakeLLM(KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        yield server
-
-
 # --------------------------------------------------------------------------- users' own sets
 
 

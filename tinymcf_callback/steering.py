@@ -232,6 +232,7 @@ class DoseResponse:
     seconds: dict = field(default_factory=dict)
     n_random: int = 0
     history: Path | None = None
+    baseline: dict | None = field(default=None, repr=False)  # metrics.baseline_record of the unsteered report
 
     @property
     def base(self) -> dict:
@@ -385,7 +386,9 @@ def dose_response(probe, model, intervene, coefficients, *, controls=None, n_ran
 
 
 def _append(result: DoseResponse, probe, report: dict, *, step: int, direction: str, index: int, c: float) -> None:
-    baseline = baseline_record(result.base, 0)  # the unsteered line's own change is 0, as the callback's baseline
+    if result.baseline is None:  # the unsteered report's per-vignette scores, made once for every line
+        result.baseline = baseline_record(result.base, 0)
+    baseline = result.baseline  # the unsteered line's own change is 0, as the callback's baseline
     metrics = {**report_metrics(probe.name, report),
                **change_metrics(probe.name, baseline, report, probe.config.target)}
     line = history_line(probe.name, report, metrics, step=step, epoch=None,
