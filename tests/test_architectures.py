@@ -85,3 +85,21 @@ def test_scores_equal_each_prompt_alone(arch, probes, qwen_tok, caplog):
         assert len(notes) == 1, notes  # said once, not per batch nor per probe
         assert ("shared-prefix path" in notes[0]) == (path == FULL)
         assert ("unpadded" in notes[0]) == (path == UNPADDED)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_reduced_precision_is_checked_in_float32_and_no_clean_model_is_flagged(arch, dtype, probes):
+    """In bfloat16 and float16 every architecture keeps its path: the float32 replay finds it right within 1e-5,
+    and the scores it reports are within their own precision's tolerance of the float32 reference."""
+    from tinymcf_callback.scoring.selfcheck import TOLERANCES
+
+    factory, path = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    model = factory().eval().to(getattr(torch, dtype))
+    res = probes[0].score(model)
+    check = res.check
+    assert res.strategy == path and check["fallbacks"] == [], check
+    assert check["reference"] == "float32 replay" and check["replay_note"] is None
+    assert check["max_diff"] < 1e-5 and check["scored_diff"] < TOLERANCES[dtype] / 4
+    assert res.precision["compute"] == dtype

@@ -134,7 +134,8 @@ def test_only_last_position_logits(tiny_qwen, qwen_tok):
 
 def test_model_dtype_is_respected(qwen_tok):
     """A bf16 model is scored as it is: the engine's forward calls reach this very model, which computes in
-    bf16 and returns bf16 logits (an fp32 copy, or an upcast of the weights, would show here)."""
+    bf16 and returns bf16 logits (an fp32 copy, or an upcast of the weights, would show here). Only the
+    self-check's calls, after the scoring, replay the checked prompts in float32 (scoring.replay)."""
     from tinymcf_callback import testing as offline_assets
 
     model = offline_assets.tiny_qwen3(seed=1).to(torch.bfloat16)
@@ -146,7 +147,8 @@ def test_model_dtype_is_respected(qwen_tok):
     finally:
         hook.remove()
     assert len(seen) == res.n_forward + res.check["n_forward"] and res.n_forward > 0  # the scoring and the self-check
-    assert set(seen) == {(torch.bfloat16, torch.bfloat16)}
+    assert set(seen[:res.n_forward]) == {(torch.bfloat16, torch.bfloat16)}
+    assert res.check["reference"] == "float32 replay" and set(seen[res.n_forward:]) == {(torch.float32, torch.float32)}
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert np.isfinite(res.p_yes).all()
     # bf16 changes the numbers a little: same weights in fp32 (1.4e-4 measured; P(Yes) spreads 2.7e-3 here)

@@ -37,7 +37,7 @@ BOUNDED = ("score", "gap", "sn", "score_minus_sn")  # each with _lo and _hi
 NAME_OR_NULL = "string or null"
 REPORT_FIELDS = {
     "schema_version": INT, "name": STR, "answer_format": STR,
-    "model": STR, "device": STR, "dtype": STR, "autocast": NAME_OR_NULL,
+    "model": STR, "device": STR, "dtype": STR, "autocast": NAME_OR_NULL, "compute": STR,
     **{f"{name}{end}": NUM_OR_NULL for name in BOUNDED for end in ("", "_lo", "_hi")},
     "level": NUM_OR_NULL, "n_resamples": INT, "seed": INT, "prompt_digest": STR,
     "info": DICT, "frames": DICT, "table": LIST, "scenarios": LIST, "prompts": LIST,
@@ -50,7 +50,9 @@ INFO_FIELDS = {
     "strategy": STR, "self_check": DICT, "precision": DICT,
 }
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
-              "tolerance": NUM, "precision": STR, "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
+              "tolerance": NUM, "precision": STR, "reference": STR, "resolution": NUM, "scored_diff": NUM_OR_NULL,
+              "scored_mass_diff": NUM_OR_NULL, "scored_tolerance": NUM_OR_NULL, "replay_note": NAME_OR_NULL,
+              "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
 PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
 TABLE_ROW = {
     "foundation": STR, "n": INT,
@@ -124,7 +126,8 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
     check_fields(info["precision"], PRECISION, "info.precision")
     assert info["self_check"]["strategy"] == info["strategy"] and info["self_check"]["max_diff"] <= (
         info["self_check"]["tolerance"])
-    assert [data[k] for k in ("dtype", "autocast")] == [info["precision"][k] for k in ("dtype", "autocast")]
+    assert [data[k] for k in ("dtype", "autocast", "compute")] == [info["precision"][k] for k in
+                                                                  ("dtype", "autocast", "compute")]
     for i, top in enumerate(info["top_tokens"]):
         check_fields(top, {"token": STR, "prob": NUM}, f"info.top_tokens[{i}]")
     ids = list(dict.fromkeys(p["id"] for p in data["prompts"]))

@@ -21,7 +21,7 @@ from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring import batching, engine, model_info
 from tinymcf_callback.scoring.engine import score_alone
 from tinymcf_callback.scoring.model_info import attention_windows, position_base
-from tinymcf_callback.scoring.selfcheck import TOLERANCES, check_prompts
+from tinymcf_callback.scoring.selfcheck import N_CHECKED, TOLERANCES, check_prompts
 
 VOCAB, INIT = 151936, 0.125
 AGREE = 1e-5  # P(Yes) of each prompt against each prompt alone, fp32 (measured: <= 5e-7 on every case here)
@@ -317,28 +317,44 @@ def test_the_check_is_recorded_and_cheap(probes, tiny_qwen):
     report = shared.run(tiny_qwen)
     check = report["info"]["self_check"]
     assert check["strategy"] == report["info"]["strategy"] == "shared" and check["fallbacks"] == []
-    assert check["n_forward"] == len(check["checked"]) == 2 and check["max_diff"] < AGREE
-    assert check["tolerance"] == TOLERANCES["float32"] and check["precision"] == "float32"
-    assert len(check["checked_prompts"]) == 2 and check["checked_prompts"][0].startswith("vignette ")
+    assert check["n_forward"] == len(check["checked"]) == N_CHECKED and check["max_diff"] < AGREE
+    assert check["tolerance"] == check["resolution"] == TOLERANCES["float32"] and check["precision"] == "float32"
+    assert check["reference"] == "float32" and check["replay_note"] is None and check["scored_diff"] is None
+    assert len(check["checked_prompts"]) == N_CHECKED and check["checked_prompts"][0].startswith("vignette ")
     assert 0 < check["seconds"] < report["info"]["elapsed_s"]
 
 
-def test_the_checked_prompts_are_the_most_padded(probes):
+def test_the_checked_prompts_cover_the_padding_and_the_seams(probes):
+    """The most padded prompt, the most padded of the last batch, and on the shared path the prompt with the most
+    padding before its scenario and the one with the most before its question (the two seams in the cache)."""
     shared, full = probes
     for probe, strategy in ((shared, "shared"), (full, "full")):
         pads = batching.padding_per_prompt(probe.encoded, probe.batches, strategy, probe.prefix_plan)
-        first, second = check_prompts(probe.encoded, probe.batches, strategy, probe.prefix_plan)
+        picks = check_prompts(probe.encoded, probe.batches, strategy, probe.prefix_plan)
+        assert len(picks) == len(set(picks)) == N_CHECKED
+        first, second = picks[:2]
         assert pads[first] == max(pads.values()) > 0
-        last = probe.batches[-1] if first not in probe.batches[-1] else probe.batches[0]
-        assert second in last and pads[second] == max(pads[i] for i in last)
+        assert second in probe.batches[-1] and pads[second] == max(pads[i] for i in probe.batches[-1])
+        if strategy == "shared":
+            seams = {i: pad for b in probe.batches
+                     for i, pad in batching.seam_padding(probe.encoded, b, probe.prefix_plan).items()}
+            assert max(seams[i][0] for i in picks) == max(s[0] for s in seams.values()) > 0
+            assert max(seams[i][1] for i in picks) == max(s[1] for s in seams.values())  # the questions: 0 here
+        else:
+            least = min(pads[i] for i in pads if pads[i] > 0)
+            assert least in {pads[i] for i in picks}  # a short stretch of padding is looked at too
 
 
-def test_low_precision_gets_its_own_tolerance_and_a_tolerance_can_be_set(qwen_tok):
+def test_low_precision_is_replayed_in_float32_and_a_tolerance_can_be_set(qwen_tok):
     bf16 = build(lambda: T.LlamaForCausalLM(T.LlamaConfig(**decoder()))).to(torch.bfloat16)
     res = Probe(qwen_tok, "scifi", limit=1).score(bf16)
     assert res.precision == {"dtype": "bfloat16", "autocast": None, "device": "cpu", "compute": "bfloat16"}
-    assert res.check["precision"] == "bfloat16" and res.check["tolerance"] == TOLERANCES["bfloat16"]
-    assert Probe(qwen_tok, "scifi", limit=1, self_check_tolerance=0.05).score(bf16).check["tolerance"] == 0.05
+    check = res.check
+    assert check["precision"] == "bfloat16" and check["reference"] == "float32 replay"
+    assert check["tolerance"] == check["resolution"] == TOLERANCES["float32"] and check["max_diff"] < AGREE
+    assert check["scored_tolerance"] == TOLERANCES["bfloat16"] and 0 < check["scored_diff"] < 0.05
+    set_by_hand = Probe(qwen_tok, "scifi", limit=1, self_check_tolerance=0.05).score(bf16).check
+    assert set_by_hand["tolerance"] == set_by_hand["scored_tolerance"] == 0.05
     for bad in (0, 1.5, True, "1e-3"):
         with pytest.raises(ValueError, match="self_check_tolerance must be a number between 0 and 1"):
             Probe(qwen_tok, "scifi", limit=1, self_check_tolerance=bad)

@@ -142,7 +142,8 @@ class Probe:
         precision = res.precision or {}
         return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
                 "dtype": precision.get("dtype"), "autocast": precision.get("autocast"),
-                "device": precision.get("device"), "table": out["table"], **headline,
+                "compute": precision.get("compute"), "device": precision.get("device"), "table": out["table"],
+                **headline,
                 "level": out["level"], "n_resamples": config.n_resamples,
                 "seed": config.seed, "prompt_digest": self.prompt_digest,
                 "info": info, "scenarios": out["scenarios"], "raw": out["raw"]}

@@ -7,6 +7,7 @@ import numpy as np
 from tinymcf_callback.data.sets import CONTROL
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring.engine import ScoreResult
+from tinymcf_callback.scoring.selfcheck import SelfCheck
 
 # true mean s per condition (other_violate, other_uphold, self_violate, self_uphold)
 TRUE_S = {"other_violate": 0.5, "other_uphold": -0.3, "self_violate": 0.3, "self_uphold": -0.2}
@@ -35,7 +36,7 @@ def made_up_scores(probe: Probe, seed: int = 0, shift: float = 0.0) -> ScoreResu
 # What the engine adds to a scored result (made-up scores have no model run behind them: these say so plainly).
 ENGINE_FIELDS = {
     "strategy": "shared", "model": "made-up",
-    "check": {"strategy": "shared", "checked": [0, 1], "max_diff": 0.0, "max_mass_diff": 0.0, "tolerance": 2e-5,
-              "precision": "float32", "fallbacks": [], "n_forward": 2, "seconds": 0.01},
+    "check": SelfCheck("shared", [0, 1], 0.0, 0.0, 2e-5, "float32", reference="float32", resolution=2e-5,
+                       n_forward=2, seconds=0.01).as_dict(),
     "precision": {"dtype": "float32", "autocast": None, "device": "cpu", "compute": "float32"},
 }

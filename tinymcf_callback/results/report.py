@@ -21,7 +21,7 @@ from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
-PRECISION_FIELDS = ("model", "device", "dtype", "autocast")  # what was scored, on what, in which precision
+PRECISION_FIELDS = ("model", "device", "dtype", "autocast", "compute")  # what was scored, on what, in what
 
 NUM, NUM_OR_NULL, INT, STR, STR_OR_NULL, LIST, OBJECT = ("number", "number or null", "integer", "string",
                                                         "string or null", "list", "object")
@@ -34,8 +34,9 @@ REPORT_FIELDS = {
     "answer_format": (STR, "yesno (P(Yes) read) or json (P(true) read)"),
     "model": (STR, "the model's name or path"),
     "device": (STR, "where it ran"),
-    "dtype": (STR, "the weights' dtype"),
+    "dtype": (STR, "the dtype the weights are stored in"),
     "autocast": (STR_OR_NULL, "the autocast dtype the forward calls ran under, or null"),
+    "compute": (STR, "what the matrix products ran in, read at the first one (float32, tf32, bfloat16, float16)"),
     **{f"{name}{end}": (NUM_OR_NULL, meaning if not end else f"{end[1:]} bound of {name}'s interval")
        for name, meaning in _BOUNDED.items() for end in ("", "_lo", "_hi")},
     "level": (NUM_OR_NULL, "the intervals' confidence level (null: no intervals)"),
@@ -70,8 +71,17 @@ INFO_FIELDS = {
 SELF_CHECK_FIELDS = {
     "strategy": (STR, "the strategy the scores came from"),
     "checked": (LIST, "the prompts compared (indices)"), "checked_prompts": (LIST, "the same, named"),
-    "max_diff": (NUM, "largest |P(Yes) - P(Yes) alone|"), "max_mass_diff": (NUM, "largest |log mass difference|"),
-    "tolerance": (NUM, "the largest difference allowed"), "precision": (STR, "the compute precision"),
+    "max_diff": (NUM, "largest |P(Yes) - P(Yes) alone| over them, in the reference precision"),
+    "max_mass_diff": (NUM, "largest |log mass difference|, the same"),
+    "tolerance": (NUM, "the largest difference allowed there"),
+    "precision": (STR, "the compute precision of the probe's scores"),
+    "reference": (STR, "where the comparison ran: float32 replay (a reduced-precision probe's checked prompts "
+                       "recomputed in float32), or the probe's own precision"),
+    "resolution": (NUM, "the smallest |P(Yes) difference| on a checked prompt that the check flags"),
+    "scored_diff": (NUM_OR_NULL, "with a replay: the probe's own scores against the float32 reference"),
+    "scored_mass_diff": (NUM_OR_NULL, "the same, log mass"),
+    "scored_tolerance": (NUM_OR_NULL, "what scored_diff is held to (the probe's precision's tolerance)"),
+    "replay_note": (STR_OR_NULL, "why a reduced-precision probe was compared in its own precision instead"),
     "fallbacks": (LIST, "why each faster strategy was left"), "n_forward": (INT, "forward calls of the check"),
     "seconds": (NUM, "time the check took"),
 }
@@ -183,19 +193,25 @@ def answer_format(report: dict) -> str:
 
 
 def precision_key(record: dict) -> tuple[str, str | None] | None:
-    """``(weights dtype, autocast dtype or None)`` of a report or history line; None when it does not say."""
-    dtype = record.get("dtype")
-    if not isinstance(dtype, str):
+    """``(compute precision, autocast dtype or None)`` of a report or history line; None when it does not say.
+
+    The compute precision is what the matrix products ran in (``compute``; records without it: the autocast
+    dtype, else the weights'). Two records of one key computed alike, whatever their weights were stored in
+    (float32 shards gathered in bfloat16 by FSDP compute as bfloat16 weights do); autocast stays apart, as it
+    keeps some operations in float32.
+    """
+    dtype, autocast, compute = record.get("dtype"), record.get("autocast"), record.get("compute")
+    autocast = autocast if isinstance(autocast, str) else None
+    compute = compute if isinstance(compute, str) else autocast or dtype
+    if not isinstance(compute, str):
         return None
-    autocast = record.get("autocast")
-    return dtype, autocast if isinstance(autocast, str) else None
+    return compute, autocast
 
 
 def describe_precision(key: tuple[str, str | None]) -> str:
-    """``float32``, or ``float32 weights under bfloat16 autocast``."""
-    dtype, autocast = key
-    return dtype if autocast is None else f"{dtype} weights under {autocast} autocast"
-
+    """``float32``, or ``bfloat16 (autocast)``."""
+    compute, autocast = key
+    return compute if autocast is None else f"{compute} (autocast)"
 
 
 def write_report(path, report: dict, **extra) -> Path:

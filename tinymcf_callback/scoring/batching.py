@@ -97,24 +97,46 @@ def plan_group_batches(encoded, groups, token_budget=DEFAULT_TOKEN_BUDGET, max_b
     return [[i for g in b for i in groups[g]] for b in gb]
 
 
+def seam_padding(encoded: list[list[int]], batch: list[int], plan: PrefixPlan) -> dict[int, tuple[int, int]]:
+    """On the shared path: how many padded cache slots each prompt of ``batch`` gets before its scenario (padded to the
+    batch's longest scenario) and before its question (padded to the batch's longest question)."""
+    mids = {i: len(plan.mid[plan.group_of[i]]) for i in batch}
+    tails = {i: len(plan.tail(encoded, i)) for i in batch}
+    widest_mid, widest_tail = max(mids.values()), max(tails.values())
+    return {i: (widest_mid - mids[i], widest_tail - tails[i]) for i in batch}
+
+
 def padding_per_prompt(encoded: list[list[int]], batches: list[list[int]], strategy: str,
                        plan: PrefixPlan | None = None) -> dict[int, int]:
     """How many padded slots each prompt of ``batches`` gets from ``strategy`` (0 everywhere when unpadded).
 
     The full path pads each row to the batch's longest prompt; the shared path pads each
     scenario to the batch's longest scenario and each question to its longest question, inside
-    the key/value cache.
+    the key/value cache (:func:`seam_padding`).
     """
     out: dict[int, int] = {}
     for batch in batches:
         if strategy == "shared" and plan is not None:
-            mids = {i: len(plan.mid[plan.group_of[i]]) for i in batch}
-            tails = {i: len(plan.tail(encoded, i)) for i in batch}
-            widest_mid, widest_tail = max(mids.values()), max(tails.values())
-            out.update({i: (widest_mid - mids[i]) + (widest_tail - tails[i]) for i in batch})
+            out.update({i: mid + tail for i, (mid, tail) in seam_padding(encoded, batch, plan).items()})
         elif strategy == "full":
             width = max(len(encoded[i]) for i in batch)
             out.update({i: width - len(encoded[i]) for i in batch})
         else:
             out.update(dict.fromkeys(batch, 0))
     return out
+
+
+def layout_setters(encoded: list[list[int]], batch: list[int], strategy: str,
+                   plan: PrefixPlan | None = None) -> list[int]:
+    """The prompts of ``batch`` that set its padding: with them, a smaller batch pads every other row as ``batch`` did.
+
+    Full path: the longest prompt (every row is padded to its length). Shared path: the prompt with the
+    longest scenario and the one with the longest question (each seam is padded to its longest). Unpadded:
+    none. Ties go to the first in the batch.
+    """
+    if strategy == "full":
+        return [max(batch, key=lambda i: len(encoded[i]))]
+    if strategy == "shared" and plan is not None:
+        return [max(batch, key=lambda i: len(plan.mid[plan.group_of[i]])),
+                max(batch, key=lambda i: len(plan.tail(encoded, i)))]
+    return []

@@ -500,8 +500,8 @@ def pad_calls(call: ModelCall, calls: int, encoded: list[list[int]], device: tor
             logger.warning("moral probe: a filler forward call failed (%s: %s)", type(e).__name__, e)
 
 
-def score_alone(model, encoded: list[list[int]], idx: list[int], tok,
-                answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[AnswerScores, int]:
+def score_alone(model, encoded: list[list[int]], idx: list[int], tok, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                call: ModelCall | None = None) -> tuple[AnswerScores, int]:
     """The simplest reference: each prompt of ``idx`` alone, unpadded, no cache, in one forward call.
 
     No attention mask, position ids or cache: the model computes its own positions, and the
@@ -509,8 +509,10 @@ def score_alone(model, encoded: list[list[int]], idx: list[int], tok,
     takes it), which slices the last position before the LM head: the full ``[1, seq, vocab]``
     logits of a long prompt could take hundreds of MB of a training run's memory. Returns the
     prompts' scores (in ``idx`` order) and the number of forward calls made (one per prompt).
+    ``call``: a :class:`ModelCall` to make the calls through (its count goes on), default a new one.
     """
-    call = ModelCall(model)
+    call = call if call is not None else ModelCall(model)
+    before = call.n_forward
     try:
         params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
     except (TypeError, ValueError):
@@ -524,7 +526,7 @@ def score_alone(model, encoded: list[list[int]], idx: list[int], tok,
         if "logits_to_keep" in params:
             kwargs["logits_to_keep"] = 1
         rows.append(call(**kwargs)[0, -1].float())
-    return score_prompts(torch.stack(rows), tok, answer_format), call.n_forward
+    return score_prompts(torch.stack(rows), tok, answer_format), call.n_forward - before
 
 
 def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_ids: torch.Tensor,

@@ -41,8 +41,8 @@ def probe_mode(model, *, keep_autocast: bool = False):
     try:
         with contextlib.ExitStack() as stack:
             if not keep_autocast:
-                stack.enter_context(_without_mixed_precision_forward(model))
-                stack.enter_context(_autocast_off(device))
+                stack.enter_context(lifted_mixed_precision(model))
+                stack.enter_context(autocast_off(device))
             stack.enter_context(precision.watch())
             stack.enter_context(torch.inference_mode())
             yield precision
@@ -57,7 +57,7 @@ def probe_mode(model, *, keep_autocast: bool = False):
 
 
 @contextlib.contextmanager
-def _without_mixed_precision_forward(model):
+def lifted_mixed_precision(model):
     """Lift accelerate's autocast wrapper (``model.forward`` over ``model._original_forward``) for the block.
 
     accelerate's ``prepare_model`` keeps the model's own forward as ``_original_forward`` and sets an
@@ -78,7 +78,8 @@ def _without_mixed_precision_forward(model):
 
 
 @contextlib.contextmanager
-def _autocast_off(device: torch.device):
+def autocast_off(device: torch.device):
+    """No autocast on ``device`` for the block (an autocast region the probe is called from is switched off)."""
     try:
         ctx = torch.autocast(device_type=device.type, enabled=False)
     except RuntimeError:  # a device type autocast does not know: nothing to switch off
@@ -88,22 +89,25 @@ def _autocast_off(device: torch.device):
 
 
 class Precision:
-    """What the probe's forward calls compute in: the weights' dtype, the autocast dtype seen inside them, the device.
+    """What the probe's forward calls compute in: read inside the model, at its first matrix product, when it runs.
 
-    The autocast state is read inside the model (a forward pre-hook on its output layer), so it
-    is what the computation saw, whatever wrappers or regions were around it.
+    ``dtype`` is the dtype most parameters are stored in; what the matrix products run in can
+    differ: a mixed-precision wrapper (FSDP's ``MixedPrecisionPolicy`` or ``MixedPrecision``)
+    stores float32 shards and gathers them in bfloat16 for the forward, autocast casts float32
+    weights on the fly. So a forward pre-hook on the first module that multiplies by a weight
+    matrix reads, the first time it runs, the autocast state and the dtype of the weight it is
+    about to use (:attr:`seen`); :attr:`compute` is what the self-check's tolerance is chosen by.
     """
 
     def __init__(self, model, device: torch.device):
         self.model, self.device = model, device
-        dtype = weights_dtype(model)
-        self.dtype = str(dtype).replace("torch.", "") if dtype is not None else None
+        self.dtype = _dtype_name(weights_dtype(model))
         self.autocast: str | None = None
-        self._seen = False
+        self.seen: str | None = None  # the dtype the first matrix product ran in, once one has run
 
     @contextlib.contextmanager
     def watch(self):
-        target = _output_layer(self.model)
+        target = first_matmul(self.model)
         handle = target.register_forward_pre_hook(self._look) if target is not None else None
         try:
             yield self
@@ -112,23 +116,49 @@ class Precision:
                 handle.remove()
 
     def _look(self, module, args):
-        if self._seen:
+        if self.seen is not None:
             return
-        self._seen = True
         if torch.is_autocast_enabled(self.device.type):
-            self.autocast = str(torch.get_autocast_dtype(self.device.type)).replace("torch.", "")
+            self.autocast = _dtype_name(torch.get_autocast_dtype(self.device.type))
+            self.seen = self.autocast
+            return
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.is_floating_point():
+            self.seen = _dtype_name(weight.dtype)
+        else:  # a quantised weight: the activations' dtype is what it computes in
+            self.seen = next((_dtype_name(a.dtype) for a in args if isinstance(a, torch.Tensor)
+                              and a.is_floating_point()), None)
 
     @property
     def compute(self) -> str | None:
-        """The precision the matrix products ran in: autocast dtype, TF32 for reduced fp32 matmuls, else the weights."""
-        if self.autocast is not None:
-            return self.autocast
-        if self.dtype == "float32" and _reduced_fp32_matmul(self.device):
+        """The precision the matrix products ran in (before any has run: the stored weights'); TF32 for reduced fp32."""
+        seen = self.seen or self.dtype
+        if seen == "float32" and _reduced_fp32_matmul(self.device):
             return "tf32"
-        return self.dtype
+        return seen
 
     def as_dict(self) -> dict:
         return {"dtype": self.dtype, "autocast": self.autocast, "device": str(self.device), "compute": self.compute}
+
+
+def _dtype_name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+def first_matmul(model):
+    """The first module (in definition order) that multiplies by a weight matrix: a ``Linear``, GPT-2's ``Conv1D``,
+    or any module with a 2-D floating weight that is not an embedding; else the output layer."""
+    base = unwrap_model(model)
+    for module in base.modules():
+        if isinstance(module, torch.nn.Embedding):
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+            return module
+        weight = module._parameters.get("weight")
+        shape = getattr(weight, "ds_shape", getattr(weight, "shape", ()))  # a ZeRO-3 partition keeps its full shape
+        if weight is not None and weight.is_floating_point() and len(shape) == 2:
+            return module
+    return _output_layer(model)
 
 
 def _output_layer(model):
@@ -143,7 +173,16 @@ def _output_layer(model):
 
 
 def _reduced_fp32_matmul(device: torch.device) -> bool:
-    """Are fp32 matrix products allowed a lower internal precision (TF32 on CUDA, bf16 passes with "medium")?"""
-    if torch.get_float32_matmul_precision() != "highest":
+    """Are fp32 matrix products on ``device`` allowed a lower internal precision (TF32 on CUDA, bf16 passes on CPU)?"""
+    backend = getattr(getattr(torch.backends, "cuda" if device.type == "cuda" else "mkldnn", None), "matmul", None)
+    setting = getattr(backend, "fp32_precision", None)  # torch >= 2.9: "ieee", "tf32", "bf16" or "none" (global's)
+    if setting not in (None, "none"):
+        return setting != "ieee"
+    if getattr(torch.backends, "fp32_precision", "none") not in ("none", "ieee"):
         return True
+    try:
+        if torch.get_float32_matmul_precision() != "highest":
+            return True
+    except RuntimeError:  # torch refuses to answer when its two ways of setting this were mixed
+        return False
     return device.type == "cuda" and bool(torch.backends.cuda.matmul.allow_tf32)

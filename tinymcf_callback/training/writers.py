@@ -65,9 +65,9 @@ def define_wandb_metrics(run, name: str, answer_format: str = DEFAULT_ANSWER_FOR
 
 
 def record_wandb_precision(run, name: str, report: dict) -> None:
-    """The probe's precision in the run's config (``moral_<name>/dtype``, ``/autocast``, ``/device``)."""
+    """The probe's precision in the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``)."""
     key = f"moral_{probe_key(name, answer_format(report))}"
-    run.config.update({f"{key}/{field}": report.get(field) for field in ("dtype", "autocast", "device")},
+    run.config.update({f"{key}/{field}": report.get(field) for field in ("dtype", "autocast", "compute", "device")},
                       allow_val_change=True)
 
 

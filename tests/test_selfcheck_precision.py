@@ -1,0 +1,201 @@
+"""The self-check in the precisions researchers train in: bfloat16 and float16, checked through a float32 replay.
+
+Before the replay, a bfloat16 probe was checked at a tolerance of 0.2 in P(Yes) (its own noise is that
+large), so defects injected from outside (a position off by one on padded rows, a hook at an absolute
+position: 0.002-0.07 on these models) passed without a word. Now the checked prompts are replayed in
+float32 and held to float32's tolerance, in every precision. Tiny random models here (``initializer_range``
+0.125, so a defect shows); SmolLM2 in the slow tier (``test_selfcheck_smollm2.py``).
+"""
+
+import contextlib
+import logging
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from helpers.defects import HELD_OUT, TABLE, answer_moved_on_padded_rows
+
+from tinymcf_callback.probe import Probe
+from tinymcf_callback.scoring import engine, selfcheck
+from tinymcf_callback.scoring.prompts import answer_token_ids
+from tinymcf_callback.scoring.replay import Float32Replay
+from tinymcf_callback.scoring.selfcheck import TOLERANCES
+
+VOCAB, INIT = 151936, 0.125
+PRECISIONS = ("float32", "bfloat16", "float16")
+
+
+def llama(dtype: str = "float32"):
+    torch.manual_seed(0)
+    config = T.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                           initializer_range=INIT)
+    return T.LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def probe(qwen_tok):
+    """``scifi`` limit 3 (24 prompts) in several batches, prefix sharing on: every path can be taken."""
+    return Probe(qwen_tok, "scifi", limit=3, token_budget=600)
+
+
+@pytest.fixture(autouse=True)
+def fresh_start():
+    """Each case starts from the rules and logs afresh, not from what an earlier case of a shared model did."""
+    selfcheck._START.clear()
+    engine._LOGGED.clear()
+    yield
+    selfcheck._START.clear()
+    engine._LOGGED.clear()
+
+
+@pytest.fixture(scope="module")
+def models():
+    """One tiny Llama per precision, shared by the cases (each adds its hooks and takes them off again)."""
+    return {dtype: llama(dtype) for dtype in PRECISIONS}
+
+
+@contextlib.contextmanager
+def injected(model, inject, **kwargs):
+    handles = inject(model, **kwargs)
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("dtype", PRECISIONS)
+@pytest.mark.parametrize("defect", list(TABLE) + list(HELD_OUT))
+def test_every_defect_is_caught_in_every_precision(defect, dtype, probe, models, caplog):
+    inject, lands_on = {**TABLE, **HELD_OUT}[defect]
+    with injected(models[dtype], inject) as model, caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        res = probe.score(model)
+    check = res.check
+    assert res.strategy == lands_on and check["fallbacks"], check  # the shared path was left, said why
+    assert all(("float32 replay" in why) == (dtype != "float32") for why in check["fallbacks"])
+    assert check["reference"] == ("float32" if dtype == "float32" else "float32 replay")
+    assert check["max_diff"] < 1e-5 and check["resolution"] == TOLERANCES["float32"]  # the path kept is right
+    assert any("instead" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("defect", list(TABLE))
+def test_the_defects_pass_a_check_in_the_reduced_precision_itself(defect, dtype, probe, models, monkeypatch):
+    """Guard: compared in bfloat16 or float16 (the check before the replay), the same defects pass unseen."""
+    monkeypatch.setattr(selfcheck, "REDUCED_PRECISIONS", ())  # no replay
+    with injected(models[dtype], TABLE[defect][0]) as model:
+        res = probe.score(model)
+    assert res.strategy == "shared" and res.check["fallbacks"] == []
+    assert res.check["reference"] == dtype and res.check["tolerance"] == TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_resolution_is_what_the_check_flags(dtype, probe, models, qwen_tok):
+    """The report's resolution is measured as a defect of known size: Yes moved on padded rows only.
+
+    A shift that moves P(Yes) on the checked prompts by about 3x the resolution is caught; one at a tenth of it
+    is not (a check that flagged it would flag float32 noise too).
+    """
+    yes, _ = answer_token_ids(qwen_tok)
+    clean = probe.score(models[dtype]).check
+    resolution = clean["resolution"]
+    assert resolution == TOLERANCES["float32"] < TOLERANCES[dtype] / 1000
+    outcomes = {}
+    p = 0.5  # a random model's P(Yes) is near 0.5: a logit shift s moves it by about p (1 - p) s
+    for factor in (3.0, 0.1):
+        shift = factor * resolution / (p * (1 - p))
+        with injected(models[dtype], answer_moved_on_padded_rows, shift=shift, yes_ids=yes) as model:
+            selfcheck._START.clear()
+            outcomes[factor] = probe.score(model).check
+    caught, missed = outcomes[3.0], outcomes[0.1]
+    assert caught["fallbacks"] and "float32 replay" in caught["fallbacks"][0]
+    measured = float(caught["fallbacks"][0].split("gave P(Yes) ")[1].split()[0])
+    assert resolution < measured < 6 * resolution
+    assert missed["fallbacks"] == [] and missed["max_diff"] < resolution
+
+
+def test_a_replay_that_cannot_be_pure_says_so_and_compares_in_the_precision_itself(probe):
+    """A layer that casts its output back to bfloat16 keeps the replay from computing in float32: the check says
+    why, compares in bfloat16 and reports bfloat16's resolution (not a float32 one it did not have)."""
+    model = llama("bfloat16")
+    model.model.layers[0].register_forward_hook(
+        lambda m, a, out: (out[0].to(torch.bfloat16), *out[1:]) if isinstance(out, tuple) else out.to(torch.bfloat16))
+    check = probe.score(model).check
+    assert check["reference"] == "bfloat16" and check["resolution"] == TOLERANCES["bfloat16"]
+    assert "not pure float32" in check["replay_note"] and "bfloat16 input" in check["replay_note"]
+    assert check["fallbacks"] == [] and check["scored_diff"] is None
+
+
+def test_a_replay_that_fails_says_why(probe, monkeypatch):
+    model = llama("bfloat16")
+    real = Float32Replay._before
+
+    def broken(self, module, args, kwargs):
+        if module is model.lm_head:
+            raise RuntimeError("no room for the float32 copies")
+        return real(self, module, args, kwargs)
+
+    monkeypatch.setattr(Float32Replay, "_before", broken)
+    check = probe.score(model).check
+    assert check["reference"] == "bfloat16"
+    assert check["replay_note"] == "the float32 replay failed (RuntimeError: no room for the float32 copies)"
+
+
+def _snapshot(model):
+    return {"params": [(n, p, p.dtype, p.data_ptr(), p.detach().clone(), p.requires_grad)
+                       for n, p in model.named_parameters()],
+            "buffers": [(n, b, b.dtype, b.detach().clone()) for n, b in model.named_buffers()],
+            "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
+            "training": [m.training for m in model.modules()]}
+
+
+def _assert_untouched(model, before):
+    after = _snapshot(model)
+    for (n, p, dtype, ptr, value, grad), (n2, p2, dtype2, ptr2, _, grad2) in zip(before["params"], after["params"],
+                                                                                 strict=True):
+        assert n == n2 and p is p2 and dtype == dtype2 and ptr == ptr2 and grad == grad2  # the same objects
+        assert torch.equal(p2.detach(), value)  # bit for bit
+    for (n, b, dtype, value), (n2, b2, dtype2, _) in zip(before["buffers"], after["buffers"], strict=True):
+        assert n == n2 and b is b2 and dtype == dtype2 and torch.equal(b2, value)
+    assert after["hooks"] == before["hooks"] and after["training"] == before["training"]
+
+
+@pytest.mark.parametrize("keep_copies", [True, False])
+def test_the_replay_leaves_the_model_exactly_as_it_was(keep_copies, qwen_tok):
+    model = llama("bfloat16").train()
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untie: both kinds of weight
+    before = _snapshot(model)
+    ids = torch.tensor([qwen_tok("a moral question")["input_ids"]])
+    with torch.inference_mode(), Float32Replay(model, keep_copies=keep_copies) as replay:
+        logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.float32 and replay.impure is None and replay.upcast > 0
+    _assert_untouched(model, before)
+
+
+def test_the_replay_leaves_the_model_as_it_was_when_the_forward_raises(qwen_tok):
+    model = llama("bfloat16")
+    before = _snapshot(model)
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: (_ for _ in ()).throw(ValueError("boom")))
+    before["hooks"] += 1
+    with pytest.raises(ValueError, match="boom"), torch.inference_mode(), Float32Replay(model):
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+    _assert_untouched(model, before)
+    handle.remove()
+
+
+def test_a_reduced_precision_probe_scores_as_before_its_check(probe):
+    """The replay is a check only: the scores the probe reports are the model's own, in its own precision."""
+    model = llama("bfloat16")
+    checked = probe.score(model)
+    unchecked = Probe(probe.tok, "scifi", limit=3, token_budget=600, self_check=False).score(model)
+    assert np.array_equal(checked.p_yes, unchecked.p_yes) and checked.strategy == unchecked.strategy
