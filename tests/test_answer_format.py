@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.reports import ENGINE_FIELDS
 
 from tinymcf_callback import Probe, compare, format_prompts, load_vignettes, score_prompts
 from tinymcf_callback.errors import CompareError
@@ -38,7 +39,7 @@ def made_up(probe: Probe, seed: int = 0) -> ScoreResult:
     rng = np.random.default_rng(seed)
     n = len(probe)
     return ScoreResult(rng.uniform(0.05, 0.95, n), rng.uniform(0.6, 0.99, n), np.ones(n, dtype=bool),
-                       [(" true", 0.6), (" false", 0.3)], n_forward=1)
+                       [(" true", 0.6), (" false", 0.3)], n_forward=1, **ENGINE_FIELDS)
 
 
 @pytest.fixture(scope="module")

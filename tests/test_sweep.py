@@ -284,8 +284,10 @@ def test_checkpoints_in_numeric_step_order(tmp_path):
 
 def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
     path = tmp_path / HISTORY
-    old_run = [{"step": s, "event": e} for s, e in ((0, "train_begin"), (1, "save"), (2, "save"))]
-    path.write_text("".join(json.dumps(x) + "\n" for x in [*old_run, {"step": 0, "event": "train_begin"}]))
+    line = lambda step, event: {"step": step, "event": event, "name": "scifi", "info": {}, "table": [],  # noqa: E731
+                                "metrics": {}}
+    old_run = [line(s, e) for s, e in ((0, "train_begin"), (1, "save"), (2, "save"))]
+    path.write_text("".join(json.dumps(x) + "\n" for x in [*old_run, line(0, "train_begin")]))
     assert recorded_steps(current_run_lines(path)) == {0}  # steps 1 and 2 of the earlier run are not done
     path.write_text("".join(json.dumps(x) + "\n" for x in old_run) + '{"step": 3, "eve')  # torn last line
     assert recorded_steps(current_run_lines(path)) == {0, 1, 2}

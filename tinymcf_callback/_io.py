@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -53,13 +54,15 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def append_jsonl(path: str | os.PathLike, obj: Any) -> None:
-    """Append one JSON line with a single ``write`` on an O_APPEND descriptor, then fsync.
+    """Append one JSON line with a single ``write`` on an O_APPEND descriptor, then fsync; the whole line or an error.
 
     One line is written by one system call, so concurrent appenders do not interleave, and a
-    crash leaves at most an unterminated last line, which the readers in this package skip
-    (see :func:`read_jsonl`). The next append drops such a fragment first (it was never a whole
-    record): appending after it would leave it as a malformed line in the middle of the file,
-    which every reader would then refuse.
+    crash leaves at most an unterminated last line, which the readers of the files the package
+    appends to skip (see :func:`read_jsonl`). The next append drops such a fragment first (it was
+    never a whole record): appending after it would leave it as a malformed line in the middle of
+    the file, which every reader would then refuse. A write the disk cuts short (a full disk, a
+    file-size limit) or an fsync that fails raises ``OSError`` naming the file, after cutting off
+    what part of the line did reach it: the file is as it was before the call.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,10 +70,28 @@ def append_jsonl(path: str | os.PathLike, obj: Any) -> None:
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         _drop_torn_tail(fd)
-        os.write(fd, line)
-        os.fsync(fd)
+        written = 0
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"only {written} of the line's {len(line)} bytes could be written "
+                              "(is the disk full?)", str(path))
+            os.fsync(fd)
+        except OSError as e:
+            _cut_own_tail(fd, written)
+            if e.filename is None:
+                raise OSError(e.errno, e.strerror, str(path)) from None
+            raise
     finally:
         os.close(fd)
+
+
+def _cut_own_tail(fd: int, written: int) -> None:
+    """Remove the ``written`` bytes this descriptor just appended, when they are still the file's end."""
+    with contextlib.suppress(OSError):
+        end = os.lseek(fd, 0, os.SEEK_CUR)  # after an O_APPEND write: the end of what this call wrote
+        if written and os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - written)
 
 
 def _drop_torn_tail(fd: int) -> None:
@@ -89,25 +110,46 @@ def _drop_torn_tail(fd: int) -> None:
     os.ftruncate(fd, 0)  # one fragment and nothing before it
 
 
-def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
-    """Read a JSON Lines file as ``[(line_number, object), ...]``.
+class JsonLines(list):
+    """``[(line_number, object), ...]`` of a JSON Lines file; ``torn``: the number of a skipped torn last line."""
 
-    Blank lines are ignored. An unterminated final line that does not parse is the
-    trace of an interrupted append and is skipped; any other line that is not a JSON
-    object raises ``ValueError`` naming the file and line number.
+    torn: int | None = None
+
+
+def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> JsonLines:
+    """Read a JSON Lines file as ``[(line_number, object), ...]``, refusing anything else with its file and line.
+
+    Blank lines are ignored. ``torn_tail=True`` (files this package appends to: a history, a rewrite
+    cache) skips an unterminated final line that does not parse, the trace of an interrupted append,
+    and records its number in ``.torn``; for a file a user wrote it is refused like any other bad line.
+    Raises ``ValueError`` naming the file and line for a line that is not UTF-8 text, not JSON, or not
+    a JSON object (a binary file fails at its first line).
     """
     path = Path(path)
-    raw = path.read_text(encoding="utf-8")
-    lines = raw.split("\n")
-    out = []
-    for i, line in enumerate(lines, start=1):
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    out = JsonLines()
+    for i, data in enumerate(lines, start=1):
+        last_unterminated = i == len(lines) and not raw.endswith(b"\n")
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if torn_tail and last_unterminated:
+                out.torn = i
+                continue
+            raise ValueError(f"{path}:{i}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {e.start + 1}); "
+                             f"a JSON Lines file holds one JSON object per line") from None
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) and not raw.endswith("\n"):
-                continue  # torn tail of an interrupted append
+            if last_unterminated:
+                if torn_tail:
+                    out.torn = i  # torn tail of an interrupted append
+                    continue
+                raise ValueError(f"{path}:{i}: the last line is cut off (no newline at its end, and not valid JSON: "
+                                 f"{e.msg}); complete or remove it") from None
             raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")

@@ -45,13 +45,42 @@ def check_out_dir(out: Path) -> None:
         raise LoadError(f"the output folder {out} is not writable; pass a writable folder with --out")
 
 
+def check_model_source(path: str, gguf_file: str | None = None) -> None:
+    """Refuse, in one line, a ``--model`` that names no model: a missing folder, or a folder without ``config.json``.
+
+    A name that is not a folder is taken for a Hub id (``org/name``), unless it reads as a path (``/``, ``./``,
+    ``../``, ``~``) or the Hub is off (``HF_HUB_OFFLINE=1``): then it is a folder that is not there.
+    """
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        if gguf_file:
+            if not (folder / gguf_file).is_file():
+                raise LoadError(f"{folder} holds no {gguf_file} (--gguf-file names a file inside --model)")
+        elif not (folder / "config.json").is_file():
+            raise LoadError(f"{folder} has no config.json, so it is not a saved model: pass the folder model."
+                            f"save_pretrained() wrote, or a Trainer checkpoint (checkpoint-<step>)")
+        return
+    if folder.exists():
+        raise LoadError(f"{folder} is a file, not a model folder: pass the folder that holds config.json")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1:
+        why = " (HF_HUB_OFFLINE=1: a Hub id cannot be downloaded either)" if offline else ""
+        raise LoadError(f"no such folder {folder}{why}: pass a local model folder, or a Hub id with the Hub "
+                        f"reachable")
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
 def load_tokenizer(path: str, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
+    check_model_source(path, gguf_file)
     try:
         return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
-    except OSError as e:
-        raise LoadError(f"cannot load the tokenizer of {path}: {' '.join(str(e).split())}") from None
+    except (OSError, ValueError) as e:
+        raise LoadError(f"cannot load the tokenizer of {path}: {_one_line(e)}") from None
 
 
 def load_model(path: str, *, device: str, dtype: str = "auto", gguf_file: str | None = None):
@@ -59,11 +88,12 @@ def load_model(path: str, *, device: str, dtype: str = "auto", gguf_file: str | 
     import torch
     from transformers import AutoModelForCausalLM
 
+    check_model_source(path, gguf_file)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype == "auto" else getattr(torch, dtype),
                                                      **({"gguf_file": gguf_file} if gguf_file else {}))
-    except OSError as e:
-        raise LoadError(f"cannot load the model {path}: {' '.join(str(e).split())}") from None
+    except (OSError, ValueError) as e:
+        raise LoadError(f"cannot load the model {path}: {_one_line(e)}") from None
     return model.to(device)
 
 

@@ -104,7 +104,7 @@ class RewriteCache:
 
     def _load(self, path: Path) -> None:
         try:
-            lines = read_jsonl(path)
+            lines = read_jsonl(path, torn_tail=True)  # appended one entry at a time: a crash may tear the last
         except ValueError as e:
             raise ProbeDataError(f"malformed rewrite cache line: {e}") from None
         for lineno, obj in lines:

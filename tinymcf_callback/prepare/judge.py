@@ -82,7 +82,7 @@ def load_judgements(dirs: list[Path]) -> dict[tuple[str, str], dict]:
         if not path.is_file():
             continue
         try:
-            lines = read_jsonl(path)
+            lines = read_jsonl(path, torn_tail=True)  # appended one verdict at a time
         except ValueError as e:
             raise PrepareError(f"malformed judgement cache: {e}") from None
         for _, obj in lines:

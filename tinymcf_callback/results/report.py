@@ -9,6 +9,7 @@ checking that a dict is one (:func:`check_report`).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -169,8 +170,12 @@ def load_report(path: str | Path) -> dict:
 
 
 def check_report(report, label: str) -> dict:
-    """``report`` when it has what :func:`compare` reads (name, scenarios, table, a known schema); else refuse."""
-    hint = "not a probe report (evaluate's dict, or the JSON of eval --model or MoralProbeCallback)"
+    """``report`` when it is one (the fields :func:`compare` reads, each of its documented type); else refuse.
+
+    Every field the report has is held to its type in :data:`SCHEMA` (a hand-edited ``"score": "abc"`` or
+    ``"table": null`` is named with its file), and so is every row of its scenarios and table.
+    """
+    hint = "not a probe report (evaluate's dict, or the JSON of tinymcf eval or MoralProbeCallback)"
     if not isinstance(report, dict):
         raise CompareError(f"{label} is {hint}: got {type(report).__name__}")
     version = report.get("schema_version")
@@ -180,11 +185,38 @@ def check_report(report, label: str) -> dict:
     missing = [k for k in ("name", "scenarios", "table") if k not in report]
     if missing:
         raise CompareError(f"{label} is {hint}: it has no {', '.join(missing)}")
+    is_frame = isinstance(report.get("table"), pd.DataFrame)  # evaluate's dict holds DataFrames, a file lists
+    fields = {k: v for k, v in REPORT_FIELDS.items() if not (is_frame and k in ("table", "scenarios"))}
+    _check_types(report, fields, label)
+    if not is_frame:
+        for part in ("table", "scenarios"):
+            for i, row in enumerate(report[part]):
+                if not isinstance(row, dict):
+                    raise CompareError(f"{label}: {part}[{i}] is {row!r}, not an object: {hint}")
+                _check_types(row, SCHEMA[part], f"{label}: {part}[{i}]")
     columns = set(pd.DataFrame(report["scenarios"]).columns)
     lacking = [c for c in ("id", "foundation_coarse", "condition", "s") if c not in columns]
     if lacking:
         raise CompareError(f"{label}: its scenarios lack {', '.join(lacking)}, so its vignettes cannot be paired")
     return report
+
+
+_KINDS = {NUM: (int, float), NUM_OR_NULL: (int, float, type(None)), INT: (int,), STR: (str,),
+          STR_OR_NULL: (str, type(None)), LIST: (list,), OBJECT: (dict,)}
+
+
+def _check_types(record: dict, fields: dict, label: str) -> None:
+    """Refuse the first field of ``record`` whose value is not of the kind ``fields`` documents (absent ones pass)."""
+    for name, (kind, _) in fields.items():
+        if name not in record:
+            continue
+        value = record[name]
+        ok = isinstance(value, _KINDS[kind]) and not isinstance(value, bool)
+        if ok and kind in (NUM, NUM_OR_NULL) and value is not None:
+            ok = math.isfinite(value) or kind == NUM_OR_NULL  # NaN stands for "undefined" in evaluate's dict
+        if not ok:
+            raise CompareError(f"{label}: {name!r} is {value!r}, not a {kind}; the file was edited or is not a probe "
+                               f"report: score the model again (tinymcf eval)")
 
 
 def answer_format(report: dict) -> str:

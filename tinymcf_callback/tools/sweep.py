@@ -32,6 +32,7 @@ tools read both alike.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -61,6 +62,7 @@ from ..results.history import (
     history_line,
     history_path,
     read_lines,
+    sole_writer,
 )
 from ..results.metrics import baseline_record, change_metrics, report_metrics
 from ..results.report import describe_precision, load_report, precision_key, write_report
@@ -425,9 +427,14 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
     the history cannot be appended to.
     """
     state = process_state(settings.device)
-    plan = agree(state, _plan_or_error(settings) if state.is_main_process else None)
-    if isinstance(plan, Exception):
-        raise plan
+    with contextlib.ExitStack() as held:
+        plan = agree(state, _plan_or_error(settings, held) if state.is_main_process else None)
+        if isinstance(plan, Exception):
+            raise plan
+        return _sweep(settings, plan, state)
+
+
+def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState) -> SweepResult:
     # No --device, or only its kind (--device cuda): each process's own (cuda:0, cuda:1, ... under torchrun).
     device = str(state.device) if settings.device in (None, state.device.type) else settings.device
     probes = ProbeCache(settings)
@@ -449,7 +456,9 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
             failed_write = agree(state, _write_round(plan, outcomes, state, settings) if state.is_main_process
                                  else None)
             if failed_write:
-                raise SweepError(failed_write)
+                later = len(plan.pending) - sum(map(len, rounds[:rounds.index(round_) + 1]))
+                raise SweepError(failed_write + (f"; the {later} checkpoint(s) after them were not scored" if later
+                                                 else "") + "; a rerun scores what is missing")
             for o in outcomes:
                 if o.report is not None:
                     plan.baseline = baseline_record(o.report, 0)
@@ -482,9 +491,16 @@ def agree(state: PartialState, value):
     return broadcast_object_list([value])[0] if state.num_processes > 1 else value
 
 
-def _plan_or_error(settings: SweepSettings) -> SweepPlan | Exception:
+def _plan_or_error(settings: SweepSettings, held: contextlib.ExitStack) -> SweepPlan | Exception:
+    """The plan, made while this process holds the history's writer lock (kept in ``held`` for the whole sweep)."""
     try:
+        config = settings.probe
+        history = history_path(str(settings.run_dir), config.name, config.answer_format)
+        if settings.run_dir.is_dir():
+            held.enter_context(sole_writer(history, f"tinymcf sweep {settings.run_dir}"))
         return plan_sweep(settings)
+    except HistoryError as e:
+        return SweepError(str(e))
     except Exception as e:  # noqa: BLE001 - sent to the other processes, raised on all of them
         return e
 
@@ -497,7 +513,7 @@ def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,
     the right ``--dtype`` picks up from there).
     """
     history = plan.history
-    for o in outcomes:
+    for n, o in enumerate(outcomes):
         if o.line is None:
             tqdm.write(f"[tinymcf] {o.folder}: not scored: {o.error}", file=sys.stderr)
             continue
@@ -505,14 +521,17 @@ def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,
         if clash:
             return clash
         plan.precision = plan.precision or precision_key(o.line)
+        unwritten = ", ".join(str(later.step) for later in outcomes[n:] if later.line is not None)
         try:
-            append_line(history, o.line)
+            if o.report is not None and settings is not None:
+                keep_baseline_report(settings, o.report)  # before its line: a line without its report misleads
+            written = append_line(history, o.line, once=True)
         except OSError as e:
-            return f"cannot append to the history {history}: {e.strerror or e}"
-        if o.report is not None and settings is not None:
-            keep_baseline_report(settings, o.report)
+            return (f"cannot write to {e.filename or history}: {e.strerror or e}; step(s) {unwritten} scored but not "
+                    f"written")
         where = f" on process {o.process + 1} of {state.num_processes}" if state.num_processes > 1 else ""
-        tqdm.write(f"[tinymcf] step {o.step} ({o.folder}{where}): {summary(o.line)}")
+        said = summary(o.line) if written else "already in the history (written by another process): not written again"
+        tqdm.write(f"[tinymcf] step {o.step} ({o.folder}{where}): {said}")
     return None
 
 
@@ -522,10 +541,7 @@ def keep_baseline_report(settings: SweepSettings, report: dict) -> None:
     if path.exists():
         tqdm.write(f"[tinymcf] {path.name} is there already: kept as it is", file=sys.stderr)
         return
-    try:
-        write_report(path, report, step=0, epoch=0.0)
-    except OSError as e:
-        tqdm.write(f"[tinymcf] could not write the baseline report {path}: {e.strerror or e}", file=sys.stderr)
+    write_report(path, report, step=0, epoch=0.0)  # OSError: the sweep stops, naming the file
 
 
 def summary(line: dict) -> str:

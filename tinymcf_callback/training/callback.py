@@ -195,6 +195,10 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             write_checkpoint(folder, self.name, state, report)
 
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.logger is not None and state.is_world_process_zero:
+            self.logger.close()  # history lines a full disk kept back: written now, or said lost
+
     def _maybe_probe(self, args, state, kwargs, event):
         if self.attempted_step == state.global_step:
             return  # at most once per global step (evaluate and save both fire), failed attempts included

@@ -37,7 +37,7 @@ import time
 from ..errors import ConfigError, UnsupportedModelError
 from ..extras import available
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, append_history, baseline_path, history_path
+from ..results.history import BASELINE_EVENT, PendingLines, baseline_path, history_line, history_path
 from ..results.metrics import (
     baseline_record,
     baseline_scores,
@@ -86,6 +86,8 @@ class ProbeLogger:
         self.last_step: int | None = None
         self.last_report: dict | None = None
         self.last_metrics: dict[str, float] = {}  # the logged names (eval_moral_<name>/...)
+        self.unwritten = PendingLines()  # history lines a full disk kept back, written first at the next probe
+        self._unwritten_baseline: tuple | None = None  # the baseline's report, when it could not be written
         self._started = False
 
     @property
@@ -157,10 +159,28 @@ class ProbeLogger:
                 print("\n".join(sanity_lines(report)))
                 print(format_table(report["table"]))
             if self.output_dir is not None:
-                append_history(self.output_dir, self.name, report, metrics, step=step, epoch=epoch, event=event)
-                if event == BASELINE_EVENT:
-                    write_baseline(self.output_dir, self.name, report, step=step, epoch=epoch)
+                self._write(report, metrics, step=step, epoch=epoch, event=event)
         return metrics
+
+    def _write(self, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
+        """The baseline's report (at the step-0 probe), then the history line; what fails is kept for the next probe."""
+        if event == BASELINE_EVENT:
+            self._unwritten_baseline = (report, step, epoch)
+        if self._unwritten_baseline is not None:
+            saved, at, at_epoch = self._unwritten_baseline
+            if write_baseline(self.output_dir, self.name, saved, step=at, epoch=at_epoch):
+                self._unwritten_baseline = None
+        line = history_line(self.name, report, metrics, step=step, epoch=epoch, event=event)
+        self.unwritten.append(self.history, line, self.name)
+
+    def close(self) -> list[int]:
+        """At the end of a run: write what a full disk kept back, else say which steps are lost (a warning).
+
+        Returns the lost steps. The callback calls this at ``on_train_end``; a loop of your own may too.
+        """
+        if self.unwritten.flush(self.name):
+            return []
+        return self.unwritten.give_up(self.name)
 
     def send(self, metrics: dict[str, float], step: int, report: dict | None = None) -> None:
         """Give the metrics (dashboard names) to every ``to=`` sink; a sink that fails is a warning."""

@@ -18,12 +18,18 @@ from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 logger = logging.getLogger("tinymcf_callback")
 
 
-def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> None:
-    """The baseline's full report, for ``eval --compare`` against any checkpoint's ``moral_probe_<name>.json``."""
+def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> bool:
+    """The baseline's full report, for ``tinymcf compare`` against any checkpoint's ``moral_probe_<name>.json``.
+
+    False (and a warning) when it cannot be written; the file is then as it was (written atomically).
+    """
     try:
         write_report(baseline_path(output_dir, name, answer_format(report)), report, step=step, epoch=epoch)
     except OSError as e:
-        logger.warning("moral probe [%s]: could not write the baseline report: %s", name, e)
+        logger.warning("moral probe [%s]: could not write the baseline report (%s); it is tried again at the next "
+                       "probe", name, e)
+        return False
+    return True
 
 
 def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:
