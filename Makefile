@@ -41,7 +41,9 @@ lint: install
 docs: install
 	$(BIN)/mkdocs build --strict --quiet
 
+# The benchmark times the real lm-evaluation-harness too: a benchmark-only dependency, installed here (not by CI).
 bench: install
+	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_scoring.py
 
 clean:
