@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for r in rows:
         if r["method"] == "lm-eval-harness":
-            print(f"{r['model']}: the real lm-evaluation-harness (HFLM.loglikelihood, batch {LM_EVAL_BATCH}) takes "
+            print(f"{r['model']}: the real lm-evaluation-harness (HFLM, batch {LM_EVAL_BATCH}) takes "
                   f"{r['tinymcf_speedup']:.2f}x the time of tinymcf's checked probe ({r['wall_s']:.2f} s against "
                   f"{r['wall_s'] / r['tinymcf_speedup']:.2f} s, best of {args.runs} interleaved rounds), "
                   f"{r['forward_calls']} forward calls; the same P(Yes) within {r['max_abs_dp_yes']:.1e}")
