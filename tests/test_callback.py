@@ -66,7 +66,8 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     rows, metrics, config = wandb_run_records(tmp_path)
     # the probe's precision, once, in the run's config
     assert {k: config[k] for k in config if k.startswith("moral_scifi/")} == {
-        "moral_scifi/dtype": "float32", "moral_scifi/autocast": None, "moral_scifi/device": "cpu"}
+        "moral_scifi/dtype": "float32", "moral_scifi/autocast": None, "moral_scifi/compute": "float32",
+        "moral_scifi/device": "cpu"}
     found = {int(float(r["train/global_step"])): float(r["eval/moral_scifi/score"])
              for r in rows if "eval/moral_scifi/score" in r}
     assert sorted(found) == [0, 2, 4]

@@ -288,8 +288,15 @@ def test_cli_dtype_is_the_dtype_the_model_runs_in(tiny_dir, tmp_path, fp32_run):
     with forward_calls("Qwen3ForCausalLM") as calls:
         bf16 = cli_report(tmp_path, "bf16", "--model", str(tiny_dir), "--limit", "4", "--dtype", "bfloat16")
     for report, seen, dtype in ((fp32, fp32_calls, torch.float32), (bf16, calls, torch.bfloat16)):
-        assert seen and {c["weights"] for c in seen} == {dtype} and {c["logits"] for c in seen} == {dtype}
-        assert report["dtype"] == str(dtype).removeprefix("torch.")
+        scoring = seen[:report["info"]["n_forward"]]
+        assert scoring and {c["weights"] for c in scoring} == {dtype} and {c["logits"] for c in scoring} == {dtype}
+        assert report["dtype"] == report["compute"] == str(dtype).removeprefix("torch.")
+    # the self-check's reference: in float32 the probe's own precision; in bf16 a float32 replay of the model
+    # (its weights stay bf16 outside the replay), every call of it counted on the record
+    assert {c["logits"] for c in fp32_calls[fp32["info"]["n_forward"]:]} == {torch.float32}
+    replayed = calls[bf16["info"]["n_forward"]:]
+    assert len(replayed) == bf16["info"]["self_check"]["n_forward"] and {c["logits"] for c in replayed} == {torch.float32}
+    assert bf16["info"]["self_check"]["reference"] == "float32 replay"
     diff = np.abs(p_yes(fp32) - p_yes(bf16)).max()
     assert 0 < diff < 5e-3, diff  # bf16 rounding moves the scores a little, never far (measured 2.2e-4)
 

@@ -222,6 +222,13 @@ def test_eval_of_a_folder_without_config_json_is_one_line(tmp_path, capsys):
     one_error_line(rc, capsys.readouterr().err, "no such folder", str(tmp_path / "nowhere"))
 
 
+def test_eval_of_a_hub_id_offline_and_not_cached_names_the_offline_route(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    rc = tinymcf(["eval", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--out", str(tmp_path), "--no-progress"])
+    one_error_line(rc, capsys.readouterr().err, "HF_HUB_OFFLINE=1", "local Hub cache", "smollm2_dir()")
+
+
 def test_reading_a_file_the_package_appends_to_skips_only_a_torn_tail(tmp_path):
     path = Path(tmp_path / "cache.jsonl")
     path.write_text('{"a": 1}\n{"a": ')

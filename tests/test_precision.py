@@ -80,7 +80,7 @@ def test_keep_autocast_scores_under_the_trainers_bf16_and_says_so(bf16_runs, tmp
     assert_precision_on_record(probed, autocast="bfloat16")
     offline = eval_report(run / "checkpoint-2", tmp_path, "ckpt2")
     assert np.abs(p_yes(probed) - p_yes(offline)).max() > 1e-6  # bf16 arithmetic: other numbers (not far)
-    with pytest.raises(CompareError, match="float32 weights under bfloat16 autocast and B in float32"):
+    with pytest.raises(CompareError, match=r"A was scored in bfloat16 \(autocast\) and B in float32"):
         compare(probed, offline)
     with pytest.warns(UserWarning, match="the change mixes the model's change with the precision's"):
         compare(probed, offline, allow_precision_change=True)
@@ -91,10 +91,10 @@ def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, c
     a = bf16_runs[True] / "checkpoint-2" / "moral_probe_scifi.json"
     b = bf16_runs[False] / "checkpoint-2" / "moral_probe_scifi.json"
     rc = eval_main(["--compare", str(a), str(b)])
-    one_error_line(rc, capsys.readouterr().err, "under bfloat16 autocast", "--allow-precision-change")
+    one_error_line(rc, capsys.readouterr().err, "in bfloat16 (autocast) and", "--allow-precision-change")
     assert eval_main(["--compare", str(a), str(b), "--allow-precision-change"]) == 0
     out = capsys.readouterr().out
-    assert "[tinymcf] WARNING: " in out and f"{a} was scored in float32 weights under bfloat16 autocast" in out
+    assert "[tinymcf] WARNING: " in out and f"{a} was scored in bfloat16 (autocast)" in out
     rc = eval_main(["--model", "x", "--allow-precision-change"])
     one_error_line(rc, capsys.readouterr().err, "unrecognized arguments: --allow-precision-change")
 
@@ -103,12 +103,12 @@ def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, c
 def test_the_plot_warns_when_a_curve_mixes_precisions(bf16_runs, tmp_path, caplog):
     lines = (bf16_runs[False] / "moral_probe_scifi.jsonl").read_text().splitlines()
     later = json.loads(lines[1])
-    later["autocast"] = "bfloat16"
+    later["autocast"] = later["compute"] = "bfloat16"  # as a bf16 Trainer with keep_autocast records it
     history = tmp_path / "moral_probe_scifi.jsonl"
     history.write_text(lines[0] + "\n" + json.dumps(later) + "\n")
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         load_history(history)
-    assert any("float32 (from step 0) and float32 weights under bfloat16 autocast (from step 2)" in r.getMessage()
+    assert any("float32 (from step 0) and bfloat16 (autocast) (from step 2)" in r.getMessage()
                for r in caplog.records)
 
 

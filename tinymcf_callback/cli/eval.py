@@ -63,10 +63,23 @@ def check_model_source(path: str, gguf_file: str | None = None) -> None:
     if folder.exists():
         raise LoadError(f"{folder} is a file, not a model folder: pass the folder that holds config.json")
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    if offline or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1:
-        why = " (HF_HUB_OFFLINE=1: a Hub id cannot be downloaded either)" if offline else ""
-        raise LoadError(f"no such folder {folder}{why}: pass a local model folder, or a Hub id with the Hub "
-                        f"reachable")
+    if path.startswith(("/", "./", "../", "~")) or path.count("/") > 1:
+        raise LoadError(f"no such folder {folder}: pass a local model folder, or a Hub id (org/name)")
+    if offline and not _in_hub_cache(path):
+        raise LoadError(f"no such folder {folder}, and HF_HUB_OFFLINE=1 with no copy of a Hub model {path} in the "
+                        f"local Hub cache: pass a local model folder (an offline copy of SmolLM2: python -c "
+                        f"'from tinymcf_callback.testing import smollm2_dir; print(smollm2_dir())'), or unset "
+                        f"HF_HUB_OFFLINE with the Hub reachable")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hub cache holds ``repo_id``'s config.json (what an offline load needs first)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id at all
+        return False
 
 
 def _one_line(error: Exception) -> str:
