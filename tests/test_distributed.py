@@ -113,4 +113,5 @@ def assert_each_rank_scored_its_own_share(rank0: dict, rank1: dict) -> None:
         assert sorted(one["prompts"] + two["prompts"]) == list(range(n_prompts))
         # the self-check: both ranks score the same prompts alone and reach the same verdict
         assert one["check"] == {**two["check"], "seconds": one["check"]["seconds"]}
-        assert one["probe_forward_calls"] == two["probe_forward_calls"] == one["forward_calls"] + len(one["check"]["checked"])
+        checked = len(one["check"]["checked"])
+        assert one["probe_forward_calls"] == two["probe_forward_calls"] == one["forward_calls"] + checked

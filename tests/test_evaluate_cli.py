@@ -295,7 +295,8 @@ def test_cli_dtype_is_the_dtype_the_model_runs_in(tiny_dir, tmp_path, fp32_run):
     # (its weights stay bf16 outside the replay), every call of it counted on the record
     assert {c["logits"] for c in fp32_calls[fp32["info"]["n_forward"]:]} == {torch.float32}
     replayed = calls[bf16["info"]["n_forward"]:]
-    assert len(replayed) == bf16["info"]["self_check"]["n_forward"] and {c["logits"] for c in replayed} == {torch.float32}
+    assert len(replayed) == bf16["info"]["self_check"]["n_forward"]
+    assert {c["logits"] for c in replayed} == {torch.float32}
     assert bf16["info"]["self_check"]["reference"] == "float32 replay"
     diff = np.abs(p_yes(fp32) - p_yes(bf16)).max()
     assert 0 < diff < 5e-3, diff  # bf16 rounding moves the scores a little, never far (measured 2.2e-4)
