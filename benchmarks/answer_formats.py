@@ -86,10 +86,10 @@ def clifford_ready() -> bool:
         print(f"[answer-formats] clifford skipped: not prepared, and no CSV at {CLIFFORD_CSV} "
               "(set TINYMCF_CLIFFORD_CSV, or run tinymcf prepare --name clifford)")
         return False
-    from tinymcf_callback.prepare import main as prepare_main
+    from tinymcf_callback.cli.main import main as tinymcf
 
     home = tempfile.mkdtemp(prefix="tinymcf_answer_formats_")
-    if prepare_main(["--name", "clifford", "--source", str(CLIFFORD_CSV), "--home", home]) != 0:
+    if tinymcf(["prepare", "--name", "clifford", "--source", str(CLIFFORD_CSV), "--home", home]) != 0:
         raise SystemExit("[answer-formats] preparing clifford from the CSV failed (see above)")
     os.environ["TINYMCF_HOME"] = home
     return True

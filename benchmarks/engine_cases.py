@@ -31,9 +31,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers as T  # noqa: E402
 
-from tinymcf_callback import selfcheck  # noqa: E402
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
+from tinymcf_callback.scoring import selfcheck  # noqa: E402
 from tinymcf_callback.scoring.engine import STRATEGIES, run_batches, score_alone  # noqa: E402
 
 VOCAB, INIT = 151936, 0.125

@@ -8,7 +8,7 @@ probe's own science-fiction vignettes -- which the training data never contains 
 step 0 and at every evaluation/save, and logs the results to TensorBoard, to
 ``state.log_history`` and to ``<output-dir>/moral_probe_scifi.jsonl``. At the end the
 demo prints one row per probed checkpoint, read back from that history file, and draws
-the curves to ``<output-dir>/moral_probe_scifi.png`` (``tinymcf_callback.plot``; without
+the curves to ``<output-dir>/moral_probe_scifi.png`` (``tinymcf_callback.tools.plot``; without
 matplotlib, the ``[plot]`` extra, it says how to install it and skips the figure).
 
 Training examples use the probe's prompt format exactly: the user turn is the situation
@@ -401,16 +401,17 @@ def write_summary(run: Run, result: Result, meta: dict | None = None) -> dict:
 def draw_curves(out: Path, tag: str = "demo", history: Path | None = None) -> Path | None:
     """Draw the run's curves next to its history (``<out>/moral_probe_scifi.png``); without matplotlib, say how
     to get it and go on."""
-    from tinymcf_callback import plot
+    from tinymcf_callback.errors import HistoryError, MissingExtraError
+    from tinymcf_callback.tools.plot import plot_histories
 
     history = history or out / HISTORY
     target = history.with_suffix(".png")
     try:
-        plot.plot_histories([history], out=target)
-    except plot.MissingExtraError as e:
+        plot_histories([history], out=target)
+    except MissingExtraError as e:
         print(f"[{tag}] no figure drawn: {e}; then: tinymcf plot {history}")
         return None
-    except plot.HistoryError as e:
+    except HistoryError as e:
         print(f"[{tag}] no figure drawn: {e}")
         return None
     print(f"[{tag}] curves: {target}")

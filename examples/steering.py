@@ -98,9 +98,9 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tinymcf_callback import Probe, ResidualSteering, residual_direction
+    from tinymcf_callback import Probe, ResidualSteering, dose_response, residual_direction
     from tinymcf_callback import testing as offline_assets
-    from tinymcf_callback.steering import decoder_layers
+    from tinymcf_callback.scoring.steering import decoder_layers
     from tinymcf_callback.tools.plot import plot_histories
 
     out = Path(args.output_dir).resolve()
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     probe = Probe(tok, "scifi", per_foundation=args.per_foundation)
     steer = ResidualSteering(model, args.layer, v, at=args.at)
     t1 = time.perf_counter()
-    result = probe.dose_response(model, steer, args.coefficients, n_random=args.n_random, seed=0, output_dir=out)
+    result = dose_response(probe, model, steer, args.coefficients, n_random=args.n_random, seed=0, output_dir=out)
     per_probe = (time.perf_counter() - t1) / len(result.reports)
     table = markdown(result, args, norms, per_probe)
     plot_histories([dose], out / "steering.png", x="coefficient", panels="headline")

@@ -190,7 +190,7 @@ def final_report_path(out: Path, history: list[dict]) -> Path:
 
 def intervals(report: dict, args):
     """The report's vignette scores and their bootstrap intervals; the estimates must be the report's own numbers."""
-    from tinymcf_callback import stats
+    from tinymcf_callback.results import stats
 
     scores = stats.vignette_scores(report["scenarios"])
     iv = stats.bootstrap_intervals(scores, level=args.level, n_resamples=args.n_resamples, seed=0)
@@ -231,7 +231,7 @@ def _change(c) -> dict:
 
 def condition_stats(out: Path, summary: dict, args) -> dict:
     """Final-step intervals, paired change since step 0, and the per-step score interval of one condition."""
-    from tinymcf_callback import stats
+    from tinymcf_callback.results import stats
 
     history = demo.read_history(out / demo.HISTORY)
     final = read_report(final_report_path(out, history))
@@ -332,16 +332,18 @@ def claims_markdown(verdict: dict) -> str:
 
 
 def draw_comparison(outs: list[Path], target: Path, dpi: int) -> Path | None:
-    """The three histories in one figure (tinymcf_callback.plot), at a small ``dpi`` to keep the PNG light."""
-    from tinymcf_callback import plot
+    """The three histories in one figure (tinymcf_callback.tools.plot), at a small ``dpi`` to keep the PNG light."""
+    from tinymcf_callback.errors import MissingExtraError
+    from tinymcf_callback.tools.drawing import save_figure
+    from tinymcf_callback.tools.plot import plot_histories
 
     try:
-        fig = plot.plot_histories([o / demo.HISTORY for o in outs],
-                                  title="Validity: the same fine-tune taught aligned, inverted and shuffled labels")
-    except plot.MissingExtraError as e:
+        fig = plot_histories([o / demo.HISTORY for o in outs],
+                             title="Validity: the same fine-tune taught aligned, inverted and shuffled labels")
+    except MissingExtraError as e:
         print(f"[validity] no figure drawn: {e}")
         return None
-    plot.save_figure(fig, target, dpi=dpi)
+    save_figure(fig, target, dpi=dpi)
     return target
 
 

@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def probe_callbacks():
     """The scifi probe, plus the clifford probe when that set has been prepared on this machine."""
-    from tinymcf_callback import MoralProbeCallback, ProbeDataError
+    from tinymcf_callback import MoralProbeCallback
+    from tinymcf_callback.errors import ProbeDataError
 
     probes = [MoralProbeCallback(name="scifi")]
     try:

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tinymcf_callback import CONDITIONS, FRAMES, analyse
+from tinymcf_callback import FRAMES, analyse
+from tinymcf_callback.data.sets import CONDITIONS
 
 
 def _meta(vignettes):

@@ -16,8 +16,8 @@ import torch
 from helpers.reports import ENGINE_FIELDS
 
 from tinymcf_callback import Probe, compare, format_prompts, load_vignettes, score_prompts
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import CompareError
-from tinymcf_callback.eval import main as eval_main
 from tinymcf_callback.results.history import history_line, history_path
 from tinymcf_callback.results.metrics import report_metrics
 from tinymcf_callback.results.report import report_to_json
@@ -194,15 +194,16 @@ def test_compare_refuses_two_formats_naming_both(probes, tmp_path, capsys):
     assert compare(js, js2)["answer_format"] == "json"
     for name, report in (("a.json", yn), ("b.json", js)):
         (tmp_path / name).write_text(json.dumps(report_to_json(report)))
-    assert eval_main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    assert tinymcf(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
     assert "answer format 'yesno'" in capsys.readouterr().err
-    assert eval_main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--answer-format",
+    assert tinymcf(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--answer-format",
                       "json"]) == 2
     assert "unrecognized arguments: --answer-format json" in capsys.readouterr().err  # compare scores nothing
 
 
 def test_plot_refuses_two_formats_in_one_history_or_one_figure(probes, tmp_path):
-    from tinymcf_callback.plot import HistoryError, load_histories, load_history
+    from tinymcf_callback.errors import HistoryError
+    from tinymcf_callback.results.curves import load_histories, load_history
 
     def write(path, *formats):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,13 +277,13 @@ def run_dir(tmp_path_factory, tiny_qwen, qwen_tok):
 def test_eval_cli_and_sweep_with_json_answers(run_dir, tiny_qwen, qwen_tok, tmp_path, capsys):
     ckpt = run_dir / "checkpoint-1"
     common = ["--limit", "1", "--device", "cpu", "--no-progress", "--n-resamples", "0"]
-    assert eval_main(["--model", str(ckpt), "--tag", "t", "--out", str(tmp_path), "--answer-format", "json",
+    assert tinymcf(["eval", "--model", str(ckpt), "--tag", "t", "--out", str(tmp_path), "--answer-format", "json",
                       *common]) == 0
     report = json.loads((tmp_path / "eval_scifi_json_t.json").read_text())
     reference = Probe(qwen_tok, "scifi", 1, answer_format="json", n_resamples=0).run(tiny_qwen)
     assert report["answer_format"] == "json" and report["prompt_digest"] == reference["prompt_digest"]
     assert report["score"] == pytest.approx(reference["score"], abs=1e-6)
-    assert eval_main(["--run-dir", str(run_dir), "--answer-format", "json", *common]) == 0
+    assert tinymcf(["sweep", str(run_dir), "--answer-format", "json", *common]) == 0
     line = json.loads((run_dir / "moral_probe_scifi_json.jsonl").read_text())
     assert line["answer_format"] == "json" and line["prompt_digest"] == reference["prompt_digest"]
     assert line["score"] == pytest.approx(reference["score"], abs=1e-6)
@@ -291,5 +292,5 @@ def test_eval_cli_and_sweep_with_json_answers(run_dir, tiny_qwen, qwen_tok, tmp_
     capsys.readouterr()
     # a history of the other format under the JSON name (renamed by hand) is refused, naming both formats
     (run_dir / "moral_probe_scifi_json.jsonl").write_text(json.dumps({**line, "answer_format": "yesno"}) + "\n")
-    assert eval_main(["--run-dir", str(run_dir), "--answer-format", "json", *common]) == 2
+    assert tinymcf(["sweep", str(run_dir), "--answer-format", "json", *common]) == 2
     assert "answer format 'yesno', this sweep would read 'json'" in capsys.readouterr().err

@@ -74,7 +74,8 @@ def test_score_prompts_reads_as_a_mapping_and_as_the_old_tuple(tiny_qwen, qwen_t
 def test_encode_batch_is_the_engines_encoding_whatever_the_tokenizer_pads(tiny_qwen, qwen_tok):
     import copy
 
-    from tinymcf_callback import compare, encode_batch
+    from tinymcf_callback import compare
+    from tinymcf_callback.scoring.engine import encode_batch
 
     tok = copy.deepcopy(qwen_tok)
     tok.padding_side = "right"  # SmolLM2's default: the trap encode_batch avoids

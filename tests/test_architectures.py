@@ -23,7 +23,7 @@ MASS_REL_TOLERANCE = 1e-3
 
 from helpers.models import ARCHITECTURES, FULL, SHARED, UNPADDED
 
-from tinymcf_callback.scoring.engine import score_prompts
+from tinymcf_callback.scoring.answers import score_prompts
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,7 +12,8 @@ from helpers.trackers import tensorboard_scalars, wandb_run_records
 from helpers.trainer_utils import make_trainer
 from transformers import TrainerCallback
 
-from tinymcf_callback import MoralProbeCallback, ProbeDataError, compare
+from tinymcf_callback import MoralProbeCallback, ProbeLogger, compare
+from tinymcf_callback.errors import ProbeDataError
 from tinymcf_callback.results.metrics import baseline_record, metric_names
 from tinymcf_callback.training.state import record_counters
 
@@ -243,10 +244,11 @@ def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
 
 @pytest.mark.slow
 def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
-    from tinymcf_callback.prepare import main as prepare_main
+    from tinymcf_callback.cli.main import main as tinymcf
 
     clifford_source.ready()
-    assert prepare_main(["--name", "clifford", "--source", str(clifford_source.path), *clifford_source.flags]) == 0
+    assert tinymcf(["prepare", "--name", "clifford", "--source", str(clifford_source.path),
+                    *clifford_source.flags]) == 0
     a = MoralProbeCallback(name="scifi", limit=1, verbose=False)
     b = MoralProbeCallback(name="clifford", limit=2, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [a, b], max_steps=2)
@@ -440,11 +442,12 @@ def test_a_baseline_of_other_prompts_is_dropped_with_a_warning(qwen_tok, caplog)
 
     res = ScoreResult(scores, scores, np.ones(len(scores), dtype=bool))
     record = baseline_record(one.probe.report(res, elapsed=0.0), step=0)
-    one.logger.use_baseline(record)
-    assert one.baseline_record is record
+    mine, other = ProbeLogger(one.probe), ProbeLogger(two.probe)  # what each callback logs through
+    mine.use_baseline(record)
+    assert mine.baseline_record is record
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
-        two.logger.use_baseline(record)
-    assert two.baseline_record is None
+        other.use_baseline(record)
+    assert other.baseline_record is None
     assert "baseline is not used" in caplog.text and "score_change is not logged" in caplog.text
 
 
@@ -484,7 +487,7 @@ def test_a_model_the_probe_cannot_read_stops_at_train_begin(tmp_path, qwen_tok, 
     import transformers
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from tinymcf_callback import UnsupportedModelError
+    from tinymcf_callback.errors import UnsupportedModelError
 
     if kind == "BertForMaskedLM":
         cfg = transformers.BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

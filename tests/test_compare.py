@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from helpers.reports import made_up_scores
 
-from tinymcf_callback import CompareError, compare, evaluate
+from tinymcf_callback import compare, evaluate
+from tinymcf_callback.errors import CompareError
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.results.report import READABLE_SCHEMAS, SCHEMA_VERSION, report_to_json
 from tinymcf_callback.results.stats import HEADLINE, METRICS
@@ -98,11 +99,11 @@ def test_different_prompts_are_refused_saying_which(qwen_tok):
 
 
 def test_different_sets_are_refused(qwen_tok, generated_clifford, before):
+    from tinymcf_callback.cli.main import main as tinymcf
     from tinymcf_callback.data.home import folders
-    from tinymcf_callback.prepare import main as prepare_main
 
     generated_clifford.install_rewrites(folders().cache)
-    assert prepare_main(["--name", "clifford", "--source", str(generated_clifford.path),
+    assert tinymcf(["prepare", "--name", "clifford", "--source", str(generated_clifford.path),
                          "--allow-checksum-change"]) == 0
     other = Probe(qwen_tok, "clifford", limit=3)
     with pytest.raises(CompareError, match="set 'scifi' and B of set 'clifford'"):

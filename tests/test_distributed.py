@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring.ranks import merge_shards, score_across_ranks, to_shard
+from tinymcf_callback.scoring.ranks import Ranks, merge_shards, to_shard
 
 HERE = Path(__file__).resolve().parent
 KEY = "eval_moral_scifi/score"
@@ -46,7 +46,7 @@ def test_shards_merge_to_the_one_process_result(qwen_tok, tiny_qwen):
     probe = Probe(qwen_tok, "scifi", limit=3, token_budget=400)
     batches = probe.batches
     whole = probe.score(tiny_qwen)
-    alone = score_across_ranks(probe, tiny_qwen)  # one process: the plain path
+    alone = probe.score(tiny_qwen, ranks=Ranks.current())  # one process: the plain path
     np.testing.assert_array_equal(alone.p_yes, whole.p_yes)
     # The shares of as many ranks as make a short rank (4 batches, 3 ranks: [0, 1], [2, 3], [3, 3]),
     # scored here in turn.

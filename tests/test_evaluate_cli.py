@@ -13,10 +13,10 @@ import pytest
 import torch
 from helpers.cli_checks import one_error_line
 
-from tinymcf_callback import FOUNDATIONS, evaluate
+from tinymcf_callback import evaluate
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.home import folders
-from tinymcf_callback.data.sets import md5
-from tinymcf_callback.eval import main as eval_main
+from tinymcf_callback.data.sets import FOUNDATIONS, md5
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.results.readout import HEADLINE_FIELDS
 from tinymcf_callback.results.report import report_to_json
@@ -71,7 +71,7 @@ def tiny_dir(tmp_path_factory, tiny_qwen, qwen_tok):
 
 
 def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
-    rc = eval_main(["--model", str(tiny_dir), "--name", "scifi", "--tag", "step_500", "--limit", "4",
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--name", "scifi", "--tag", "step_500", "--limit", "4",
                     "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path), "--no-progress",
                     "--level", "0.9", "--n-resamples", "500"])
     assert rc == 0
@@ -101,22 +101,22 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
     (["--n-resamples", "50"], "--n-resamples must be a whole number >= 100"),
 ])
 def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
-    rc = eval_main(["--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
     one_error_line(rc, capsys.readouterr().err, needle)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_needs_a_model_or_a_run_dir(tiny_dir, tmp_path, capsys):
-    for args in ([], ["--model", str(tiny_dir), "--run-dir", str(tmp_path)]):
-        rc = eval_main(args)
-        one_error_line(rc, capsys.readouterr().err, "--model")
+def test_cli_needs_a_model(tiny_dir, tmp_path, capsys):
+    for args in ([], ["--model", str(tiny_dir), "--run-dir", str(tmp_path)]):  # a run folder is the sweep's
+        rc = tinymcf(["eval", *args])
+        one_error_line(rc, capsys.readouterr().err, "--model" if not args else "--run-dir")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_unwritable_out(tiny_dir, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    rc = eval_main(["--model", str(tiny_dir), "--out", str(blocker / "sub"), "--limit", "1", "--no-progress"])
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--out", str(blocker / "sub"), "--limit", "1", "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, "cannot create the output folder", str(blocker / "sub"))
 
 
@@ -147,7 +147,7 @@ def reports(tmp_path_factory, tiny_qwen, qwen_tok):
 
 
 def test_cli_compare_prints_the_change_table(reports, capsys):
-    assert eval_main(["--compare", str(reports["a"]), str(reports["b"])]) == 0
+    assert tinymcf(["compare", str(reports["a"]), str(reports["b"])]) == 0
     out = capsys.readouterr().out
     assert f"A = {reports['a']}, B = {reports['b']}" in out and "3 vignettes" in out
     assert "95% interval" in out and "paired bootstrap" in out
@@ -155,7 +155,7 @@ def test_cli_compare_prints_the_change_table(reports, capsys):
     assert len(score.split()) == 7 and score.split()[4].startswith("[")  # score, A, B, change, [lo, hi], p
     care = [line for line in out.splitlines() if "align_other" in line]
     assert len(care) == 1 and care[0].split()[0] == "Care"
-    assert eval_main(["--compare", str(reports["a"]), str(reports["a"]), "--level", "0.9",
+    assert tinymcf(["compare", str(reports["a"]), str(reports["a"]), "--level", "0.9",
                       "--n-resamples", "300"]) == 0
     out = capsys.readouterr().out
     assert "90% interval" in out and "300 resamples" in out
@@ -181,7 +181,7 @@ def test_cli_compare_bad_input_exits_2_with_one_error_line(reports, tmp_path, ca
         other = tmp_path / f"{case}.json"
         other.write_text(json.dumps(data))
     extra = {"limit": ["--limit", "3"], "resamples": ["--n-resamples", "0"]}.get(case, [])
-    rc = eval_main(["--compare", str(reports["a"]), str(other or reports["b"]), *extra])
+    rc = tinymcf(["compare", str(reports["a"]), str(other or reports["b"]), *extra])
     one_error_line(rc, capsys.readouterr().err, needle)
 
 
@@ -213,7 +213,7 @@ def register_myset(cache_text: str) -> None:
 def test_cli_missing_rewrite_names_the_vignette_the_condition_and_prepare(tiny_dir, tmp_path, capsys):
     lines = [rewrite_line(t, c) for t, _ in ROWS for c in REWRITE_CONDITIONS]
     register_myset("".join(lines[:-1]))  # the second vignette's self_uphold was never made
-    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, f"vignette {md5(ROWS[1][0])}", "no self_uphold rewrite",
                    "tinymcf prepare --name myset")
     assert list(tmp_path.iterdir()) == []
@@ -222,7 +222,7 @@ def test_cli_missing_rewrite_names_the_vignette_the_condition_and_prepare(tiny_d
 def test_cli_malformed_cache_line_names_the_file_and_line(tiny_dir, tmp_path, capsys):
     lines = [rewrite_line(t, c) for t, _ in ROWS for c in REWRITE_CONDITIONS]
     register_myset("".join(lines[:2]) + "{not json\n" + "".join(lines[2:]))
-    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path), "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, f"{folders().cache / 'myset.jsonl'}:3: not valid JSON")
     assert list(tmp_path.iterdir()) == []
 
@@ -239,7 +239,7 @@ def test_cli_prompt_longer_than_the_context(tiny_dir, tmp_path, capsys):
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32}))
     out = tmp_path / "reports"
     with forward_calls("Qwen3ForCausalLM") as calls:
-        rc = eval_main(["--model", str(short), "--limit", "1", "--out", str(out), "--no-progress"])
+        rc = tinymcf(["eval", "--model", str(short), "--limit", "1", "--out", str(out), "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, "tokens long, more than the model's context of 32 tokens", "vignette ")
     assert calls == [] and list(out.iterdir()) == []
 
@@ -264,7 +264,7 @@ def forward_calls(model_class: str):
 
 def cli_report(tmp_path: Path, tag: str, *args: str) -> dict:
     """Run the eval CLI (intervals off: only the scores matter here) and read its JSON report back."""
-    assert eval_main([*args, "--device", "cpu", "--tag", tag, "--out", str(tmp_path), "--no-progress",
+    assert tinymcf(["eval", *args, "--device", "cpu", "--tag", tag, "--out", str(tmp_path), "--no-progress",
                       "--n-resamples", "0"]) == 0
     return json.loads((tmp_path / f"eval_scifi_{tag}.json").read_text())
 

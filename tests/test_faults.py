@@ -148,7 +148,7 @@ def test_a_user_set_with_a_cut_off_last_line_is_refused_naming_the_line(tmp_path
     src = tmp_path / "mine.jsonl"
     src.write_text('{"text": "You see a man kicking a dog.", "foundation": "Care"}\n'
                    '{"text": "You see a girl cheating at cards.", "foun')
-    rc, out, err = prepare_cli(capsys, "--name", "mine", "--source", src)
+    rc, out, err = prepare_cli(capsys, "prepare", "--name", "mine", "--source", src)
     one_error_line(rc, err, f"{src}:2", "cut off")
     assert "valid" not in out
 
@@ -156,7 +156,7 @@ def test_a_user_set_with_a_cut_off_last_line_is_refused_naming_the_line(tmp_path
 def test_a_binary_user_set_is_refused_naming_the_file_and_line(tmp_path, capsys):
     src = tmp_path / "mine.jsonl"
     src.write_bytes(b'{"text": "You see a man kicking a dog.", "foundation": "Care"}\n\x89PNG\r\n\x1a\n\x00\x00')
-    rc, out, err = prepare_cli(capsys, "--name", "mine", "--source", src)
+    rc, out, err = prepare_cli(capsys, "prepare", "--name", "mine", "--source", src)
     one_error_line(rc, err, f"{src}:2", "not UTF-8")
 
 

@@ -16,10 +16,8 @@ from helpers.cli_checks import one_error_line
 from helpers.fake_llm_server import FakeLLM
 
 from tinymcf_callback import load_vignettes
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.home import folders, shipped_dir, using_home
-from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.prepare import main as prepare_main
-from tinymcf_callback.validate import main as validate_main
 
 KEY = "sk-test-home-123"
 ROWS = [
@@ -85,8 +83,8 @@ def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_
         monkeypatch.setenv("TINYMCF_HOME", str(home))
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        assert prepare_main(["--name", "myset", "--source", str(my_csv(tmp_path)), *opt, *api(server)]) == 0
-        assert validate_main(["--name", "myset", *opt, "--out", str(tmp_path / "val.jsonl"), *api(server)]) == 0
+        assert tinymcf(["prepare", "--name", "myset", "--source", str(my_csv(tmp_path)), *opt, *api(server)]) == 0
+        assert tinymcf(["validate", "--name", "myset", *opt, "--out", str(tmp_path / "val.jsonl"), *api(server)]) == 0
         assert server.count(kind="rewrite") == 12 and server.count(kind="judge") == 16
     out = capsys.readouterr().out
     assert os.environ.get("TINYMCF_HOME") == (None if how == "option" else str(home))  # --home does not leak
@@ -95,7 +93,7 @@ def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_
     assert written(home) == ["cache/judgements.jsonl", "cache/myset.jsonl", "sets/myset.json", "sets/myset.jsonl"]
 
     if how == "option":  # the eval CLI reads the same home (with the variable, load_vignettes below shows it)
-        assert eval_main(["--model", str(tiny_dir), "--name", "myset", *opt, "--limit", "2", "--device", "cpu",
+        assert tinymcf(["eval", "--model", str(tiny_dir), "--name", "myset", *opt, "--limit", "2", "--device", "cpu",
                           "--out", str(tmp_path / "reports"), "--no-progress"]) == 0
         assert (tmp_path / "reports" / f"eval_myset_{tiny_dir.name}.json").is_file()
 
@@ -108,7 +106,7 @@ def test_one_home_round_trip(how, platform, tmp_path, monkeypatch, capsys, tiny_
 
 
 def test_eval_cli_without_the_home_names_it(platform, tmp_path, capsys, tiny_dir):
-    rc = eval_main(["--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path / "r"), "--no-progress"])
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--name", "myset", "--out", str(tmp_path / "r"), "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, "unknown vignette set 'myset'", "--home", str(folders().sets))
     assert written(platform) == []
 

@@ -1,23 +1,27 @@
-"""The package's shape: imports run one way, old paths and commands still work, nothing leaves the top level.
+"""The package's shape: imports run one way with no circle, nothing outside the package touched, a small top level.
 
 The parts, from the bottom up (a module may import its own part and the parts below it):
 
     base      _io, errors, extras                     (no part of the package)
     data      data/                                    the home, the vignette sets and their rewrites
-    scoring   scoring/                                 prompts, models, batching, the engine and its self-check
+    scoring   scoring/                                 prompts, models, batching, the engine, its self-check, steering
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
-    probe     probe.py, config.py, steering.py         Probe, evaluate, ProbeConfig, dose-response: the composition
-    uses      training/, tools/                        the callback; the sweep and the plots
-    cli       cli/ and the python -m aliases           the tinymcf command
+    probe     probe.py, config.py                      Probe, evaluate, ProbeConfig: the composition
+    uses      training/, tools/                        the callback and ProbeLogger; the sweep, dose-response, plots
+    cli       cli/ and the __main__ modules            the tinymcf command
+    init      __init__.py                              the public names, resolved lazily
 
 and ``prepare/``, the offline preparation, beside them: on ``base`` and ``data`` only; only the
 command line uses it. ``testing.py`` (models for tests and the demo) imports no part of the package.
+
+An import is any tie a reader or a tool can follow: ``import``/``from`` statements at the top, inside
+functions or under ``TYPE_CHECKING``, and a string naming a module of the package
+(``importlib.import_module(".results.report", ...)``, a table of lazy exports).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -25,19 +29,16 @@ from pathlib import Path
 import pytest
 
 import tinymcf_callback
-from tinymcf_callback import _aliases
 
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
-LAYERS = ("base", "data", "scoring", "results", "probe", "uses", "cli")
-PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_aliases": "base", "data": "data",
-           "scoring": "scoring", "results": "results", "probe": "probe", "config": "probe", "steering": "probe",
-           "training": "uses", "tools": "uses", "cli": "cli", "eval": "cli", "plot": "cli", "validate": "cli",
-           "__main__": "cli",
-           "prepare": "prepare", "testing": "testing", "__init__": "init"}
+LAYERS = ("base", "data", "scoring", "results", "probe", "uses", "cli", "init")
+PART_OF = {"_io": "base", "errors": "base", "extras": "base", "data": "data", "scoring": "scoring",
+           "results": "results", "probe": "probe", "config": "probe", "training": "uses", "tools": "uses",
+           "cli": "cli", "__main__": "cli", "prepare": "prepare", "testing": "testing", "__init__": "init"}
 MAY_IMPORT = {"prepare": {"base", "data", "prepare"}, "testing": set(),
               **{layer: set(LAYERS[:i + 1]) for i, layer in enumerate(LAYERS)}}
 MAY_IMPORT["cli"] |= {"prepare"}
-MAY_IMPORT["init"] = {"base"}  # the package's __init__ imports its public names lazily, by name
+MAY_IMPORT["init"] |= {"prepare"}  # show_rewrites, a public name
 
 
 def modules():
@@ -48,28 +49,51 @@ def modules():
 
 def part(module: str) -> str:
     if module.endswith(".__main__"):
-        return "cli"  # python -m tinymcf_callback.prepare: an alias of the command line
+        return "cli"  # python -m tinymcf_callback.prepare: the command line under the design's name
     first = module.split(".")[1] if "." in module else "__init__"
     return PART_OF[first]
 
 
+def _resolve(package: str, name: str, level: int) -> str:
+    if not level:
+        return name
+    base = package.split(".")[: len(package.split(".")) - level + 1]
+    return ".".join(base + ([name] if name else []))
+
+
 def imported(module: str, path: Path) -> set[str]:
-    """Every tinymcf_callback module ``module`` imports, at the top or inside a function."""
+    """Every tinymcf_callback module ``module`` ties itself to: imports anywhere, and strings naming a module."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _resolve(package, node.module or "", node.level)
             if target.startswith("tinymcf_callback"):
                 out.add(target)
                 out.update(f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}"))
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("tinymcf_callback"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.update(_named_module(package, node.value))
     return {t for t in out if t != "tinymcf_callback"}
+
+
+def _named_module(package: str, text: str) -> set[str]:
+    """A string that names a module of the package: ``"tinymcf_callback.x.y"``, ``".x.y"``, ``"..x:attr"``, or,
+    in the root package's table of lazy exports, ``"x.y"``."""
+    name = text.split(":", 1)[0]
+    if not name or any(c in name for c in " /\\-") or not name.replace(".", "").replace("_", "").isalnum():
+        return set()
+    level = len(name) - len(name.lstrip("."))
+    if name.startswith("tinymcf_callback"):
+        target = name
+    elif level:
+        target = _resolve(package, name[level:], level)
+    elif package == "tinymcf_callback" and "." in name:
+        target = f"tinymcf_callback.{name}"
+    else:
+        return set()
+    return {target} if _is_module(target) else set()
 
 
 def _is_module(name: str) -> bool:
@@ -77,71 +101,89 @@ def _is_module(name: str) -> bool:
     return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
 
 
+def graph() -> dict[str, set[str]]:
+    return {module: imported(module, path) for module, path in modules()}
+
+
 def test_imports_run_one_way():
     wrong = []
-    for module, path in modules():
+    for module, targets in graph().items():
         mine = part(module)
-        for target in imported(module, path):
+        for target in targets:
             theirs = part(target)
             if theirs not in MAY_IMPORT[mine] and theirs != mine:
                 wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
     assert wrong == [], "\n".join(wrong)
 
 
-def test_the_layering_check_sees_an_import_against_the_direction(tmp_path):
-    """Guard: the check finds an upward import inside a function body too."""
+def test_no_import_circle_between_modules():
+    """A module's package ``__init__`` is not an edge of its own (Python imports it first anyway)."""
+    edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in graph().items()}
+    found, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("code, seen", [
+    ("def f():\n    from ..training.callback import MoralProbeCallback\n", "tinymcf_callback.training.callback"),
+    ("import importlib\nm = importlib.import_module('..tools.sweep', __package__)\n", "tinymcf_callback.tools.sweep"),
+    ("EXPORTS = {'main': '..cli.main:main'}\n", "tinymcf_callback.cli.main"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..probe import Probe\n", "tinymcf_callback.probe"),
+])
+def test_the_layering_check_sees_every_kind_of_tie(tmp_path, code, seen):
+    """Guard: an upward tie inside a function, through importlib, in a string export or for type checkers."""
     bad = tmp_path / "engine.py"
-    bad.write_text("def f():\n    from ..training.callback import MoralProbeCallback\n")
-    targets = imported("tinymcf_callback.scoring.engine", bad)
-    assert targets == {"tinymcf_callback.training.callback"}
-    assert part("tinymcf_callback.training.callback") not in MAY_IMPORT["scoring"]
+    bad.write_text(code)
+    assert imported("tinymcf_callback.scoring.engine", bad) == {seen}
+    assert part(seen) not in MAY_IMPORT["scoring"]
 
 
-def test_the_top_level_holds_only_the_composition_and_the_aliases():
+def test_the_circle_check_finds_a_circle(monkeypatch):
+    fake = {"tinymcf_callback.a": {"tinymcf_callback.b"}, "tinymcf_callback.b": {"tinymcf_callback.a"}}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: fake)
+    with pytest.raises(AssertionError, match="tinymcf_callback.a -> tinymcf_callback.b -> tinymcf_callback.a"):
+        test_no_import_circle_between_modules()
+
+
+def test_the_top_level_holds_only_the_composition():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_aliases", "_io", "config", "errors", "eval", "extras", "plot", "probe",
-                   "steering", "testing", "validate"]
+    assert top == ["__init__", "__main__", "_io", "config", "errors", "extras", "probe", "testing"]
 
 
-@pytest.mark.parametrize("old, new", sorted(_aliases.MOVED.items()))
-def test_every_module_path_of_the_flat_layout_still_imports(old, new):
-    assert importlib.import_module(f"tinymcf_callback.{old}") is importlib.import_module(f"tinymcf_callback.{new}")
+def test_the_public_names_are_the_lazy_table_and_each_resolves():
+    from tinymcf_callback import _EXPORTS
+
+    assert sorted(tinymcf_callback.__all__) == sorted(_EXPORTS)
+    for name in tinymcf_callback.__all__:
+        assert getattr(tinymcf_callback, name) is not None
 
 
-def test_the_documented_imports_still_work():
-    from tinymcf_callback.stats import paired_change  # noqa: F401
-
-    from tinymcf_callback import (  # noqa: F401 - the README's and the docs' imports
-        CONDITIONS,
-        FOUNDATIONS,
-        FRAMES,
-        MoralProbeCallback,
-        Probe,
-        ProbeConfig,
-        analyse,
-        compare,
-        evaluate,
-        format_prompts,
-        load_vignettes,
-        score_prompts,
-        show_rewrites,
-    )
-    from tinymcf_callback.plot import load_history, plot_histories  # noqa: F401
+def test_importing_the_package_touches_nothing_outside_it():
+    code = ("import sys\nbefore = list(sys.meta_path), list(sys.path_hooks)\nimport tinymcf_callback\n"
+            "assert (list(sys.meta_path), list(sys.path_hooks)) == before\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'pandas')]\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, shows", [
     (["-m", "tinymcf_callback", "--help"], "eval,sweep,compare,plot,prepare,validate,show"),
-    (["-m", "tinymcf_callback.eval", "--help"], "usage: tinymcf eval"),
-    (["-m", "tinymcf_callback.eval", "--run-dir", "x", "--help"], "usage: tinymcf sweep"),
-    (["-m", "tinymcf_callback.eval", "--compare", "a", "b", "--help"], "usage: tinymcf compare"),
     (["-m", "tinymcf_callback.prepare", "--help"], "usage: tinymcf prepare"),
-    (["-m", "tinymcf_callback.prepare", "--validate", "--help"], "usage: tinymcf validate"),
-    (["-m", "tinymcf_callback.prepare", "--show", "3", "--help"], "usage: tinymcf show"),
-    (["-m", "tinymcf_callback.validate", "--help"], "usage: tinymcf validate"),
-    (["-m", "tinymcf_callback.plot", "--help"], "usage: tinymcf plot"),
 ])
-def test_the_command_and_every_old_python_m_form_answer(argv, shows):
+def test_the_command_and_the_prepare_step_answer(argv, shows):
     p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert shows in p.stdout or all(c in p.stdout for c in shows.split(",")), p.stdout

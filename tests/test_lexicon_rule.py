@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
-from tinymcf_callback import load_vignettes, rules
+from tinymcf_callback import load_vignettes
 from tinymcf_callback._io import read_jsonl
+from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders, shipped_dir
 from tinymcf_callback.data.sets import CONDITIONS, md5, read_set_file
-from tinymcf_callback.prepare import main
+from tinymcf_callback.prepare import rules
 from tinymcf_callback.prepare.clifford import normalize_clifford
 
 KEY = "sk-test-LEXICON-1"
@@ -158,7 +159,7 @@ def test_shipped_clifford_rewrites_pass_every_rule_with_their_originals(clifford
 
 def test_prepare_sends_a_lexical_cue_back_with_the_reason(tmp_path, llm, capsys):
     src = user_csv(tmp_path, MY_ROWS)
-    rc, out, err = cli(capsys, "--name", "cues", "--source", src, *api(llm, "cue-until-told"))
+    rc, out, err = cli(capsys, "prepare", "--name", "cues", "--source", src, *api(llm, "cue-until-told"))
     assert rc == 0, out + err
     told = [r for r in llm.requests if r.get("feedback")]
     assert len(told) == 4  # each uphold, once; the violations passed at the first answer
@@ -176,7 +177,8 @@ def test_prepare_sends_a_lexical_cue_back_with_the_reason(tmp_path, llm, capsys)
 
 def test_a_rewrite_that_keeps_the_cue_is_never_cached(tmp_path, llm, capsys):
     src = user_csv(tmp_path, MY_ROWS[:1])
-    rc, out, err = cli(capsys, "--name", "cues", "--source", src, *api(llm, "cue-until-told"), "--attempts", "1")
+    rc, out, err = cli(capsys, "prepare", "--name", "cues", "--source", src, *api(llm, "cue-until-told"),
+                       "--attempts", "1")
     assert rc == 1
     assert "other_uphold" in out and "lexical cue" in out and "never cached" in out
     entries = [obj for _, obj in read_jsonl(folders().cache / "cues.jsonl")]
@@ -190,7 +192,8 @@ def test_prepare_without_the_lexicon_stops_before_any_request(tmp_path, llm, cap
     monkeypatch.setitem(sys.modules, "vaderSentiment.vaderSentiment", None)
     rules.sentiment_analyzer.cache_clear()
     try:
-        rc, out, err = cli(capsys, "--name", "cues", "--source", user_csv(tmp_path, MY_ROWS), *api(llm, "good-model"))
+        rc, out, err = cli(capsys, "prepare", "--name", "cues", "--source", user_csv(tmp_path, MY_ROWS), *api(llm,
+                                                                                                              "good-model"))
     finally:
         rules.sentiment_analyzer.cache_clear()
     assert rc == 2 and llm.requests == []
@@ -212,7 +215,7 @@ def test_rewrites_of_older_rules_are_kept_and_named(tmp_path, capsys):
     (cache / "old.jsonl").write_text("".join(json.dumps({"source_md5": rid, "condition": c, "text": t,
                                                          "producer": "llm:older", "rules_version": 1}) + "\n"
                                              for c, t in texts.items()), encoding="utf-8")
-    rc, out, err = cli(capsys, "--name", "old", "--source", src, "--base-url", "http://127.0.0.1:9/v1")
+    rc, out, err = cli(capsys, "prepare", "--name", "old", "--source", src, "--base-url", "http://127.0.0.1:9/v1")
     assert rc == 0, out + err
     assert "nothing to request" in out
     assert f"note: 1 cached rewrites of 'old' made under older rules break rules version {rules.RULES_VERSION}" in out

@@ -13,7 +13,8 @@ import pytest
 import torch
 from helpers.trainer_utils import TinyLMData, tiny_model
 
-from tinymcf_callback import ConfigError, Probe, ProbeLogger
+from tinymcf_callback import Probe, ProbeLogger
+from tinymcf_callback.errors import ConfigError
 from tinymcf_callback.results.history import read_lines
 
 SCORE = "eval/moral_scifi/score"

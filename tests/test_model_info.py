@@ -10,10 +10,17 @@ import torch
 import torch.distributed as dist
 import transformers as T
 
-from tinymcf_callback import UnsupportedModelError, evaluate, unwrap_model
+from tinymcf_callback import evaluate
+from tinymcf_callback.errors import UnsupportedModelError
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring.engine import score_prompts
-from tinymcf_callback.scoring.model_info import ForwardArgs, attention_windows, check_causal_lm, shared_prefix_blocker
+from tinymcf_callback.scoring.answers import score_prompts
+from tinymcf_callback.scoring.model_info import (
+    ForwardArgs,
+    attention_windows,
+    check_causal_lm,
+    shared_prefix_blocker,
+    unwrap_model,
+)
 
 SMALL = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 

@@ -1,4 +1,4 @@
-"""tinymcf_callback.plot: curves read back from the drawn figure, files, bad input, the optional extra."""
+"""tinymcf plot (tools/plot.py): curves read back from the drawn figure, files, bad input, the optional extra."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ from helpers.cli_checks import one_error_line
 
 pytest.importorskip("matplotlib")  # the [plot] extra (in dev); its absence is tested in a subprocess below
 
-from tinymcf_callback.plot import HistoryError, load_history, main, plot_histories, save_figure  # noqa: E402
+from tinymcf_callback.cli.main import main as tinymcf
+from tinymcf_callback.errors import HistoryError
+from tinymcf_callback.results.curves import load_history
+from tinymcf_callback.tools.drawing import save_figure
+from tinymcf_callback.tools.plot import plot_histories
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -198,20 +202,20 @@ def test_runs_in_folders_of_the_same_name_get_distinct_labels(tmp_path):
 
 def test_histories_of_different_sets_are_refused_naming_both(tmp_path, three_steps, capsys):
     other = write_history(tmp_path / "run_c", [probe_line(0, 0.0, 0.0, 0.0, name="clifford")], "clifford")
-    rc = main([str(three_steps), str(other)])
+    rc = tinymcf(["plot", str(three_steps), str(other)])
     one_error_line(rc, capsys.readouterr().err, "error: histories of different vignette sets", "'scifi'", "'clifford'",
                    str(three_steps), str(other))
 
 
 # ---- files ---------------------------------------------------------------------------------------------
 def test_cli_writes_png_next_to_a_single_history_and_svg_by_suffix(three_steps, tmp_path, capsys):
-    assert main([str(three_steps)]) == 0
+    assert tinymcf(["plot", str(three_steps)]) == 0
     png = three_steps.with_suffix(".png")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 20_000
     assert str(png) in capsys.readouterr().out
 
     svg = tmp_path / "figs" / "curves.svg"
-    assert main([str(three_steps.parent), "--out", str(svg)]) == 0  # a run folder names its one history
+    assert tinymcf(["plot", str(three_steps.parent), "--out", str(svg)]) == 0  # a run folder names its one history
     root = ET.parse(svg).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     assert "run_a" in svg.read_text(encoding="utf-8")  # the legend's run name is in the drawing
@@ -222,7 +226,7 @@ def test_cli_writes_png_next_to_a_single_history_and_svg_by_suffix(three_steps, 
 
 
 def test_unknown_image_suffix_is_refused_before_drawing(three_steps, tmp_path, capsys):
-    rc = main([str(three_steps), "--out", str(tmp_path / "curves.jpeg")])
+    rc = tinymcf(["plot", str(three_steps), "--out", str(tmp_path / "curves.jpeg")])
     line = one_error_line(rc, capsys.readouterr().err)
     assert line == (f"error: cannot tell the image format of {tmp_path / 'curves.jpeg'}: end --out with .png, .svg "
                     f"or .pdf")
@@ -249,7 +253,7 @@ def test_bad_history_gives_one_error_line_and_exit_2(tmp_path, capsys, case):
         path.write_text(json.dumps({"step": "ten", "name": "scifi"}) + "\n")
     elif case == "folder":
         arg = path.parent
-    rc = main([str(arg)])
+    rc = tinymcf(["plot", str(arg)])
     one_error_line(rc, capsys.readouterr().err, expected)
     assert not list(path.parent.glob("*.png"))
 
@@ -307,14 +311,17 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
     script = (
         "import sys\n"
         "sys.modules['matplotlib'] = None  # as if the [plot] extra were not installed\n"
-        "from tinymcf_callback import plot\n"
-        "h = plot.load_history(sys.argv[1])  # reading needs no matplotlib\n"
+        "from tinymcf_callback.cli.main import main\n"
+        "from tinymcf_callback.errors import MissingExtraError\n"
+        "from tinymcf_callback.results.curves import load_history\n"
+        "from tinymcf_callback.tools.plot import plot_histories\n"
+        "h = load_history(sys.argv[1])  # reading needs no matplotlib\n"
         "assert h.steps.tolist() == [0, 10, 20], h.steps\n"
         "try:\n"
-        "    plot.plot_histories([sys.argv[1]])\n"
-        "except plot.MissingPlotExtraError as e:\n"
+        "    plot_histories([sys.argv[1]])\n"
+        "except MissingExtraError as e:\n"
         "    print('raised:', e)\n"
-        "sys.exit(plot.main([sys.argv[1]]))\n"
+        "sys.exit(main(['plot', sys.argv[1]]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", script, str(three_steps)], capture_output=True, text=True, env=env,
@@ -451,11 +458,11 @@ def test_unknown_metric_or_group_lists_the_known_ones(banded, capsys):
     with pytest.raises(PlotOptionError, match=r"unknown metric 'bogus'.*score, sn, score_minus_sn, gap.*"
                                               r"align_self:<foundation>.*yn_mass_mean"):
         plot_histories(banded, metrics="score,bogus")
-    rc = main([str(banded), "--metrics", "score,Kindness"])
+    rc = tinymcf(["plot", str(banded), "--metrics", "score,Kindness"])
     one_error_line(rc, capsys.readouterr().err, "error: unknown metric 'Kindness'", "Care, Fairness", "human_corr")
-    rc = main([str(banded), "--panels", "headlines"])
+    rc = tinymcf(["plot", str(banded), "--panels", "headlines"])
     one_error_line(rc, capsys.readouterr().err, "unknown panel group 'headlines'", "dashboard, headline, foundations")
-    rc = main([str(banded), "--panels", "dashboard", "--metrics", "score"])
+    rc = tinymcf(["plot", str(banded), "--panels", "dashboard", "--metrics", "score"])
     one_error_line(rc, capsys.readouterr().err, "--panels dashboard draws every panel")
     assert not list(banded.parent.glob("*.png"))
 
@@ -504,15 +511,15 @@ def test_width_option_and_its_limits(banded):
 def test_cli_paper_figure_options(banded, tmp_path, capsys):
     from PIL import Image
 
-    assert main([str(banded), "--panels", "headline", "--width", "5"]) == 0
+    assert tinymcf(["plot", str(banded), "--panels", "headline", "--width", "5"]) == 0
     png = banded.with_name("moral_probe_scifi_headline.png")  # beside the dashboard's moral_probe_scifi.png
     assert str(png) in capsys.readouterr().out
     assert Image.open(png).size[0] == 5 * 300  # printed: 300 dpi
     svg = tmp_path / "fig.svg"
-    assert main([str(banded), "--metrics", "score,Care", "--out", str(svg), "--title", "Figure 2"]) == 0
+    assert tinymcf(["plot", str(banded), "--metrics", "score,Care", "--out", str(svg), "--title", "Figure 2"]) == 0
     text = svg.read_text(encoding="utf-8")
     assert "Figure 2" in text and "Care" in text
-    assert main([str(banded)]) == 0 and banded.with_suffix(".png").exists()  # no option: the dashboard, as before
+    assert tinymcf(["plot", str(banded)]) == 0 and banded.with_suffix(".png").exists()  # no option: the dashboard
 
 
 # ---- dose-response histories (--x coefficient) -------------------------------------------------------------
@@ -594,9 +601,9 @@ def test_dose_dashboard_and_foundation_panels(dose):
 
 
 def test_x_axis_and_history_kind_must_agree(dose, three_steps, capsys):
-    rc = main([str(dose)])
+    rc = tinymcf(["plot", str(dose)])
     one_error_line(rc, capsys.readouterr().err, str(dose), "is a dose-response history", "--x coefficient")
-    rc = main([str(three_steps), "--x", "coefficient"])
+    rc = tinymcf(["plot", str(three_steps), "--x", "coefficient"])
     one_error_line(rc, capsys.readouterr().err, str(three_steps), "has no 'coefficient' field", "--x step")
 
 
@@ -605,7 +612,7 @@ def test_a_run_folder_with_both_histories_gives_the_one_the_x_axis_draws(tmp_pat
     write_history(both, [probe_line(0, 0.0, 0.0, 0.0)])
     assert load_history(both, x="coefficient").path == dose
     assert load_history(both).path == both / "moral_probe_scifi.jsonl"
-    assert main([str(both), "--x", "coefficient", "--panels", "headline"]) == 0
+    assert tinymcf(["plot", str(both), "--x", "coefficient", "--panels", "headline"]) == 0
     assert (both / "moral_probe_scifi_dose_headline.png").exists()
 
 

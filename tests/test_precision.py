@@ -17,16 +17,17 @@ from helpers.cli_checks import one_error_line
 from helpers.trainer_utils import make_trainer
 
 from tinymcf_callback import MoralProbeCallback, compare
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import CompareError
-from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.plot import load_history
+from tinymcf_callback.results.curves import load_history
 
 LIMIT = 2
 EVAL_AGREES = 1e-4  # the bound; measured: the same fp32 weights in one process and another agree to 3e-7
 
 
 def eval_report(folder, out, tag):
-    assert eval_main(["--model", str(folder), "--limit", str(LIMIT), "--device", "cpu", "--out", str(out), "--tag", tag,
+    assert tinymcf(["eval", "--model", str(folder), "--limit", str(LIMIT), "--device", "cpu", "--out", str(out),
+                    "--tag", tag,
                       "--no-progress"]) == 0
     return json.loads((out / f"eval_scifi_{tag}.json").read_text())
 
@@ -90,12 +91,12 @@ def test_keep_autocast_scores_under_the_trainers_bf16_and_says_so(bf16_runs, tmp
 def test_eval_compare_refuses_two_precisions_unless_asked(bf16_runs, tmp_path, capsys):
     a = bf16_runs[True] / "checkpoint-2" / "moral_probe_scifi.json"
     b = bf16_runs[False] / "checkpoint-2" / "moral_probe_scifi.json"
-    rc = eval_main(["--compare", str(a), str(b)])
+    rc = tinymcf(["compare", str(a), str(b)])
     one_error_line(rc, capsys.readouterr().err, "in bfloat16 (autocast) and", "--allow-precision-change")
-    assert eval_main(["--compare", str(a), str(b), "--allow-precision-change"]) == 0
+    assert tinymcf(["compare", str(a), str(b), "--allow-precision-change"]) == 0
     out = capsys.readouterr().out
     assert "[tinymcf] WARNING: " in out and f"{a} was scored in bfloat16 (autocast)" in out
-    rc = eval_main(["--model", "x", "--allow-precision-change"])
+    rc = tinymcf(["eval", "--model", "x", "--allow-precision-change"])
     one_error_line(rc, capsys.readouterr().err, "unrecognized arguments: --allow-precision-change")
 
 
@@ -121,11 +122,11 @@ def test_the_sweep_will_not_extend_a_history_of_another_precision(bf16_runs, tmp
     history = run / "moral_probe_scifi.jsonl"
     first = history.read_text().splitlines()[0]
     history.write_text(first + "\n")  # step 0 only: the sweep would add step 2
-    rc = eval_main(["--run-dir", str(run), "--limit", str(LIMIT), "--dtype", "bfloat16", "--no-progress"])
+    rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--dtype", "bfloat16", "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, "checkpoint-2 was scored in bfloat16", "holds probes scored in "
                    "float32", "pass --dtype float32")
     assert history.read_text() == first + "\n"
-    assert eval_main(["--run-dir", str(run), "--limit", str(LIMIT), "--no-progress"]) == 0  # --dtype auto: float32
+    assert tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--no-progress"]) == 0  # --dtype auto: float32
     assert [json.loads(line)["step"] for line in history.read_text().splitlines()] == [0, 2]
 
 

@@ -17,10 +17,11 @@ from helpers.cli_checks import one_error_line
 from helpers.fake_llm_server import FakeLLM
 from helpers.prepare import CLIFFORD_SHA, KEY, api, cache_lines, cli, my_csv, snapshot
 
-from tinymcf_callback import evaluate, load_vignettes, rules
+from tinymcf_callback import evaluate, load_vignettes
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import RewriteCache, md5, registry, shipped_dir
-from tinymcf_callback.prepare import normalize_clifford
+from tinymcf_callback.prepare import rules
+from tinymcf_callback.prepare.clifford import normalize_clifford
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,8 @@ def test_shipped_clifford_rewrites_match_and_pass_rules(clifford_csv):
 def test_prepare_clifford_without_key_then_evaluate(clifford_source, tiny_qwen, qwen_tok, capsys, monkeypatch):
     clifford_source.ready()
     cached = snapshot(folders().cache)
-    rc, out, err = cli(capsys, "--name", "clifford", "--source", clifford_source.path, *clifford_source.flags)
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--source", clifford_source.path,
+                       *clifford_source.flags)
     assert rc == 0, err
     assert "nothing to request" in out
     assert (folders().raw / "clifford.csv").read_bytes() == clifford_source.path.read_bytes()
@@ -82,7 +84,7 @@ def test_prepare_clifford_without_key_then_evaluate(clifford_source, tiny_qwen, 
     import tinymcf_callback.prepare.clifford as clifford
 
     monkeypatch.setattr(clifford, "download", lambda *a, **k: pytest.fail("must not download again"))
-    assert cli(capsys, "--name", "clifford", *clifford_source.flags)[0] == 0
+    assert cli(capsys, "prepare", "--name", "clifford", *clifford_source.flags)[0] == 0
 
     assert len(load_vignettes("clifford")) == 132  # every rewrite found
     report = evaluate(tiny_qwen, qwen_tok, name="clifford", limit=24, verbose=False)
@@ -93,12 +95,14 @@ def test_prepare_clifford_without_key_then_evaluate(clifford_source, tiny_qwen, 
 def test_changed_clifford_texts_get_new_rewrites(generated_clifford, capsys, monkeypatch):
     """Texts the shipped cache does not know (an upstream change) need new rewrites: asked of the LLM."""
     src = generated_clifford.path
-    rc, out, err = cli(capsys, "--name", "clifford", "--source", src, "--allow-checksum-change", "--limit", "3")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--source", src, "--allow-checksum-change",
+                       "--limit", "3")
     one_error_line(rc, err, "no API key", "9 of the 9 rewrites of set 'clifford'")
     assert len(cache_lines(folders().sets / "clifford.jsonl")) == 132  # the checked set is stored all the same
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        rc, out, err = cli(capsys, "--name", "clifford", "--allow-checksum-change", "--limit", "3", *api(server))
+        rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--allow-checksum-change", "--limit", "3",
+                           *api(server))
         assert rc == 0, out + err
         assert server.count(kind="rewrite") == 9
     assert len(cache_lines(folders().cache / "clifford.jsonl")) == 9
@@ -166,7 +170,8 @@ def site(clifford_source):
 
 def test_download_from_url(site, capsys):
     site.source.ready()
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/vignettes.csv", *site.source.flags)
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--url", f"{site.url}/vignettes.csv",
+                       *site.source.flags)
     assert rc == 0, err
     assert (folders().raw / "clifford.csv").read_bytes() == site.source.path.read_bytes()
     assert len(load_vignettes("clifford")) == 132
@@ -179,7 +184,7 @@ def test_download_uses_configured_url(monkeypatch, capsys, clifford_source):
     data = clifford_source.path.read_bytes()
     monkeypatch.setattr(clifford, "download", lambda url, timeout: seen.append(url) or data)
     clifford_source.ready()
-    assert cli(capsys, "--name", "clifford", *clifford_source.flags)[0] == 0
+    assert cli(capsys, "prepare", "--name", "clifford", *clifford_source.flags)[0] == 0
     spec = json.loads((ROOT / "configs" / "sets.json").read_text())["clifford"]
     assert seen == [spec["url"]] and spec["sha256"] == CLIFFORD_SHA
 
@@ -192,7 +197,7 @@ def test_download_uses_configured_url(monkeypatch, capsys, clifford_source):
     ("/nocol.csv", "missing columns Wrong"),
 ])
 def test_bad_downloads_are_refused(site, capsys, path, message):
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", site.url + path)
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--url", site.url + path)
     one_error_line(rc, err, message)
     assert "--source" in err or path in ("/short.csv", "/nocol.csv")
     assert not folders().sets.exists() and not folders().raw.exists()
@@ -204,25 +209,27 @@ def test_unreachable_download(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"http://127.0.0.1:{port}/x.csv", "--timeout", "5")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--url", f"http://127.0.0.1:{port}/x.csv",
+                       "--timeout", "5")
     one_error_line(rc, err, "download of", "failed", "--source")
 
 
 def test_checksum_change(site, capsys):
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--url", f"{site.url}/changed.csv")
     actual = hashlib.sha256(site.changed).hexdigest()
     assert actual != CLIFFORD_SHA
     # both digests: the expected one (configs/sets.json) and the file's own
     one_error_line(rc, err, "sha256", f"expected {CLIFFORD_SHA}", f"actual {actual}", "--allow-checksum-change")
     assert not folders().sets.exists()
     site.source.ready()
-    rc, out, err = cli(capsys, "--name", "clifford", "--url", f"{site.url}/changed.csv", "--allow-checksum-change")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--url", f"{site.url}/changed.csv",
+                       "--allow-checksum-change")
     assert rc == 0, err
     assert "warning" in out and load_vignettes("clifford")[0]["wrong"] == 3.5
 
 
 def test_clifford_name_with_wrong_file(tmp_path, capsys):
-    rc, out, err = cli(capsys, "--name", "clifford", "--source", my_csv(tmp_path))
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--source", my_csv(tmp_path))
     one_error_line(rc, err, "missing columns")
 
 
@@ -237,11 +244,11 @@ def test_force_download_fetches_the_stored_copy_again(site, monkeypatch, capsys)
         return real_download(f"{site.url}/changed.csv", timeout)
 
     site.source.ready()
-    assert cli(capsys, "--name", "clifford", "--source", site.source.path, *site.source.flags)[0] == 0
+    assert cli(capsys, "prepare", "--name", "clifford", "--source", site.source.path, *site.source.flags)[0] == 0
     monkeypatch.setattr(clifford, "download", configured_url_served_here)
-    assert cli(capsys, "--name", "clifford", *site.source.flags)[0] == 0
+    assert cli(capsys, "prepare", "--name", "clifford", *site.source.flags)[0] == 0
     assert fetched == [] and (folders().raw / "clifford.csv").read_bytes() == site.source.path.read_bytes()
-    rc, out, err = cli(capsys, "--name", "clifford", "--force-download", "--allow-checksum-change")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--force-download", "--allow-checksum-change")
     assert rc == 0, err
     assert fetched == [registry()["clifford"]["url"]]
     assert (folders().raw / "clifford.csv").read_bytes() == site.changed  # the new copy replaced the stored one

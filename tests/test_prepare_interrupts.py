@@ -14,8 +14,8 @@ import pytest
 from helpers.fake_llm_server import FakeLLM
 from helpers.prepare import KEY, MY_ROWS, cache_lines, my_csv, write_csv
 
+from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.sets import md5
-from tinymcf_callback.prepare import main
 from tinymcf_callback.prepare.llm import scrub
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -37,19 +37,20 @@ def test_key_never_leaks(tmp_path, clean_env, capfd, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     codes = []
 
-    def run(*argv):
-        codes.append(main([str(a) for a in argv]))
+    def run(command, *argv):
+        codes.append(main([command, *map(str, argv)]))
 
     with FakeLLM(KEY) as server:
         src = my_csv(tmp_path)
-        args = ["--name", "myset", "--source", src, "--base-url", server.base_url, "--backoff", "0.01",
-                "--no-progress", "--limit", "2"]
-        run(*args, "--model", "rulebreak-model", "--attempts", "1")  # failures, with reasons
-        run(*args, "--model", "good-model", "--validate")  # rewrites still missing
-        run(*args, "--model", "good-model")
-        run(*args, "--model", "good-model", "--validate")
+        api = ["--base-url", server.base_url, "--backoff", "0.01", "--no-progress", "--limit", "2"]
+        args = ["--name", "myset", "--source", src, *api]
+        run("prepare", *args, "--model", "rulebreak-model", "--attempts", "1")  # failures, with reasons
+        run("validate", "--name", "myset", *api, "--model", "good-model")  # rewrites still missing
+        run("prepare", *args, "--model", "good-model")
+        run("validate", "--name", "myset", *api, "--model", "good-model")
     with FakeLLM("sk-other-key-456") as server:  # the server echoes the wrong key it got in its 401 message
-        run("--name", "other", "--source", my_csv(tmp_path, MY_ROWS[2:], "b.csv"), "--base-url", server.base_url,
+        run("prepare", "--name", "other", "--source", my_csv(tmp_path, MY_ROWS[2:], "b.csv"), "--base-url",
+            server.base_url,
             "--model", "good-model", "--no-progress")
     out, err = capfd.readouterr()
     assert codes == [1, 2, 0, 0, 2], out + err
@@ -72,7 +73,7 @@ def test_key_never_leaks_from_a_crash(tmp_path, capfd, monkeypatch):
         raise RuntimeError(f"bug with {KEY} inside")
 
     monkeypatch.setattr(prep, "run_prepare", boom)
-    assert main(["--name", "x"]) == 1
+    assert main(["prepare", "--name", "x"]) == 1
     out, err = capfd.readouterr()
     assert "RuntimeError: bug with *** inside" in err and KEY not in out + err
 

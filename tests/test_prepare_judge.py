@@ -10,6 +10,7 @@ from helpers.cli_checks import one_error_line
 from helpers.prepare import MY_ROWS, api, cache_lines, cli, my_csv
 
 from tinymcf_callback import load_vignettes
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import md5
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_validate(tmp_path, llm, capsys):
-    assert cli(capsys, "--name", "myset", "--source", my_csv(tmp_path), *api(llm))[0] == 0
+    assert cli(capsys, "prepare", "--name", "myset", "--source", my_csv(tmp_path), *api(llm))[0] == 0
     vs = load_vignettes("myset")
     # the judge gets one rewrite wrong in valence and one in foundation
     llm.judge_overrides[vs[1]["self_uphold"]] = {"foundation": "Fairness", "valence": "violate"}
@@ -29,7 +30,7 @@ def test_validate(tmp_path, llm, capsys):
     # the fake judge calls the Loyalty original "Care": a drift of its rewrite is then not the rewrite's fault
     llm.judge_overrides[vs[2]["self_violate"]] = {"foundation": "Sanctity", "valence": "violate"}
     out_path = tmp_path / "val.jsonl"
-    rc, out, err = cli(capsys, "--validate", "--name", "myset", "--out", out_path, *api(llm))
+    rc, out, err = cli(capsys, "validate", "--name", "myset", "--out", out_path, *api(llm))
     assert rc == 0, err
     recs = cache_lines(out_path)
     assert len(recs) == 16 and {r["condition"] for r in recs} == {"other_violate", "other_uphold", "self_violate",
@@ -42,9 +43,8 @@ def test_validate(tmp_path, llm, capsys):
         md5(r["text"]) for r in recs}
     # cached: no new requests; the rewrite cache ignores judgements.jsonl
     n = llm.count(kind="judge")
-    from tinymcf_callback.validate import main as validate_main
 
-    assert validate_main(["--name", "myset", "--no-progress", "--base-url", llm.base_url,
+    assert tinymcf(["validate", "--name", "myset", "--no-progress", "--base-url", llm.base_url,
                           "--judge-model", "good-model"]) == 0
     assert llm.count(kind="judge") == n and (Path.cwd() / "validate_myset.jsonl").exists()
     assert len(load_vignettes("myset")) == 4
@@ -67,10 +67,9 @@ def register_without_rewrites(sets: Path, name: str) -> None:
     (["--name", "myset"], ("has no other_uphold rewrite", "tinymcf prepare --name myset")),
 ])
 def test_validate_bad_input_exits_2_with_one_error_line(tmp_path, capsys, args, needles):
-    from tinymcf_callback.validate import main as validate_main
 
     home = tmp_path / "home"
     register_without_rewrites(home / "sets", "myset")
-    rc = validate_main([*args, "--home", str(home), "--no-progress", "--out", str(tmp_path / "v.jsonl")])
+    rc = tinymcf(["validate", *args, "--home", str(home), "--no-progress", "--out", str(tmp_path / "v.jsonl")])
     one_error_line(rc, capsys.readouterr().err, *needles)
     assert not (tmp_path / "v.jsonl").exists()

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from tinymcf_callback import CONDITIONS, FRAMES, format_prompt, format_prompts, load_vignettes
+from tinymcf_callback import FRAMES, format_prompt, format_prompts, load_vignettes
+from tinymcf_callback.data.sets import CONDITIONS
 from tinymcf_callback.scoring.prompts import answer_token_ids
 
 SCENE = "You see a wizard turning a lost traveller into a toad for fun."

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from helpers.reports import ENGINE_FIELDS, made_up_scores
 
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS, REAL_FOUNDATIONS, md5
-from tinymcf_callback.eval import main as eval_main
-from tinymcf_callback.plot import load_history
 from tinymcf_callback.probe import Probe
+from tinymcf_callback.results.curves import load_history
 from tinymcf_callback.results.history import history_line
 from tinymcf_callback.results.metrics import LOGGED_HEADLINE, report_metrics
 from tinymcf_callback.results.readout import HEADLINE_FIELDS
@@ -320,7 +320,7 @@ def test_eval_cli_report_has_the_whole_documented_schema(tiny_qwen, qwen_tok, tm
     model_dir = tmp_path / "tiny"
     tiny_qwen.save_pretrained(model_dir)
     qwen_tok.save_pretrained(model_dir)
-    assert eval_main(["--model", str(model_dir), "--limit", "2", "--device", "cpu", "--out", str(tmp_path),
+    assert tinymcf(["eval", "--model", str(model_dir), "--limit", "2", "--device", "cpu", "--out", str(tmp_path),
                       "--tag", "t", "--no-progress", "--n-resamples", "200"]) == 0
     data = strict_json((tmp_path / "eval_scifi_t.json").read_text())
     check_report_schema(data, EVAL_CLI_FIELDS)

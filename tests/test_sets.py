@@ -5,9 +5,10 @@ from collections import Counter
 
 import pytest
 
-from tinymcf_callback import CONDITIONS, FOUNDATIONS, ProbeDataError, load_vignettes
+from tinymcf_callback import load_vignettes
 from tinymcf_callback.data.home import shipped_dir
-from tinymcf_callback.data.sets import RewriteCache, md5, read_set_file
+from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS, RewriteCache, md5, read_set_file
+from tinymcf_callback.errors import ProbeDataError
 from tinymcf_callback.prepare.rules import MAX_WORDS, RULES_VERSION, rewrite_problems
 
 
@@ -205,7 +206,8 @@ def test_limit_warns_when_it_drops_foundations_or_the_control():
     ({"target": "care"}, "target must be one of the real foundations"),
 ])
 def test_subset_and_target_settings_are_checked_once(settings, message):
-    from tinymcf_callback import ConfigError, ProbeConfig
+    from tinymcf_callback import ProbeConfig
+    from tinymcf_callback.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         ProbeConfig(**settings)

@@ -12,11 +12,11 @@ import pytest
 from helpers.fake_llm_server import FakeLLM
 
 import tinymcf_callback
-from tinymcf_callback import CONDITIONS, load_vignettes
+from tinymcf_callback import load_vignettes
 from tinymcf_callback._io import read_jsonl
+from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders
-from tinymcf_callback.data.sets import md5
-from tinymcf_callback.prepare import main
+from tinymcf_callback.data.sets import CONDITIONS, md5
 from tinymcf_callback.prepare.show import GUTTER
 from tinymcf_callback.prepare.store import store_set
 
@@ -73,7 +73,7 @@ def cells(block: list[str]) -> dict[str, str]:
 @pytest.mark.parametrize("columns,per_row", [(80, 2), (200, 4)])
 def test_show_prints_the_sample_side_by_side_within_the_width(capsys, monkeypatch, columns, per_row):
     monkeypatch.setenv("COLUMNS", str(columns))
-    rc, out, err = cli(capsys, "--show", "4", "--name", "scifi", "--seed", "3")
+    rc, out, err = cli(capsys, "show", "-n", "4", "--name", "scifi", "--seed", "3")
     assert rc == 0, err
     assert out.startswith("scifi: 4 of 51 vignettes, drawn with seed 3")
     assert max(len(line) for line in out.splitlines()) <= columns
@@ -104,18 +104,19 @@ def test_show_with_the_judges_verdicts(tmp_path, monkeypatch, capsys):
         csv.writer(f).writerows([("Scenario", "Foundation"), *MY_ROWS])
     with FakeLLM(KEY) as llm:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        rc, out, err = cli(capsys, "--name", "mine", "--source", src, *api(llm))
+        rc, out, err = cli(capsys, "prepare", "--name", "mine", "--source", src, *api(llm))
         assert rc == 0, out + err
         assert out.rstrip().endswith("spot-check them before trusting the eval: "
                                      "tinymcf show --name mine -n 10")
         uphold = load_vignettes("mine")[0]["other_uphold"]
         llm.judge_overrides[uphold] = {"foundation": "Loyalty", "valence": "violate"}
-        rc, out, err = cli(capsys, "--name", "mine", "--validate", "--out", tmp_path / "v.jsonl", *api(llm))
+        rc, out, err = cli(capsys, "validate", "--name", "mine", "--out", tmp_path / "v.jsonl", *api(llm))
         assert rc in (0, 1), out + err
-        rc, out, err = cli(capsys, "--name", "mine", "--source", src, *api(llm))  # nothing new: no spot-check line
+        rc, out, err = cli(capsys, "prepare", "--name", "mine", "--source", src,
+                           *api(llm))  # nothing new: no spot-check line
         assert "nothing to request" in out and "--show" not in out
     monkeypatch.setenv("COLUMNS", "120")
-    rc, out, err = cli(capsys, "--show", "10", "--name", "mine")
+    rc, out, err = cli(capsys, "show", "-n", "10", "--name", "mine")
     assert rc == 0, err
     records = [obj for _, obj in read_jsonl(tmp_path / "v.jsonl")]
     flagged = [r for r in records if r["flagged"]]
@@ -142,8 +143,8 @@ def test_show_needs_no_openai_no_torch_and_no_lexicon(tmp_path):
     """A fresh interpreter in which those packages cannot be imported at all."""
     code = ("import sys\n"
             "for m in ('openai', 'torch', 'transformers', 'vaderSentiment'): sys.modules[m] = None\n"
-            "from tinymcf_callback.prepare import main\n"
-            "sys.exit(main(['--show', '2', '--name', 'scifi']))\n")
+            "from tinymcf_callback.cli.main import main\n"
+            "sys.exit(main(['show', '-n', '2', '--name', 'scifi']))\n")
     env = {**os.environ, "TINYMCF_HOME": str(tmp_path / "home"), "COLUMNS": "100"}
     env.pop("TINYMCF_CACHE_DIR", None)
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -156,11 +157,11 @@ def _row(text: str) -> dict:
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--show", "3", "--name", "nope"], "unknown vignette set 'nope'; available: bare, clifford, scifi"),
-    (["--show", "3", "--name", "clifford"], "vignette set 'clifford' is not prepared on this machine"),
-    (["--show", "3", "--name", "bare"], "set 'bare' lacks 6 of its 6 rewrites (first: "),
-    (["--show", "0", "--name", "scifi"], "--count must be a positive whole number of vignettes to print"),
-    (["--show", "3", "--name", "scifi", "--validate"], "unrecognized arguments: --validate"),  # show reads only
+    (["show", "-n", "3", "--name", "nope"], "unknown vignette set 'nope'; available: bare, clifford, scifi"),
+    (["show", "-n", "3", "--name", "clifford"], "vignette set 'clifford' is not prepared on this machine"),
+    (["show", "-n", "3", "--name", "bare"], "set 'bare' lacks 6 of its 6 rewrites (first: "),
+    (["show", "-n", "0", "--name", "scifi"], "--count must be a positive whole number of vignettes to print"),
+    (["show", "-n", "3", "--name", "scifi", "--validate"], "unrecognized arguments: --validate"),  # show reads only
 ])
 def test_show_errors_are_one_line_and_exit_2(capsys, argv, needle):
     store_set("bare", [_row("You see a man kicking a stray dog in the park."),
@@ -189,9 +190,10 @@ def test_the_command_names_the_spot_check(capsys):
 def test_show_a_rated_set_gives_each_vignettes_human_rating(generated_clifford, capsys):
     """Clifford-shaped data (the generated file): the heading carries the mean wrongness rating of each vignette."""
     generated_clifford.install_rewrites(folders().cache)
-    rc, out, err = cli(capsys, "--name", "clifford", "--source", generated_clifford.path, "--allow-checksum-change")
+    rc, out, err = cli(capsys, "prepare", "--name", "clifford", "--source", generated_clifford.path,
+                       "--allow-checksum-change")
     assert rc == 0, err
-    rc, out, err = cli(capsys, "--show", "3", "--name", "clifford", "--seed", "7")
+    rc, out, err = cli(capsys, "show", "-n", "3", "--name", "clifford", "--seed", "7")
     assert rc == 0, err
     df = tinymcf_callback.show_rewrites("clifford", n=3, seed=7)
     headings = [block[0] for block in blocks(out)]

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tinymcf_callback import CONDITIONS, FOUNDATIONS, FRAMES, analyse
-from tinymcf_callback.data.sets import CONTROL, REAL_FOUNDATIONS
+from tinymcf_callback import FRAMES, analyse
+from tinymcf_callback.data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS
 from tinymcf_callback.results.stats import (
     HEADLINE,
     METRICS,

@@ -10,9 +10,10 @@ import pytest
 import torch
 from helpers.models import ARCHITECTURES
 
-from tinymcf_callback import ConfigError, Probe, ResidualSteering, compare, random_directions, residual_direction
+from tinymcf_callback import Probe, ResidualSteering, compare, dose_response, random_directions, residual_direction
+from tinymcf_callback.errors import ConfigError
 from tinymcf_callback.results.history import read_lines
-from tinymcf_callback.steering import decoder_layers
+from tinymcf_callback.scoring.steering import decoder_layers
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_answer_position_steering_scores_each_prompt_whole(tiny_qwen, qwen_tok, 
     scores each prompt whole, and gets what a hook on each prompt alone gives."""
     steer = ResidualSteering(tiny_qwen, 0, direction, at="answer")  # layer 0: the next layer reads the cache
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
-        result = probe.dose_response(tiny_qwen, steer, [3.0])
+        result = dose_response(probe, tiny_qwen, steer, [3.0])
     rep = result.reports[("real", 0, 3.0)]
     assert rep["info"]["strategy"] == "full" and not rep["info"]["self_check"]["fallbacks"]
     alone = Probe(qwen_tok, "scifi", per_foundation=1, share_prefix=False, self_check=False)
@@ -65,7 +66,7 @@ def test_answer_position_steering_scores_each_prompt_whole(tiny_qwen, qwen_tok, 
 @pytest.mark.slow
 def test_dose_response_changes_random_control_and_history(tiny_qwen, probe, direction, tmp_path):
     steer = ResidualSteering(tiny_qwen, 0, direction)
-    result = probe.dose_response(tiny_qwen, steer, [2.0, -2.0], n_random=3, seed=1, output_dir=tmp_path)
+    result = dose_response(probe, tiny_qwen, steer, [2.0, -2.0], n_random=3, seed=1, output_dir=tmp_path)
     assert result.coefficients == [-2.0, 0.0, 2.0] and result.n_random == 3
     assert len(result.reports) == 1 + 2 * (1 + 3)
     # each change is the paired change against the unsteered report: what compare() gives
@@ -109,7 +110,7 @@ def test_random_directions_have_the_norm_and_are_seeded(direction):
 
 
 def test_residual_direction_is_a_difference_of_means_at_the_answer_position(tiny_qwen, qwen_tok):
-    from tinymcf_callback import encode_batch
+    from tinymcf_callback.scoring.engine import encode_batch
     from tinymcf_callback.scoring.prompts import FRAMES, format_prompt
 
     pos, neg = ["You see a man kick a dog."], ["You see a man pet a dog.", "You see a girl feed a cat."]
@@ -139,7 +140,7 @@ def test_bad_steering_input_is_refused(tiny_qwen, probe, direction):
     with pytest.raises(ConfigError, match="at must be one of every, answer"):
         ResidualSteering(tiny_qwen, 0, direction, at="last")
     with pytest.raises(ConfigError, match="n_random needs a ResidualSteering"):
-        probe.dose_response(tiny_qwen, lambda c: torch.no_grad(), [1.0], n_random=2)
+        dose_response(probe, tiny_qwen, lambda c: torch.no_grad(), [1.0], n_random=2)
     with pytest.raises(ConfigError, match="coefficients must be"):
-        probe.dose_response(tiny_qwen, ResidualSteering(tiny_qwen, 0, direction), ["strong"])
+        dose_response(probe, tiny_qwen, ResidualSteering(tiny_qwen, 0, direction), ["strong"])
     assert json.dumps(repr(ResidualSteering(tiny_qwen, -1, direction))).count("layer=1") == 1

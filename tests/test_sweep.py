@@ -16,17 +16,11 @@ from helpers.trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
 from tinymcf_callback import MoralProbeCallback
+from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
-from tinymcf_callback.eval import main as eval_main
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.tools.sweep import (
-    ProbeCache,
-    SweepSettings,
-    current_run_lines,
-    find_checkpoints,
-    recorded_steps,
-    tokenizer_fingerprint,
-)
+from tinymcf_callback.tools.checkpoints import find_checkpoints, tokenizer_fingerprint
+from tinymcf_callback.tools.sweep import ProbeCache, SweepSettings, current_run_lines, recorded_steps
 
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"
@@ -61,7 +55,7 @@ def clone(run: Path, dst: Path, *, keep_history=False) -> Path:
 
 
 def sweep(run: Path, home: Path, *extra, capsys=None):
-    rc = eval_main(["--run-dir", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", *extra])
+    rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", *extra])
     out = capsys.readouterr() if capsys else None
     return rc, out
 
@@ -261,13 +255,13 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
 def test_bad_input_exits_2_with_one_error_line(case, needle, swept, tmp_path, home, capsys):
     before = (swept / HISTORY).read_bytes()
     args = {
-        "missing": ["--run-dir", str(tmp_path / "nope")],
-        "empty": ["--run-dir", str(tmp_path)],
-        "unknown_set": ["--run-dir", str(swept), "--name", "nope"],
-        "tag": ["--run-dir", str(swept), "--tag", "x"],
-        "other_limit": ["--run-dir", str(swept), "--limit", "3"],
+        "missing": [str(tmp_path / "nope")],
+        "empty": [str(tmp_path)],
+        "unknown_set": [str(swept), "--name", "nope"],
+        "tag": [str(swept), "--tag", "x"],
+        "other_limit": [str(swept), "--limit", "3"],
     }[case]
-    rc = eval_main([*args, "--home", str(home), "--no-progress"])
+    rc = tinymcf(["sweep", *args, "--home", str(home), "--no-progress"])
     one_error_line(rc, capsys.readouterr().err, needle)
     assert (swept / HISTORY).read_bytes() == before
 

@@ -7,65 +7,98 @@ The package, one folder per reason to change, imports running one way
 - ``data/``: where user data lives (``home``) and the vignette sets with their rewrite cache (``sets``);
 - ``scoring/``: prompt text (``prompts``), what a model is and takes (``model_info``), batch planning
   (``batching``), the strategies that run the model (``engine``), its self-check (``selfcheck``), the
-  probe's mode and precision (``mode``), several processes (``ranks``);
+  probe's mode and precision (``mode``), several processes (``ranks``), steering hooks and directions
+  (``steering``);
 - ``results/``: pure pandas/numpy from P(Yes) to the report (``analysis``, ``stats``, ``readout``,
   ``text``), the files (``report``, ``history``), the logged names (``metrics``), ``comparison``, ``curves``;
 - ``probe.py`` (``Probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the composition of the above;
-  ``steering.py``: the probe under a family of interventions (dose-response, random-direction control);
 - ``training/``: the Trainer callback (``callback``), the probe in a loop of one's own (``logger``), the
   callback's saved state and writers;
-- ``tools/``: the checkpoint sweep and the plots;
+- ``tools/``: the checkpoint sweep, the steering dose-response (``dose``) and the plots;
 - ``cli/``: the ``tinymcf`` command;
 - ``prepare/``: the offline preparation of sets (download, rewrites, judge, spot check).
 
-Public names are imported lazily, so ``tinymcf prepare`` and the data layer start without loading
-torch or transformers.
+``__all__`` is what a user calls; everything else stays importable from its own module. The names are
+imported lazily, so ``tinymcf prepare`` and the data layer start without loading torch or
+transformers; the same imports, written out under ``TYPE_CHECKING``, let editors and type checkers
+resolve each of them.
 """
 
 from __future__ import annotations
 
 import importlib
-
-from . import _aliases
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "analyse": "results.analysis",
-    "AnswerScores": "scoring.engine",
-    "compare": "results.comparison",
-    "CompareError": "errors",
-    "ConfigError": "errors",
-    "EngineMismatchError": "errors",
-    "load_report": "results.report",
+    # the probe in training
     "MoralProbeCallback": "training.callback",
     "ProbeLogger": "training.logger",
-    "ResidualSteering": "steering",
-    "DoseResponse": "steering",
-    "random_directions": "steering",
-    "residual_direction": "steering",
-    "score_prompts": "scoring.engine",
+    # one model, one report
     "Probe": "probe",
     "ProbeConfig": "config",
     "evaluate": "probe",
-    "encode_batch": "scoring.engine",
+    "compare": "results.comparison",
+    "load_report": "results.report",
+    # steering
+    "ResidualSteering": "scoring.steering",
+    "random_directions": "scoring.directions",
+    "residual_direction": "scoring.directions",
+    "dose_response": "tools.dose",
+    "DoseResponse": "tools.dose",
+    # the vignettes
+    "load_vignettes": "data.sets",
+    "show_rewrites": "prepare.show",
+    # the lower level: your own forward pass
     "FRAMES": "scoring.prompts",
     "format_prompt": "scoring.prompts",
     "format_prompts": "scoring.prompts",
-    "CONDITIONS": "data.sets",
-    "FOUNDATIONS": "data.sets",
-    "ProbeDataError": "errors",
+    "score_prompts": "scoring.answers",
+    "analyse": "results.analysis",
+    # the root of every error the package raises (each kind: tinymcf_callback.errors)
     "TinymcfError": "errors",
-    "available_sets": "data.sets",
-    "load_vignettes": "data.sets",
-    "show_rewrites": "prepare.show",
-    "UnsupportedModelError": "errors",
-    "unwrap_model": "scoring.model_info",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them equal)
+    "analyse",
+    "compare",
+    "dose_response",
+    "DoseResponse",
+    "evaluate",
+    "format_prompt",
+    "format_prompts",
+    "FRAMES",
+    "load_report",
+    "load_vignettes",
+    "MoralProbeCallback",
+    "Probe",
+    "ProbeConfig",
+    "ProbeLogger",
+    "random_directions",
+    "residual_direction",
+    "ResidualSteering",
+    "score_prompts",
+    "show_rewrites",
+    "TinymcfError",
+]
 
-_aliases.install()  # the modules' paths of the flat layout (tinymcf_callback.engine, ...) keep working
+if TYPE_CHECKING:
+    from .config import ProbeConfig
+    from .data.sets import load_vignettes
+    from .errors import TinymcfError
+    from .prepare.show import show_rewrites
+    from .probe import Probe, evaluate
+    from .results.analysis import analyse
+    from .results.comparison import compare
+    from .results.report import load_report
+    from .scoring.answers import score_prompts
+    from .scoring.directions import random_directions, residual_direction
+    from .scoring.prompts import FRAMES, format_prompt, format_prompts
+    from .scoring.steering import ResidualSteering
+    from .tools.dose import DoseResponse, dose_response
+    from .training.callback import MoralProbeCallback
+    from .training.logger import ProbeLogger
 
 
 def __getattr__(name: str):

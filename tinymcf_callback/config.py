@@ -202,13 +202,8 @@ def field_names() -> tuple[str, ...]:
 
 
 def make_config(config: ProbeConfig | None = None, **settings) -> ProbeConfig:
-    """``config`` (default: the defaults) with the keyword ``settings`` applied: the keyword-argument convenience.
-
-    ``token_budget=None`` means the default budget, as it did when the callback and the sweep had a
-    keyword argument of their own for it (and a callback saved then is rebuilt from those).
-    """
+    """``config`` (default: the defaults) with the keyword ``settings`` applied: the keyword-argument convenience."""
     if config is not None and not isinstance(config, ProbeConfig):
         raise ConfigError(f"config must be a ProbeConfig, got {type(config).__name__}")
     base = config if config is not None else ProbeConfig()
-    settings = {k: v for k, v in settings.items() if not (k == "token_budget" and v is None)}
     return base.replace(**settings) if settings else base

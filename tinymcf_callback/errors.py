@@ -56,3 +56,7 @@ class PrepareError(TinymcfError):
 
 class MissingExtraError(TinymcfError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+class LoadError(TinymcfError):
+    """A model or tokenizer named on the command line cannot be loaded, or a folder cannot be written."""

@@ -90,20 +90,14 @@ class Probe:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def __getattr__(self, name: str):
-        """The settings read as attributes too (``probe.level``, ``probe.token_budget``, ...)."""
-        config = self.__dict__.get("config")
-        if config is not None and hasattr(config, name):
-            return getattr(config, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None,
               ranks: Ranks | None = None) -> ScoreResult:
         """Score the model in eval + inference mode (state restored after), in the weights' own precision.
 
         Without ``batches``: every prompt, through :func:`~tinymcf_callback.scoring.selfcheck.score_checked`
         (the fast path checked against each prompt scored alone; ``res.check`` says how), shared
-        among ``ranks`` when given (:func:`~tinymcf_callback.scoring.ranks.score_across_ranks`). With
+        among ``ranks`` when given (``ranks=Ranks.current()``: every process of a distributed run, each
+        scoring its share of the batches, every one ending with the whole result). With
         ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
 
         Raises :class:`~tinymcf_callback.errors.UnsupportedModelError` before any forward call when
@@ -153,22 +147,6 @@ class Probe:
         if check is None:
             return None
         return {**check, "checked_prompts": [self.labels[i] for i in check["checked"]]}
-
-    def dose_response(self, model, intervene, coefficients, *, controls=None, n_random: int = 0, seed: int = 0,
-                      output_dir=None, progress: bool = False):
-        """Probe ``model`` under ``intervene(c)`` for each coefficient: a steering dose-response with its control.
-
-        ``intervene(c)`` returns a context manager (:class:`~tinymcf_callback.steering.ResidualSteering`,
-        a PEFT adapter's scale, a steering library's context); ``c = 0`` is the unsteered model, scored
-        once and added when absent. ``n_random=k`` (with a ``ResidualSteering``): the same
-        intervention along ``k`` seeded random directions of the same norm; ``controls=[...]``: your
-        own. ``output_dir``: append the dose history ``moral_probe_<name>_dose.jsonl`` there
-        (``tinymcf plot --x coefficient``). Returns a :class:`~tinymcf_callback.steering.DoseResponse`.
-        """
-        from .steering import dose_response
-
-        return dose_response(self, model, intervene, coefficients, controls=controls, n_random=n_random, seed=seed,
-                             output_dir=output_dir, progress=progress)
 
     def run(self, model, *, progress: bool = False, ranks: Ranks | None = None) -> dict:
         """Score ``model`` and return its report: :meth:`score` then :meth:`report`, timed."""

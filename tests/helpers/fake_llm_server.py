@@ -39,7 +39,7 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tinymcf_callback import rules
+from tinymcf_callback.prepare import rules
 
 FOUNDATIONS = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Social Norms")
 MODELS = ("good-model", "refuse-model", "refusal-field", "malformed-model", "rulebreak-model", "fixes-on-retry",
@@ -84,7 +84,7 @@ def cue_rewrite(condition, original, label):
 def rewrite_request_problems(messages) -> list[str]:
     """What a rewrite request lacks: the original text, its foundation label, its condition, or the rules.
 
-    The rules are :mod:`tinymcf_callback.rules`' own: the word limit, the "You see" start and
+    The rules are :mod:`tinymcf_callback.prepare.rules`' own: the word limit, the "You see" start and
     every deny-listed phrase must be written out in the request (system or user message).
     """
     problems = []

@@ -24,7 +24,7 @@ import transformers as T  # noqa: E402
 from helpers.defects import added_at_last_position  # noqa: E402
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
-from tinymcf_callback.scoring.ranks import score_across_ranks  # noqa: E402
+from tinymcf_callback.scoring.ranks import Ranks  # noqa: E402
 
 out, wrapper = Path(sys.argv[1]), sys.argv[2]
 TIMEOUT = datetime.timedelta(seconds=120)
@@ -87,7 +87,7 @@ def main():
         seen: list[str] = []
         handle = first.register_forward_pre_hook(
             lambda m, args, seen=seen: seen.append(str(m.weight.dtype).replace("torch.", "")) if not seen else None)
-        res = score_across_ranks(probe, model)
+        res = probe.score(model, ranks=Ranks.current())
         handle.remove()
         results[name] = {"precision": res.precision, "seen": seen[0], "strategy": res.strategy, "check": res.check,
                          "wrapper": type(model).__name__}

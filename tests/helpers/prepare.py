@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 
 from tinymcf_callback._io import read_jsonl
-from tinymcf_callback.prepare import main
+from tinymcf_callback.cli.main import main
 
 KEY = "sk-test-SECRET-123"
 CLIFFORD_SHA = "b69a0589517a7b1cc7ab1d8a5034721f468c172d888d765bc81d4dc5e920f0c1"

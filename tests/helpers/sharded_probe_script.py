@@ -6,7 +6,7 @@ layer, then on the model) or ``zero3`` (a DeepSpeed ZeRO-3 engine). For one tiny
 engine strategy (shared prefixes, full prompts, unpadded prompts), and a Llama with a steering hook at
 the last position that the shared path gets wrong (its self-check falls back on every rank), every
 rank scores the probe on the plain model alone, then on the sharded model through
-``score_across_ranks``, and writes
+``probe.score(model, ranks=Ranks.current())``, and writes
 ``<wrapper>_rank<r>.json``: both scores, the forward calls the sharded model received in the probe
 (counted by a hook), the calls each rank's share needed before filling up, and what the rank held.
 
@@ -29,7 +29,7 @@ import transformers as T  # noqa: E402
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
 from tinymcf_callback.scoring import selfcheck  # noqa: E402
-from tinymcf_callback.scoring.ranks import score_across_ranks  # noqa: E402
+from tinymcf_callback.scoring.ranks import Ranks  # noqa: E402
 
 out, wrapper = Path(sys.argv[1]), sys.argv[2]
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("PROBE_PG_TIMEOUT", "60")))
@@ -144,7 +144,7 @@ def main():
         seen = []
         handle = sharded.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
         planned.clear()
-        res = score_across_ranks(probe, sharded)
+        res = probe.score(sharded, ranks=Ranks.current())
         handle.remove()
         results[name] = {
             "plain": plain.p_yes.tolist(), "plain_strategy": plain.strategy, "sharded": res.p_yes.tolist(),

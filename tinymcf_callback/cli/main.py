@@ -11,8 +11,8 @@
 Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)``
 and ``run(args)``; the outcome maps to the exit status in one place (:func:`.options.run`):
 0 done, 2 bad input (one ``error:`` line), 1 a bug (with its traceback), 130 interrupted.
-``python -m tinymcf_callback`` is the same command; the older ``python -m tinymcf_callback.eval``,
-``.prepare``, ``.validate`` and ``.plot`` forms are thin aliases (:mod:`.legacy`).
+``python -m tinymcf_callback`` is the same command, and ``python -m tinymcf_callback.prepare`` its
+``prepare`` subcommand (the name the project's design gives the offline step).
 """
 
 from __future__ import annotations

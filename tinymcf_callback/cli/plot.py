@@ -46,7 +46,8 @@ def add_arguments(p) -> None:
 
 def _tag(args) -> str | None:
     """The name a paper figure adds to the default file name (None: the dashboard keeps the plain name)."""
-    from ..tools.plot import is_paper, split_names
+    from ..tools.paper import split_names
+    from ..tools.plot import is_paper
 
     if not is_paper(args.panels, args.metrics):
         return None
@@ -55,7 +56,9 @@ def _tag(args) -> str | None:
 
 def run(args) -> int:
     from ..results.curves import load_histories
-    from ..tools.plot import PAPER_DPI, default_out, draw, image_format, is_paper, save_figure
+    from ..tools.drawing import image_format, save_figure
+    from ..tools.paper import PAPER_DPI
+    from ..tools.plot import default_out, draw, is_paper
 
     if args.out:
         image_format(args.out)  # a wrong suffix fails before the drawing

@@ -1,8 +1,8 @@
-"""``python -m tinymcf_callback.prepare``: the older form of ``tinymcf prepare``, ``validate`` and ``show``."""
+"""``python -m tinymcf_callback.prepare``: ``tinymcf prepare``, by the name the design gives the offline step."""
 
 import sys
 
-from ..cli.legacy import prepare_main
+from ..cli.main import main
 
 if __name__ == "__main__":
-    sys.exit(prepare_main())
+    sys.exit(main(["prepare", *sys.argv[1:]]))

@@ -100,7 +100,7 @@ def show_rewrites(name: str = "scifi", n: int = 10, seed: int = 0, *, judge_mode
     where the set has human ratings, and, where ``--validate`` has judged the texts,
     ``<condition>_verdict`` (``"Loyalty, uphold"``, ``FLAGGED: why`` for a flagged rewrite).
     ``judge_model`` picks the judge (default: the one with the most verdicts);
-    ``df.attrs["judge"]`` names it. The same sample as ``prepare --show n --seed seed``.
+    ``df.attrs["judge"]`` names it. The same sample as ``tinymcf show -n n --seed seed``.
     """
     f = folders()
     sample, _ = sample_vignettes(name, n, seed, limit=limit, cache=RewriteCache(f.rewrite_dirs))
@@ -195,7 +195,7 @@ def print_sample(name: str, sample: list[dict], pool: int, seed: int, judged_by:
 
 
 def show_set(args, secrets: list, say: Callable[[str], None]) -> int:
-    """``prepare --show N``: print N seeded random vignettes of ``--name`` with their four conditions."""
+    """``tinymcf show -n N``: print N seeded random vignettes of ``--name`` with their four conditions."""
     f = folders()
     sample, pool = sample_vignettes(args.name, args.show, args.seed, limit=args.limit,
                                     cache=RewriteCache(f.rewrite_dirs))

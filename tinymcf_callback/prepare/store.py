@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 
 from .._io import append_jsonl, atomic_write_bytes, atomic_write_text
@@ -48,15 +47,6 @@ def store_raw(path: Path, data: bytes) -> None:
         atomic_write_bytes(path, data)
     except OSError as e:
         raise PrepareError(f"cannot write {path} ({e.strerror or e})") from None
-
-
-def append_entries(path: Path, entries: Iterable[dict]) -> int:
-    """Append cache entries (their private ``_file``/``_line`` fields dropped) to ``path``; how many."""
-    n = 0
-    for entry in entries:
-        append_entry(path, {k: v for k, v in entry.items() if not k.startswith("_")})
-        n += 1
-    return n
 
 
 def append_entry(path: Path, entry: dict) -> None:

@@ -142,12 +142,6 @@ def foundation_order(names: Iterable[str]) -> list[str]:
     return [f for f in FOUNDATIONS if f in present] + sorted(present - set(FOUNDATIONS))
 
 
-def known_metrics(foundations: Iterable[str] = ()) -> list[str]:
-    """Every metric name :func:`metric_key` accepts in its canonical form, for the known and the given foundations."""
-    found = foundation_order([*FOUNDATIONS, *foundations])
-    return [*HEADLINE, *(f"{m}:{f}" for f in found for m in FOUNDATION_METRICS), *SANITY]
-
-
 def known_metrics_text(foundations: Iterable[str] = ()) -> str:
     found = foundation_order([*FOUNDATIONS, *foundations])
     return (f"the known metrics are {', '.join(HEADLINE)} (headline); a foundation ({', '.join(found)}) for its "

@@ -27,7 +27,7 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import probe_key
+from .metrics import change_metrics, probe_key, report_metrics
 from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records, precision_key
 
@@ -62,7 +62,7 @@ def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER
     return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}.jsonl")
 
 
-# The dose-response history (tinymcf_callback.steering): the same lines, with these fields added.
+# The dose-response history (tinymcf_callback.tools.dose): the same lines, with these fields added.
 DOSE_EVENT = "dose"  # a steered line; the unsteered line (c = 0) is a baseline line (event train_begin)
 DOSE_DIRECTIONS = ("none", "real", "random")  # unsteered (c = 0), the direction studied, a random control one
 DOSE_LINE_FIELDS = {
@@ -99,6 +99,20 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
             "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
             "table": json_records(report["table"].reset_index())}
+
+
+def probe_line(name: str, report: dict, *, baseline: dict | None = None, target: str | None = None, step: int,
+               epoch, event: str) -> dict:
+    """A probe's history line with its metrics: the report's own and the change since ``baseline``.
+
+    The one recipe from a report to what is logged and written, for the callback, :class:`ProbeLogger`,
+    the sweep and the dose-response alike: ``line["metrics"]`` holds the logged names
+    (:func:`~tinymcf_callback.results.metrics.report_metrics`, then
+    :func:`~tinymcf_callback.results.metrics.change_metrics` against ``baseline``, a
+    :func:`~tinymcf_callback.results.metrics.baseline_record`; with a ``target`` foundation its selectivity).
+    """
+    metrics = {**report_metrics(name, report), **change_metrics(name, baseline, report, target)}
+    return history_line(name, report, metrics, step=step, epoch=epoch, event=event)
 
 
 def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> bool:

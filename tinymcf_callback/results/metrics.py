@@ -103,9 +103,10 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
     ``level`` (``stats.paired_change``, seed 0); with intervals off (``n_resamples=0``) only the change
     is logged. With a ``target`` foundation, also its ``selectivity`` (``stats.selectivity``: the
     target's change of ``align_other`` minus the mean change of the other real foundations) with its
-    bounds and p-value. Empty without a baseline; finite values only.
+    bounds and p-value. Empty without a baseline, or with one that asked other prompts (another
+    tokenizer, subset or answer format: no paired change exists); finite values only.
     """
-    if baseline is None:
+    if baseline is None or baseline.get("prompt_digest") != report.get("prompt_digest"):
         return {}
     names = metric_names(name, _format(report))
     if not report.get("n_resamples"):

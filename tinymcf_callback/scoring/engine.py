@@ -32,12 +32,12 @@ import inspect
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..errors import PromptError, UnsupportedModelError
+from .answers import AnswerScores, score_prompts
 from .batching import PrefixPlan
 from .model_info import (
     NEEDS,
@@ -79,63 +79,6 @@ def check_context(model, encoded: list[list[int]], labels: list[str] | None = No
 
 
 # ---- reading the answer off the logits ---------------------------------------------------------
-
-class AnswerScores(NamedTuple):
-    """Per-prompt ``p_yes`` and ``yn_mass`` (numpy arrays), as :func:`score_prompts` returns them.
-
-    A named pair that also reads like a mapping, so both styles work::
-
-        scored = score_prompts(logits, tok); scored["p_yes"], scored.yn_mass, dict(scored)
-        p_yes, yn_mass = score_prompts(logits, tok)   # the earlier tuple style
-
-    Iterating gives the two arrays (tuple behaviour); ``keys()``, ``items()``, ``in`` and
-    string indexing behave as for a dict with keys ``"p_yes"`` and ``"yn_mass"``.
-    """
-
-    p_yes: np.ndarray
-    yn_mass: np.ndarray
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            if key not in self._fields:
-                raise KeyError(f"{key!r} (score_prompts returns {', '.join(self._fields)})")
-            return getattr(self, key)
-        return tuple.__getitem__(self, key)
-
-    def __contains__(self, key) -> bool:
-        return key in self._fields
-
-    def keys(self) -> tuple[str, ...]:
-        return self._fields
-
-    def values(self) -> tuple[np.ndarray, ...]:
-        return tuple(self)
-
-    def items(self) -> tuple[tuple[str, np.ndarray], ...]:
-        return tuple(zip(self._fields, self, strict=True))
-
-    def get(self, key, default=None):
-        return getattr(self, key) if key in self._fields else default
-
-
-def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> AnswerScores:
-    """Per-prompt ``p_yes`` (Yes against No only) and ``yn_mass`` (Yes+No over the vocabulary).
-
-    ``logits``: ``[n_prompts, vocab]`` at the answer position (a tensor or an array).
-    Every Yes and No variant of the tokenizer counts (see ``answer_token_ids``). With
-    ``answer_format="json"`` the answers are true and false: ``p_yes`` is P(true) against
-    false and ``yn_mass`` the true+false mass (the names stay, the roles are the same).
-    Returns :class:`AnswerScores`: ``scored["p_yes"]`` or ``p_yes, yn_mass = scored``.
-    """
-    yes, no = answer_token_ids(tok, answer_format)
-    logits = torch.as_tensor(logits)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    lyes = torch.logsumexp(logp[:, yes], dim=-1)
-    lno = torch.logsumexp(logp[:, no], dim=-1)
-    p_yes = torch.sigmoid(lyes - lno)
-    yn_mass = lyes.exp() + lno.exp()
-    return AnswerScores(p_yes.double().cpu().numpy(), yn_mass.double().cpu().numpy())
-
 
 # ---- running the model: three strategies -----------------------------------------------------
 

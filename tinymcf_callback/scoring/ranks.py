@@ -24,17 +24,7 @@ import torch
 
 from .engine import ScoreResult, empty_result
 
-__all__ = ["Ranks", "Shard", "merge_shards", "score_across_ranks", "to_shard"]
-
-
-def score_across_ranks(probe, model) -> ScoreResult:
-    """Score every prompt of ``probe`` (a :class:`~tinymcf_callback.probe.Probe`) once, sharing the batches among
-    all processes (one process: all of them).
-
-    Raises ``RuntimeError`` when a prompt was scored by no rank, rather than reporting metrics
-    over a part of the set.
-    """
-    return probe.score(model, ranks=Ranks.current())
+__all__ = ["Ranks", "Shard", "merge_shards", "to_shard"]
 
 
 class Ranks:

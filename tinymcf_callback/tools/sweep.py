@@ -33,11 +33,7 @@ tools read both alike.
 from __future__ import annotations
 
 import contextlib
-import gc
-import hashlib
-import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +42,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import AutoTokenizer
 
 from ..config import ProbeConfig
 from ..errors import HistoryError, SweepError
@@ -59,22 +54,17 @@ from ..results.history import (
     append_line,
     baseline_path,
     current_run,
-    history_line,
     history_path,
+    probe_line,
     read_lines,
     sole_writer,
 )
-from ..results.metrics import baseline_record, change_metrics, report_metrics
+from ..results.metrics import baseline_record
 from ..results.report import describe_precision, load_report, precision_key, write_report
 from ..results.text import with_bounds
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-
-CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-ADAPTER_CONFIG = "adapter_config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+from .checkpoints import ADAPTER_CONFIG, Checkpoint, adapter_base_name, find_checkpoints, tokenizer_fingerprint
+from .loading import load_model, release_memory
 
 
 @dataclass(frozen=True)
@@ -93,17 +83,6 @@ class SweepSettings:
     @property
     def name(self) -> str:
         return self.probe.name
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One ``checkpoint-<step>`` folder; ``adapter``: PEFT weights only, scored on top of the base model."""
-
-    step: int
-    folder: Path
-    epoch: float | None
-    adapter: bool
-    baseline: bool = False  # the run's starting weights (not a checkpoint-<step> folder): step 0
 
 
 @dataclass
@@ -140,50 +119,6 @@ class SweepResult:
 
 
 # ---- the run folder ------------------------------------------------------------------------------
-def find_checkpoints(run_dir: Path) -> list[Checkpoint]:
-    """The ``checkpoint-<step>`` folders of ``run_dir``, in numeric step order (checkpoint-10 after -9)."""
-    if not run_dir.is_dir():
-        raise SweepError(f"no such folder {run_dir}: --run-dir takes a Trainer output directory "
-                         f"(TrainingArguments.output_dir)")
-    by_step: dict[int, Path] = {}
-    for entry in run_dir.iterdir():
-        match = CHECKPOINT_NAME.fullmatch(entry.name)
-        if not match or not entry.is_dir():
-            continue
-        step = int(match.group(1))
-        if step in by_step:
-            raise SweepError(f"{by_step[step].name} and {entry.name} in {run_dir} both name step {step}; "
-                             f"move one away")
-        by_step[step] = entry
-    if not by_step:
-        raise SweepError(f"{run_dir} holds no {PREFIX_CHECKPOINT_DIR}-<step> folders: pass the output_dir of a "
-                         f"Trainer run that saved checkpoints (save_strategy other than 'no')")
-    return [Checkpoint(step, folder, read_epoch(folder), is_adapter(folder))
-            for step, folder in sorted(by_step.items())]
-
-
-def read_epoch(folder: Path) -> float | None:
-    """The epoch the Trainer recorded in the checkpoint's ``trainer_state.json`` (None when absent or unreadable)."""
-    try:
-        epoch = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8")).get("epoch")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
-
-
-def is_adapter(folder: Path) -> bool:
-    """A PEFT adapter checkpoint: ``adapter_config.json`` and no full model weights."""
-    return (folder / ADAPTER_CONFIG).exists() and not any((folder / f).exists() for f in FULL_WEIGHTS)
-
-
-def adapter_base_name(folder: Path) -> str | None:
-    """The base model an adapter names in its ``adapter_config.json`` (a hint for the error message)."""
-    try:
-        return json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def tokenizer_source(checkpoint: Checkpoint, settings: SweepSettings) -> str | None:
     """Where a checkpoint's tokenizer is read: ``--tokenizer``, else its own files, else ``--base-model``."""
     if settings.tokenizer:
@@ -193,19 +128,6 @@ def tokenizer_source(checkpoint: Checkpoint, settings: SweepSettings) -> str | N
     return settings.base_model
 
 
-def tokenizer_fingerprint(source: str) -> str:
-    """Equal for tokenizers that format and tokenise the prompts alike: the bytes of their files (or the Hub id)."""
-    folder = Path(source)
-    if not folder.is_dir():
-        return source
-    digest = hashlib.sha256()
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-# ---- the history ---------------------------------------------------------------------------------
 def current_run_lines(path: Path) -> list[dict]:
     """The lines of the history at ``path`` that belong to the current run ([] when there is no file yet).
 
@@ -367,15 +289,9 @@ class ProbeCache:
 
 def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str):
     """The checkpoint's model on ``device``: its full weights, or the base model with its PEFT adapter applied."""
-    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
-    if checkpoint.baseline and not Path(checkpoint.folder).is_dir():  # a Hub id given as --base-model
-        model = AutoModelForCausalLM.from_pretrained(str(checkpoint.folder), dtype=dtype)
-    elif checkpoint.adapter:
-        base = AutoModelForCausalLM.from_pretrained(settings.base_model, dtype=dtype)
-        model = require("peft").PeftModel.from_pretrained(base, str(checkpoint.folder))
-    else:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint.folder, dtype=dtype)
-    return model.to(device)
+    if checkpoint.adapter:
+        return load_model(settings.base_model, device=device, dtype=settings.dtype, adapter=checkpoint.folder)
+    return load_model(str(checkpoint.folder), device=device, dtype=settings.dtype)  # a Hub id as --base-model too
 
 
 def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: SweepSettings, device: str,
@@ -393,16 +309,14 @@ def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: Sweep
             report = probe.run(model)
         finally:
             del model
-            free_memory()
+            release_memory()
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the sweep of the others
         return Outcome(checkpoint.step, label, process, error=describe(e))
+    # another tokenizer's prompts than the baseline's: no paired change (said once, by the main process)
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
-    if baseline is not None and baseline.get("prompt_digest") != report["prompt_digest"]:
-        baseline = None  # another tokenizer's prompts: no paired change (said once, by the main process)
-    metrics = {**report_metrics(settings.name, report),
-               **change_metrics(settings.name, baseline, report, settings.probe.target)}
     event = plan.baseline_event if checkpoint.baseline else SWEEP_EVENT
-    line = history_line(settings.name, report, metrics, step=checkpoint.step, epoch=checkpoint.epoch, event=event)
+    line = probe_line(settings.name, report, baseline=baseline, target=settings.probe.target, step=checkpoint.step,
+                      epoch=checkpoint.epoch, event=event)
     return Outcome(checkpoint.step, label, process, line=line, report=report if checkpoint.baseline else None)
 
 
@@ -410,12 +324,6 @@ def describe(error: Exception) -> str:
     """``Type: message`` on one line (loader messages can run over many)."""
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # ---- the sweep -----------------------------------------------------------------------------------

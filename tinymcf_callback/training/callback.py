@@ -4,7 +4,7 @@
 
 At the start of training (a step-0 baseline) and on each evaluation and/or save, the
 callback scores the live model on a vignette set, through the same :class:`Probe` as
-``evaluate`` (split across processes by :func:`score_across_ranks`), and logs the alignment
+``evaluate`` (its batches shared among the processes of a distributed run), and logs the alignment
 metrics through the Trainer's own logging path, so they reach every reporter in
 ``report_to`` (wandb, tensorboard, ...) at the right global step and land in
 ``state.log_history``. The class decides *when* to probe and *where* the result goes; the
@@ -39,19 +39,11 @@ from ..results.metrics import metric_names
 from ..scoring.model_info import check_causal_lm
 from .logger import ProbeLogger
 from .state import record_counters, stored_counters
-from .writers import (
-    active_wandb_run,
-    define_wandb_metrics,
-    log_wandb_table,
-    record_wandb_precision,
-    reports_to_wandb,
-    write_checkpoint,
-)
+from .writers import WandbWriter, active_wandb_run, reports_to_wandb, write_checkpoint
 
 logger = logging.getLogger("tinymcf_callback")
 
 EVENTS = ("evaluate", "save")
-CALLBACK_ARGS = ("events", "every", "baseline", "strict", "verbose")  # saved in state() beside the probe's settings
 
 
 class MoralProbeCallback(TrainerCallback, ExportableState):
@@ -70,9 +62,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
         trainer.train()
 
-    Without ``trainer=`` (``Trainer(..., callbacks=[MoralProbeCallback(name="scifi")])``)
-    the callback finds the Trainer that holds it by walking the call stack once, at
-    ``on_train_begin``; that fails when another callback forwards the events to it.
+    ``trainer=`` is the way to say which Trainer logs the metrics (transformers hands a callback
+    no Trainer). Without it (``Trainer(..., callbacks=[MoralProbeCallback(name="scifi")])``, the
+    design's ``trainer.add_callback(MoralProbeCallback(name="scifi"))``) the callback looks once,
+    at ``on_train_begin``, for the Trainer whose callback handler holds it among its callers
+    (:func:`trainer_holding`), and says so; that fails when another callback forwards the events
+    to it, and the metrics then reach ``state.log_history`` only, with a warning.
 
     Its counters (events seen for ``every``, the last probed and attempted steps, whether
     the baseline ran) and the baseline's per-vignette scores are saved in each checkpoint's
@@ -89,7 +84,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model
             (not when resuming from a checkpoint).
         tokenizer: tokenizer to use; default: the Trainer's ``processing_class``.
-        trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: found on the call stack.
+        trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: :func:`trainer_holding`.
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         verbose: print the sanity lines and the table at every probe on the main process.
 
@@ -115,14 +110,14 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if tokenizer is None:
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
-        self._tokenizer, self._trainer = tokenizer, trainer
-        self.probe: Probe | None = None
-        self.logger: ProbeLogger | None = None  # built with the probe
-        self._pending_baseline: dict | None = None
+        self._tokenizer = tokenizer
+        self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
+        self.probe: Probe | None = None  # the set tokenised once: at construction with tokenizer=, else at train begin
+        self.logger: ProbeLogger | None = None  # the run's history, baseline and change: one per run (its output_dir)
         self.names = metric_names(self.name, self.answer_format)
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
-        self._wandb_run_id: str | None = None  # the wandb run whose metrics are defined
+        self._wandb = WandbWriter(self.name, self.answer_format)
         self._start_counting()
         if tokenizer is not None:
             self._build_probe(tokenizer)
@@ -135,19 +130,13 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def answer_format(self) -> str:
         return self.config.answer_format
 
-    def __getattr__(self, name: str):
-        """The probe's settings read as attributes too (``callback.limit``, ``callback.level``, ...)."""
-        config = self.__dict__.get("config")
-        if config is not None and hasattr(config, name):
-            return getattr(config, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # ---- saved in checkpoints (transformers' ExportableState) ------------------------------------
     def state(self) -> dict:
         """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``.
 
-        ``args`` are this callback's keyword arguments (the probe's settings and ``CALLBACK_ARGS``): the
-        Trainer rebuilds the callback from them with ``restore_callback_states_from_checkpoint=True``.
+        ``args`` are this callback's keyword arguments (the probe's settings, then ``events``, ``every``,
+        ``baseline``, ``strict``, ``verbose``): the Trainer rebuilds the callback from them with
+        ``restore_callback_states_from_checkpoint=True`` and sets ``attributes`` on it.
         """
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
@@ -162,7 +151,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.last_step: int | None = None  # last step with a logged probe
         self.attempted_step: int | None = None  # last step a probe was tried (failed ones too)
         self.baseline_done = False
-        self.baseline_record: dict | None = None  # the step-0 probe's per-vignette s (baseline_record)
+        self.baseline_record: dict | None = None  # the step-0 probe's per-vignette s (metrics.baseline_record)
 
     # ---- when ------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
@@ -170,11 +159,14 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
         if kwargs.get("model") is not None:
             check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
-        self._find_trainer()
+        if self.trainer is None:
+            self.trainer = trainer_holding(self)
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
+            self._start_logger(args)
             return
         self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
+        self._start_logger(args)
         if self.baseline:
             self.baseline_done = True
             self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
@@ -207,19 +199,20 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             return
         if self.probe is None:
             self._ensure_probe(kwargs)
+        if self.logger is None:  # an evaluation outside trainer.train()
+            self._start_logger(args)
         self._probe(args, state, kwargs.get("model"), event)
 
     def _probe(self, args, state, model, event):
         if model is None:
             return
         self.attempted_step = state.global_step
-        probe_logger = self.logger
-        probe_logger.output_dir = args.output_dir
-        report = probe_logger.score(model, step=state.global_step, event=event)
+        report = self.logger.score(model, step=state.global_step, event=event)
         if report is None:
             return  # warned; training goes on
-        metrics = probe_logger.record(report, step=state.global_step, epoch=state.epoch, event=event,
-                                      write=state.is_world_process_zero)
+        metrics = self.logger.record(report, step=state.global_step, epoch=state.epoch, event=event,
+                                     write=state.is_world_process_zero)
+        self.baseline_record = self.logger.baseline_record  # saved in the checkpoints' trainer_state.json
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
         self._publish(args, state, report, metrics)
 
@@ -229,9 +222,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
         The history line and the baseline's report were written by :meth:`ProbeLogger.record`.
         """
-        trainer = self._find_trainer()
-        if trainer is not None:
-            trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
+        if self.trainer is not None:
+            self.trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
         else:
             state.log_history.append({**metrics, "step": state.global_step})
             logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
@@ -244,36 +236,22 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if run is None:
             return
         try:
-            if self._wandb_run_id != run.id:
-                define_wandb_metrics(run, self.name, self.answer_format)
-                record_wandb_precision(run, self.name, report)
-                self._wandb_run_id = run.id
-            log_wandb_table(run, self.name, report, state.global_step)
+            self._wandb.write(run, state.global_step, report)  # the metrics went through Trainer.log
         except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
             logger.warning("moral probe [%s]: wandb table not logged: %s", self.name, e)
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
         self.probe = Probe(tok, config=self.config)  # tokenised once, reused at every probe
-        # The history, the baseline and the change: the same object a loop of one's own uses. Its baseline is
-        # restored from trainer_state.json (the callback's state), not read back from the output folder.
-        self.logger = ProbeLogger(self.probe, None, baseline=self.baseline, resume=False, strict=self.strict,
+
+    def _start_logger(self, args) -> None:
+        """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
+        into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
+        callback's state), never read back from the output folder."""
+        self.logger = ProbeLogger(self.probe, args.output_dir, baseline=self.baseline, resume=False, strict=self.strict,
                                   verbose=self.verbose)
-        self.logger.baseline_record, self._pending_baseline = self._pending_baseline, None
-
-    @property
-    def baseline_record(self) -> dict | None:
-        """The step-0 probe's per-vignette scores (``metrics.baseline_record``): what the change is measured from."""
-        probe_logger = self.__dict__.get("logger")
-        return probe_logger.baseline_record if probe_logger is not None else self.__dict__.get("_pending_baseline")
-
-    @baseline_record.setter
-    def baseline_record(self, record: dict | None) -> None:
-        probe_logger = self.__dict__.get("logger")
-        if probe_logger is not None:
-            probe_logger.baseline_record = record
-        else:
-            self._pending_baseline = record  # restored before the tokenizer is known: applied when the probe is built
+        if self.baseline_record is not None:
+            self.logger.use_baseline(self.baseline_record)
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
@@ -283,24 +261,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             raise ConfigError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
                               "or MoralProbeCallback(tokenizer=tok)")
         self._build_probe(tok)
-
-    def _find_trainer(self):
-        """The Trainer to log through: ``trainer=`` if given, else the one whose handler holds this callback."""
-        if self._trainer is not None:
-            return self._trainer
-        # Fallback: callback events receive no trainer argument, but the Trainer is a caller of this event.
-        frame = inspect.currentframe()
-        try:
-            while frame is not None:
-                obj = frame.f_locals.get("self")
-                handler = getattr(obj, "callback_handler", None)
-                if handler is not None and any(cb is self for cb in getattr(handler, "callbacks", ())):
-                    self._trainer = obj
-                    return obj
-                frame = frame.f_back
-        finally:
-            del frame
-        return None
 
     def _resume_counting(self, state) -> None:
         """Take the counters from the checkpoint the run resumed from.
@@ -319,5 +279,26 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         for attribute, value in saved.get("attributes", {}).items():
             if attribute in known:
                 setattr(self, attribute, value)
-        self.logger.use_baseline(self.baseline_record)
+
+
+def trainer_holding(callback):
+    """The Trainer whose callback handler holds ``callback``, found among the callers of the current event.
+
+    transformers passes a callback no Trainer; ``MoralProbeCallback(trainer=...)`` says it outright. Without
+    it this looks once, at ``on_train_begin``, and logs which it found; None when the event was not called by
+    a Trainer's handler (another callback forwarding it, a test calling the method).
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            obj = frame.f_locals.get("self")
+            handler = getattr(obj, "callback_handler", None)
+            if handler is not None and any(cb is callback for cb in getattr(handler, "callbacks", ())):
+                logger.info("moral probe: logging through the %s that holds the callback (pass trainer= to say "
+                            "which)", type(obj).__name__)
+                return obj
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
 

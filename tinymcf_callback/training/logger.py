@@ -37,19 +37,12 @@ import time
 from ..errors import ConfigError, UnsupportedModelError
 from ..extras import available
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, PendingLines, baseline_path, history_line, history_path
-from ..results.metrics import (
-    baseline_record,
-    baseline_scores,
-    change_metrics,
-    dashboard_names,
-    probe_key,
-    report_metrics,
-)
+from ..results.history import BASELINE_EVENT, PendingLines, baseline_path, history_path, probe_line
+from ..results.metrics import baseline_record, baseline_scores, dashboard_names, probe_key
 from ..results.report import load_report
 from ..results.text import format_table, sanity_lines
-from ..scoring.ranks import Ranks, score_across_ranks
-from .writers import define_wandb_metrics, log_wandb_table, record_wandb_precision, write_baseline
+from ..scoring.ranks import Ranks
+from .writers import WandbWriter, write_baseline
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -125,7 +118,8 @@ class ProbeLogger:
         """The report of ``model`` (scored across the processes), or None when the probe failed (warned)."""
         try:
             start = time.perf_counter()
-            return self.probe.report(score_across_ranks(self.probe, model), elapsed=time.perf_counter() - start)
+            res = self.probe.score(model, ranks=Ranks.current())  # the batches shared among the processes
+            return self.probe.report(res, elapsed=time.perf_counter() - start)
         except UnsupportedModelError:
             raise  # a model the probe cannot read at all: a setup error, not a passing failure
         except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes
@@ -150,8 +144,9 @@ class ProbeLogger:
                 self.baseline_record = self._saved_baseline()
         if event == BASELINE_EVENT:
             self.baseline_record = baseline_record(report, step)
-        metrics = {**report_metrics(self.name, report),
-                   **change_metrics(self.name, self.baseline_record, report, self.probe.config.target)}
+        line = probe_line(self.name, report, baseline=self.baseline_record, target=self.probe.config.target,
+                          step=step, epoch=epoch, event=event)
+        metrics = line["metrics"]
         self.last_step, self.last_report, self.last_metrics = step, report, metrics
         if write if write is not None else Ranks.current().is_main:
             if self.verbose:
@@ -159,10 +154,10 @@ class ProbeLogger:
                 print("\n".join(sanity_lines(report)))
                 print(format_table(report["table"]))
             if self.output_dir is not None:
-                self._write(report, metrics, step=step, epoch=epoch, event=event)
+                self._write(report, line, step=step, epoch=epoch, event=event)
         return metrics
 
-    def _write(self, report: dict, metrics: dict, *, step: int, epoch, event: str) -> None:
+    def _write(self, report: dict, line: dict, *, step: int, epoch, event: str) -> None:
         """The baseline's report (at the step-0 probe), then the history line; what fails is kept for the next probe."""
         if event == BASELINE_EVENT:
             self._unwritten_baseline = (report, step, epoch)
@@ -170,7 +165,6 @@ class ProbeLogger:
             saved, at, at_epoch = self._unwritten_baseline
             if write_baseline(self.output_dir, self.name, saved, step=at, epoch=at_epoch):
                 self._unwritten_baseline = None
-        line = history_line(self.name, report, metrics, step=step, epoch=epoch, event=event)
         self.unwritten.append(self.history, line, self.name)
 
     def close(self) -> list[int]:
@@ -271,18 +265,11 @@ def as_sink(target) -> Sink:
 
 
 def _wandb_sender(run):
-    defined = set()
+    writers: dict[str, WandbWriter] = {}
 
     def send(m, step, report, pl):
         key = probe_key(pl.name, pl.probe.answer_format)
-        if key not in defined:  # curves against the training step, as the callback's
-            define_wandb_metrics(run, pl.name, pl.probe.answer_format)
-            if report is not None:
-                record_wandb_precision(run, pl.name, report)
-            defined.add(key)
-        run.log({**m, "train/global_step": step})
-        if report is not None:
-            log_wandb_table(run, pl.name, report, step)
+        writer = writers.setdefault(key, WandbWriter(pl.name, pl.probe.answer_format))
+        writer.write(run, step, report, m)  # curves against the training step, as the callback's
 
     return send
-

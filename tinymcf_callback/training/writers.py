@@ -17,6 +17,8 @@ from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 logger = logging.getLogger("tinymcf_callback")
 
+PRECISION_CONFIG = ("dtype", "autocast", "compute", "device")  # the report fields put in a wandb run's config
+
 
 def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> bool:
     """The baseline's full report, for ``tinymcf compare`` against any checkpoint's ``moral_probe_<name>.json``.
@@ -65,21 +67,30 @@ def active_wandb_run():
     return getattr(require("wandb"), "run", None)
 
 
-def define_wandb_metrics(run, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
-    """Plot every ``eval/moral_<name>/...`` key against the Trainer's step (once per run)."""
-    run.define_metric(f"eval/moral_{probe_key(name, answer_format)}/*", step_metric="train/global_step")
+class WandbWriter:
+    """The probe in a wandb run, one recipe for the callback and :class:`~tinymcf_callback.training.logger.ProbeLogger`.
 
+    Once per run (a new run id: a new hyperparameter-search trial, say): every ``eval/moral_<name>/...``
+    key is plotted against ``train/global_step`` (``define_metric``), and the probe's precision goes into
+    the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``). At each probe: the
+    given metrics and the per-foundation table (``eval/moral_<name>/table``), at the Trainer's step.
+    """
 
-def record_wandb_precision(run, name: str, report: dict) -> None:
-    """The probe's precision in the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``)."""
-    key = f"moral_{probe_key(name, answer_format(report))}"
-    run.config.update({f"{key}/{field}": report.get(field) for field in ("dtype", "autocast", "compute", "device")},
-                      allow_val_change=True)
+    def __init__(self, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT):
+        self.key = f"moral_{probe_key(name, answer_format)}"
+        self._defined: str | None = None  # the run whose metrics are defined
+        self._recorded: str | None = None  # the run whose config holds the precision
 
-
-def log_wandb_table(run, name: str, report: dict, step: int) -> None:
-    """Log the per-foundation table as ``eval/moral_<name>/table`` at ``step``."""
-    table = require("wandb").Table(dataframe=report["table"].reset_index())
-    run.log({f"eval/moral_{probe_key(name, answer_format(report))}/table": table, "train/global_step": step})
-
-
+    def write(self, run, step: int, report: dict | None = None, metrics: dict | None = None) -> None:
+        if self._defined != run.id:
+            run.define_metric(f"eval/{self.key}/*", step_metric="train/global_step")
+            self._defined = run.id
+        if report is not None and self._recorded != run.id:
+            run.config.update({f"{self.key}/{field}": report.get(field) for field in PRECISION_CONFIG},
+                              allow_val_change=True)
+            self._recorded = run.id
+        payload = dict(metrics or {})
+        if report is not None:
+            payload[f"eval/{self.key}/table"] = require("wandb").Table(dataframe=report["table"].reset_index())
+        if payload:
+            run.log({**payload, "train/global_step": step})

@@ -1,22 +1,24 @@
 """Steering dose-response: the probe under a family of interventions indexed by a number, with a random control.
 
     steer = ResidualSteering(model, layer=15, vector=v)                  # add c * v after decoder layer 15
-    result = probe.dose_response(model, steer, [-8, -4, 4, 8], n_random=4, output_dir="runs/steer")
+    result = dose_response(probe, model, steer, [-8, -4, 4, 8], n_random=4, output_dir="runs/steer")
     print(result.summary())                                              # per coefficient: change, random spread
     result.table()                                                       # one row per direction and coefficient
 
-``intervene(c)`` is any context manager factory: this module's :class:`ResidualSteering` (activation
-addition at every position or at the answer position only, on any HF causal LM), a PEFT adapter's
-scale, a steering library's context. For each coefficient the probe gives the full report (with its
-intervals) and the paired change against ``c = 0`` (the unsteered model, scored once; the same
-vignettes, :func:`~tinymcf_callback.results.stats.paired_change`).
+``intervene(c)`` is any context manager factory:
+:class:`~tinymcf_callback.scoring.steering.ResidualSteering` (activation addition at every position or
+at the answer position only, on any HF causal LM), a PEFT adapter's scale, a steering library's context.
+For each coefficient the probe gives the full report (with its intervals) and the paired change against
+``c = 0`` (the unsteered model, scored once; the same vignettes,
+:func:`~tinymcf_callback.results.stats.paired_change`).
 
 **The random-direction control.** A steering vector moves a model's answers however it was found:
 any push of that size on the residual stream shifts P(Yes) somewhere. So the same intervention
-is applied along ``k`` random directions of the same norm (seeded, :func:`random_directions`), and
-the result says for each coefficient whether the real direction moved the score, and each
-foundation's ``align_other``, beyond the spread of the random ones (outside their range; with
-``k`` directions the chance of that by luck alone is ``2 / (k + 1)``).
+is applied along ``k`` random directions of the same norm (seeded,
+:func:`~tinymcf_callback.scoring.directions.random_directions`), and the result says for each
+coefficient whether the real direction moved the score, and each foundation's ``align_other``, beyond
+the spread of the random ones (outside their range; with ``k`` directions the chance of that by luck
+alone is ``2 / (k + 1)``).
 
 **Where the model stops answering.** At large coefficients a steered model may no longer say Yes or
 No; its P(Yes) is then renormalised from a small mass and its numbers are soft. Every coefficient's
@@ -44,178 +46,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from .errors import ConfigError, UnsupportedModelError
-from .results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, history_line
-from .results.metrics import baseline_record, change_metrics, report_metrics
-from .results.readout import MIN_YN_MASS
-from .results.stats import paired_change, vignette_scores
-from .scoring.engine import encode_batch
-from .scoring.model_info import class_name, unwrap_model
-from .scoring.prompts import FRAMES, format_prompt
+from ..errors import ConfigError
+from ..probe import Probe
+from ..results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
+from ..results.metrics import baseline_record
+from ..results.readout import MIN_YN_MASS
+from ..results.stats import paired_change, vignette_scores
+from ..scoring.directions import random_directions
+from ..scoring.steering import ResidualSteering
 
 logger = logging.getLogger("tinymcf_callback")
 
-POSITIONS = ("every", "answer")
 
-
-# ---- the residual stream ---------------------------------------------------------------------------
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (through any wrappers): ``model.model.layers`` and its kin.
-
-    Tries the decoder's ``layers`` / ``h`` / ``blocks`` / ``block`` / ``decoder.layers``, then the
-    longest ``ModuleList`` of identical blocks. Raises :class:`UnsupportedModelError` when there is none.
-    """
-    base = unwrap_model(model)
-    roots = [base]
-    get_decoder = getattr(base, "get_decoder", None)
-    if callable(get_decoder):
-        with contextlib.suppress(Exception):
-            roots.insert(0, get_decoder())
-    for root in roots:
-        for path in ("layers", "h", "blocks", "block", "decoder.layers", "model.layers", "transformer.h"):
-            obj = root
-            for part in path.split("."):
-                obj = getattr(obj, part, None)
-            if isinstance(obj, torch.nn.ModuleList) and len(obj):
-                return obj
-    lists = [m for m in base.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
-             and len({type(x) for x in m}) == 1]
-    if lists:
-        return max(lists, key=len)
-    raise UnsupportedModelError(f"{class_name(model)} has no list of decoder layers to steer (looked for "
-                                f"model.layers, transformer.h, ...); write your own intervene(c) context manager")
-
-
-def hidden_size(model) -> int:
-    """The width of the residual stream (``config.hidden_size``, else the input embeddings')."""
-    base = unwrap_model(model)
-    size = getattr(getattr(base, "config", None), "hidden_size", None)
-    if isinstance(size, int):
-        return size
-    return int(base.get_input_embeddings().weight.shape[-1])
-
-
-def _hidden(output):
-    """The hidden states in a decoder layer's output (a tensor, or the first item of a tuple / ModelOutput)."""
-    return output if torch.is_tensor(output) else output[0]
-
-
-def _with_hidden(output, hidden):
-    if torch.is_tensor(output):
-        return hidden
-    if isinstance(output, tuple):
-        return (hidden, *output[1:])
-    output[0] = hidden  # a ModelOutput
-    return output
-
-
-class ResidualSteering:
-    """``intervene(c)``: add ``c * vector`` to the residual stream after decoder layer ``layer``.
-
-    ``at="every"``: at every position (the common activation-addition recipe); ``"answer"``: at
-    the last position of each forward call only, which in the probe is each prompt's answer
-    position (the probe then scores each prompt whole: ``needs_full_prompts``). ``vector`` is
-    moved to the layer's device and dtype at each call. Usable alone too: ``with steer(4.0):
-    model.generate(...)``.
-    """
-
-    def __init__(self, model, layer: int, vector, *, at: str = "every", label: str = "real"):
-        if at not in POSITIONS:
-            raise ConfigError(f"at must be one of {', '.join(POSITIONS)} (where c * v is added), got {at!r}")
-        layers = decoder_layers(model)
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -len(layers) <= layer < len(layers):
-            raise ConfigError(f"layer must be a decoder layer index of {class_name(model)} (0 to {len(layers) - 1}, "
-                              f"or negative from the end), got {layer!r}")
-        vector = torch.as_tensor(vector).detach().flatten()
-        if vector.numel() != hidden_size(model):
-            raise ConfigError(f"the steering vector has {vector.numel()} values; {class_name(model)}'s residual "
-                              f"stream has {hidden_size(model)}")
-        if not torch.isfinite(vector).all():
-            raise ConfigError("the steering vector holds NaN or infinite values")
-        self.model, self.layer, self.vector, self.at, self.label = model, layer % len(layers), vector, at, label
-        self.module = layers[self.layer]
-
-    @property
-    def needs_full_prompts(self) -> bool:
-        return self.at == "answer"
-
-    @property
-    def norm(self) -> float:
-        return float(self.vector.float().norm())
-
-    def along(self, vector, label: str) -> ResidualSteering:
-        """The same intervention (model, layer, positions) along another direction."""
-        return ResidualSteering(self.model, self.layer, vector, at=self.at, label=label)
-
-    @contextlib.contextmanager
-    def __call__(self, c: float):
-        c = float(c)
-        if c == 0.0:
-            yield self
-            return
-
-        def hook(module, args, output):
-            h = _hidden(output)
-            push = (c * self.vector).to(device=h.device, dtype=h.dtype)
-            if self.at == "every":
-                h = h + push
-            else:
-                h = h.clone()
-                h[:, -1] = h[:, -1] + push
-            return _with_hidden(output, h)
-
-        handle = self.module.register_forward_hook(hook)
-        try:
-            yield self
-        finally:
-            handle.remove()
-
-    def __repr__(self) -> str:
-        return f"ResidualSteering(layer={self.layer}, norm={self.norm:.3g}, at={self.at!r}, label={self.label!r})"
-
-
-def random_directions(vector, k: int, seed: int = 0) -> torch.Tensor:
-    """``k`` random directions (uniform on the sphere, seeded) with ``vector``'s norm: shape ``[k, d]``, float32."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ConfigError(f"the number of random directions must be a whole number >= 0, got {k!r}")
-    v = torch.as_tensor(vector).detach().flatten().float().cpu()
-    g = torch.Generator().manual_seed(int(seed))
-    r = torch.randn((k, v.numel()), generator=g)
-    return r / r.norm(dim=1, keepdim=True) * v.norm()
-
-
-def residual_direction(model, tok, positive: list[str], negative: list[str], layer: int, *,
-                       question: str = FRAMES["wrong"], batch_size: int = 16) -> torch.Tensor:
-    """Mean residual after decoder layer ``layer`` on ``positive`` texts minus that on ``negative`` ones.
-
-    Each text is asked as the probe asks (the chat template, ``question``, the answer prefix) and
-    the residual is read at the answer position: a difference-of-means steering direction (float32).
-    """
-    if not positive or not negative:
-        raise ConfigError("residual_direction needs texts on both sides (positive and negative)")
-    module = decoder_layers(model)[layer]
-    kept: list[torch.Tensor] = []
-    handle = module.register_forward_hook(lambda m, a, out: kept.append(_hidden(out)[:, -1].float().cpu()))
-    means = []
-    was_training = unwrap_model(model).training
-    try:
-        model.eval()
-        with torch.inference_mode():
-            for texts in (positive, negative):
-                kept.clear()
-                prompts = [format_prompt(tok, t, question) for t in texts]
-                for start in range(0, len(prompts), batch_size):
-                    model(**encode_batch(tok, prompts[start:start + batch_size], model))
-                means.append(torch.cat(kept).mean(0))
-    finally:
-        handle.remove()
-        model.train(was_training)
-    return means[0] - means[1]
-
-
-# ---- the dose-response ------------------------------------------------------------------------------
 @dataclass
 class DoseResponse:
     """The probe under ``intervene(c)`` for each coefficient, against the unsteered model and random directions.
@@ -338,11 +181,17 @@ def check_coefficients(coefficients) -> list[float]:
     return sorted(set(values) | {0.0})
 
 
-def dose_response(probe, model, intervene, coefficients, *, controls=None, n_random: int = 0, seed: int = 0,
+def dose_response(probe: Probe, model, intervene, coefficients, *, controls=None, n_random: int = 0, seed: int = 0,
                   output_dir: str | os.PathLike | None = None, progress: bool = False) -> DoseResponse:
-    """Probe ``model`` under ``intervene(c)`` for each of ``coefficients`` (see :meth:`Probe.dose_response`)."""
-    from .probe import Probe
+    """Probe ``model`` under ``intervene(c)`` for each coefficient: a steering dose-response with its control.
 
+    ``probe``: a :class:`~tinymcf_callback.probe.Probe` (its set, subset and statistics). ``intervene(c)``
+    returns a context manager (:class:`~tinymcf_callback.scoring.steering.ResidualSteering`, a PEFT
+    adapter's scale, a steering library's context); ``c = 0`` is the unsteered model, scored once and
+    added when absent. ``n_random=k`` (with a ``ResidualSteering``): the same intervention along ``k``
+    seeded random directions of the same norm; ``controls=[...]``: your own. ``output_dir``: append the
+    dose history ``moral_probe_<name>_dose.jsonl`` there (``tinymcf plot --x coefficient``).
+    """
     coefs = check_coefficients(coefficients)
     if controls is None:
         controls = []
@@ -385,17 +234,15 @@ def dose_response(probe, model, intervene, coefficients, *, controls=None, n_ran
     return result
 
 
-def _append(result: DoseResponse, probe, report: dict, *, step: int, direction: str, index: int, c: float) -> None:
+def _append(result: DoseResponse, probe: Probe, report: dict, *, step: int, direction: str, index: int,
+            c: float) -> None:
     if result.baseline is None:  # the unsteered report's per-vignette scores, made once for every line
         result.baseline = baseline_record(result.base, 0)
-    baseline = result.baseline  # the unsteered line's own change is 0, as the callback's baseline
-    metrics = {**report_metrics(probe.name, report),
-               **change_metrics(probe.name, baseline, report, probe.config.target)}
-    line = history_line(probe.name, report, metrics, step=step, epoch=None,
-                        event=BASELINE_EVENT if direction == "none" else DOSE_EVENT)
+    # the unsteered line's own change is 0, as the callback's baseline
+    line = probe_line(probe.name, report, baseline=result.baseline, target=probe.config.target, step=step, epoch=None,
+                      event=BASELINE_EVENT if direction == "none" else DOSE_EVENT)
     line.update({"coefficient": c, "direction": direction, "direction_index": index, "answering": answering(report)})
     try:
         append_line(result.history, line)
     except OSError as e:
         logger.warning("dose-response [%s]: could not append the history %s: %s", probe.name, result.history, e)
-

@@ -1,0 +1,180 @@
+"""The dashboard, the default figure of ``tinymcf plot``: every panel, several runs overlaid, 15 in wide.
+
+For looking at a run. Against the training step (a dose-response history: against the steering
+coefficient) it draws, in three rows: the headline score with the Social Norms control, the score
+minus the control and the self-other gap (:func:`draw_headline`); ``align_other`` (solid) and
+``align_self`` (dashed) per foundation present, four to a row (:func:`draw_foundations`); and the
+sanity figures: the answer mass (``yn_mass``, mean and min), frame agreement and, when the set has
+human ratings, the correlation with them (:func:`draw_sanity`). Several runs are overlaid, one colour
+(and marker) each, named in the legend of the top right slot (:func:`draw_legend`) with the line
+styles, the interval level and the dose-response marks. A panel with no value at any step says why
+instead of staying blank; the alignment panels span at least 0.2, so noise-sized changes look flat.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..data.sets import CONTROL
+from ..results.curves import FOUNDATION_METRICS, History, Series
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from .drawing import (
+    BAND_ALPHA,
+    _at_least,
+    _dose_handles,
+    _legend,
+    _x_label,
+    _x_locator,
+    _zero_line,
+    draw_not_answering,
+    draw_random,
+    draw_series,
+    require_matplotlib,
+    run_styles,
+)
+
+NCOLS = 4  # every row has four panel slots, so all panels have the same size; the top right one holds the legend
+
+
+def _say_if_empty(ax, series: list[Series], why: str) -> None:
+    """Write ``why`` across a panel that has no finite value to draw, instead of leaving it blank."""
+    if not any(np.isfinite(s.est).any() for s in series):
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35", wrap=True)
+
+
+def _new_axes(subfig, slot: int, nrows: int, title: str, ylabel: str, sharex, xlabel: str = "training step"):
+    ax = subfig.add_subplot(nrows, NCOLS, slot + 1, sharex=sharex)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(True, color="0.92", linewidth=0.6)
+    return ax
+
+
+def draw_headline(subfig, histories, styles, sharex=None) -> list:
+    """Score with its control, score minus control, and the self-other gap (three panels)."""
+    no_real = "(no real foundation probed)"
+    specs = [("Score (solid) and Social Norms control (dashed)", "align_other (−2..+2)", ("score", "sn"), no_real),
+             ("Score minus Social Norms control", "score − control", ("score_minus_sn",),
+              "(needs Social Norms vignettes: a --limit\nor a set without them leaves them out)"),
+             ("Self-other gap", "align_other − align_self", ("gap",), no_real)]
+    axes = []
+    for slot, (title, ylabel, fields, why) in enumerate(specs):
+        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex or (axes[0] if axes else None), _x_label(histories))
+        _zero_line(ax)
+        for h, style in zip(histories, styles, strict=True):
+            draw_random(ax, h, fields[0])
+            for field in fields:
+                draw_series(ax, h.steps, h.headline[field], style, field, dashed=field == "sn")
+                draw_not_answering(ax, h, field, "0.1", size=7)
+        _say_if_empty(ax, [h.headline[f] for h in histories for f in fields], "no value at any step\n" + why)
+        _at_least(ax)
+        axes.append(ax)
+    return axes
+
+
+def draw_foundations(subfig, histories, styles, sharex) -> list:
+    """One panel per foundation present: ``align_other`` (solid) and ``align_self`` (dashed)."""
+    names = list(dict.fromkeys(f for h in histories for f in h.foundations))
+    nrows = max(1, math.ceil(len(names) / NCOLS))
+    axes = []
+    for slot, foundation in enumerate(names):
+        title = f"{foundation} (control)" if foundation == CONTROL else foundation
+        ax = _new_axes(subfig, slot, nrows, title, "alignment (−2..+2)", sharex, _x_label(histories))
+        _zero_line(ax)
+        for h, style in zip(histories, styles, strict=True):
+            curves = h.foundations.get(foundation)
+            if curves is not None:
+                draw_random(ax, h, f"align_other:{foundation}")
+                for metric in FOUNDATION_METRICS:  # align_self's band is left out: four bands per panel hide the curves
+                    draw_series(ax, h.steps, curves[metric], style, metric, dashed=metric == "align_self",
+                                band=metric == "align_other")
+                    draw_not_answering(ax, h, f"{metric}:{foundation}", "0.1", size=7)
+        _at_least(ax)
+        axes.append(ax)
+    return axes
+
+
+def draw_sanity(subfig, histories, styles, sharex) -> list:
+    """Answer mass (Yes+No or true+false; mean solid, min dashed), frame agreement, human correlation when present."""
+    pos, neg = answer_format_of(histories[0].answer_format).shown
+    specs = [(f"{pos}+{neg} mass: mean (solid), min (dashed)", f"P({pos}) + P({neg})",
+              ("yn_mass_mean", "yn_mass_min"), (0.0, 1.05)),
+             ("Frame agreement (+1: the two questions agree)", f"corr(P({pos}|wrong?), P({neg}|ok?))",
+              ("frame_agreement",), (-1.05, 1.05))]
+    if any(np.isfinite(h.sanity["human_corr"]).any() for h in histories):
+        specs.append(("Correlation with human wrongness ratings", "Pearson r", ("human_corr",), (-1.05, 1.05)))
+    axes = []
+    for slot, (title, ylabel, keys, ylim) in enumerate(specs):
+        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex, _x_label(histories))
+        if ylim[0] < 0:
+            _zero_line(ax)
+        for h, style in zip(histories, styles, strict=True):
+            draw_random(ax, h, keys[0])
+            for key in keys:
+                draw_series(ax, h.steps, Series(h.sanity[key]), style, key, dashed=key == "yn_mass_min")
+                draw_not_answering(ax, h, key, "0.1", size=7)
+        _say_if_empty(ax, [Series(h.sanity[k]) for h in histories for k in keys], "no value at any step")
+        ax.set_ylim(*ylim)
+        axes.append(ax)
+    return axes
+
+
+def draw_legend(subfig, mpl, histories, styles) -> None:
+    """The runs (colour and marker) and the line-style key, in the otherwise empty top right slot."""
+    ax = subfig.add_subplot(1, NCOLS, NCOLS)
+    ax.axis("off")
+    Line2D, Patch = mpl.lines.Line2D, mpl.patches.Patch
+    handles = [Line2D([], [], color=s.colour, marker=s.marker, linewidth=1.8, label=s.label) for s in styles]
+    handles += [Line2D([], [], color="0.3", linewidth=1.8, label="solid: score, align_other"),
+                Line2D([], [], color="0.3", linewidth=1.3, linestyle="--", label="dashed: control, align_self")]
+    with_bands = [h for h in histories if any(s.lo is not None for s in _all_series(h))]
+    if with_bands:
+        levels = {h.level for h in with_bands}
+        level = levels.pop() if len(levels) == 1 else None
+        name = f"{level:.0%} interval" if level is not None else "interval"
+        handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {name}"))
+    handles += _dose_handles(mpl, histories, colour="0.1")
+    _legend(ax, handles, loc="center left", title="run (folder)" if len(styles) == 1 else "runs (folders)",
+              fontsize=9, title_fontsize=9, frameon=False, alignment="left")
+
+
+def _all_series(h: History):
+    yield from h.headline.values()
+    for curves in h.foundations.values():
+        yield from curves.values()
+
+
+def draw_dashboard(histories: list[History], *, title: str | None = None):
+    """The dashboard of ``histories`` (already loaded, same set): headline, per-foundation and sanity panels."""
+    mpl = require_matplotlib()
+    styles = run_styles(histories)
+    n_found = len({f for h in histories for f in h.foundations})
+    found_rows = max(1, math.ceil(n_found / NCOLS))
+    fig = mpl.figure.Figure(figsize=(15, 3.1 * (2 + found_rows) + 0.6), layout="constrained")
+    top, middle, bottom = fig.subfigures(3, 1, height_ratios=[1, found_rows, 1])
+    top.suptitle("Headline: score = mean align_other over the real foundations probed; Social Norms is the "
+                 "negative control", fontsize=11, x=0.01, ha="left")
+    middle.suptitle("Per foundation: align_other (someone else acts, solid) and align_self (the reader acts, dashed)",
+                    fontsize=11, x=0.01, ha="left")
+    fmt = answer_format_of(histories[0].answer_format)
+    pos = fmt.shown[0]
+    bottom.suptitle(f"Sanity: is P({pos}) read off most of the model's belief, and do the two questions agree?",
+                    fontsize=11, x=0.01, ha="left")
+    axes = draw_headline(top, histories, styles)
+    axes += draw_foundations(middle, histories, styles, sharex=axes[0])
+    axes += draw_sanity(bottom, histories, styles, sharex=axes[0])
+    for ax in axes:
+        ax.xaxis.set_major_locator(_x_locator(mpl, histories, nbins=6))
+        if histories[0].x == "coefficient":
+            ax.axvline(0.0, color="0.8", linewidth=0.8, zorder=0, label="_unsteered")
+    draw_legend(top, mpl, histories, styles)
+    runs = f"{len(histories)} runs" if len(histories) > 1 else histories[0].label
+    answers = "" if fmt.name == DEFAULT_ANSWER_FORMAT else f" ({'/'.join(fmt.shown)} answers)"  # json: true/false
+    dose = ", dose response along the steering direction" if histories[0].x == "coefficient" else ""
+    fig.suptitle(title or f"Moral-foundations probe on the {histories[0].name!r} vignettes{answers}: {runs}{dose}",
+                 fontsize=13, fontweight="bold")
+    return fig

@@ -1,0 +1,100 @@
+"""Loading what a command scores: a tokenizer and a causal LM from a folder or a Hub id, in a chosen dtype.
+
+One recipe for ``tinymcf eval`` and the sweep: a name that names no model is refused in one line
+before transformers is asked (:func:`check_model_source`), and a loader's many-line error becomes one
+:class:`~tinymcf_callback.errors.LoadError` naming the path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import LoadError
+from ..extras import require
+
+
+def check_model_source(path: str, gguf_file: str | None = None) -> None:
+    """Refuse, in one line, a ``--model`` that names no model: a missing folder, or a folder without ``config.json``.
+
+    A name that is not a folder is taken for a Hub id (``org/name``), unless it reads as a path (``/``, ``./``,
+    ``../``, ``~``) or the Hub is off (``HF_HUB_OFFLINE=1``): then it is a folder that is not there.
+    """
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        if gguf_file:
+            if not (folder / gguf_file).is_file():
+                raise LoadError(f"{folder} holds no {gguf_file} (--gguf-file names a file inside --model)")
+        elif not (folder / "config.json").is_file():
+            raise LoadError(f"{folder} has no config.json, so it is not a saved model: pass the folder model."
+                            f"save_pretrained() wrote, or a Trainer checkpoint (checkpoint-<step>)")
+        return
+    if folder.exists():
+        raise LoadError(f"{folder} is a file, not a model folder: pass the folder that holds config.json")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if path.startswith(("/", "./", "../", "~")) or path.count("/") > 1:
+        raise LoadError(f"no such folder {folder}: pass a local model folder, or a Hub id (org/name)")
+    if offline and not _in_hub_cache(path):
+        raise LoadError(f"no such folder {folder}, and HF_HUB_OFFLINE=1 with no copy of a Hub model {path} in the "
+                        f"local Hub cache: pass a local model folder (an offline copy of SmolLM2: python -c "
+                        f"'from tinymcf_callback.testing import smollm2_dir; print(smollm2_dir())'), or unset "
+                        f"HF_HUB_OFFLINE with the Hub reachable")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hub cache holds ``repo_id``'s config.json (what an offline load needs first)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id at all
+        return False
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def load_tokenizer(path: str, gguf_file: str | None = None):
+    from transformers import AutoTokenizer
+
+    check_model_source(path, gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError) as e:
+        raise LoadError(f"cannot load the tokenizer of {path}: {_one_line(e)}") from None
+
+
+def load_model(path: str, *, device: str, dtype: str = "auto", gguf_file: str | None = None,
+               adapter: str | os.PathLike | None = None):
+    """The causal LM of ``path`` on ``device``, in ``dtype`` (``auto``: the checkpoint's own); with ``adapter``
+    (a PEFT adapter folder) the adapter applied to it (``peft``, the ``[peft]`` extra)."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_source(path, gguf_file)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                     **({"gguf_file": gguf_file} if gguf_file else {}))
+        if adapter is not None:
+            model = require("peft").PeftModel.from_pretrained(model, str(adapter))
+    except (OSError, ValueError) as e:
+        raise LoadError(f"cannot load the model {adapter or path}: {_one_line(e)}") from None
+    return model.to(device)
+
+
+def torch_dtype(name: str):
+    """``"auto"`` (the checkpoint's own), or the ``torch`` dtype of that name (``"bfloat16"``, ...)."""
+    import torch
+
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def release_memory() -> None:
+    """After a model is dropped: collect it and hand the accelerator's cached blocks back (before the next load)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
