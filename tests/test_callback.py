@@ -53,7 +53,7 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert entries[2][names["score_change"]] != 0.0 and 0.0 <= entries[2][names["score_change_p"]] <= 1.0
     assert entries[2][names["score_change"]] == pytest.approx(entries[2][SCORE] - entries[0][SCORE], abs=1e-12)
 
-    assert cb._trainer is trainer  # no trainer= given: found on the call stack
+    assert cb.trainer is trainer  # no trainer= given: found on the call stack
 
     tb = tensorboard_scalars(tmp_path / "out")
     assert sorted(tb) == [0, 2, 4]

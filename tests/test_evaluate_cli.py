@@ -123,7 +123,7 @@ def test_cli_unwritable_out(tiny_dir, tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_as_module_subprocess(tiny_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "-m", "tinymcf_callback.eval", "--model", str(tiny_dir), "--limit", "2",
+    p = subprocess.run([sys.executable, "-m", "tinymcf_callback", "eval", "--model", str(tiny_dir), "--limit", "2",
                         "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / f"eval_scifi_{tiny_dir.name}.json").exists()

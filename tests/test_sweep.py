@@ -229,7 +229,7 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
     run = clone(plain_run, tmp_path / "run")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", MASTER_PORT, "-m", "tinymcf_callback.eval", "--run-dir", str(run),
+                        "--master_port", MASTER_PORT, "-m", "tinymcf_callback", "sweep", str(run),
                         "--limit", str(LIMIT), "--home", str(home), "--no-progress"],
                        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

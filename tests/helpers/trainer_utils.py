@@ -29,7 +29,7 @@ def tiny_model(seed: int = 0, dropout: float = 0.1):
 
 
 def make_trainer(tmp, tok, callbacks=(), *, max_steps=4, eval_steps=2, save_steps=2, report_to=("none",),
-                 eval=True, seed=0, **kw):
+                 eval=True, seed=0, model=None, **kw):
     kw.setdefault("learning_rate", 1e-3)
     kw.setdefault("per_device_train_batch_size", 4)
     args = TrainingArguments(
@@ -38,7 +38,8 @@ def make_trainer(tmp, tok, callbacks=(), *, max_steps=4, eval_steps=2, save_step
         save_strategy="steps", save_steps=save_steps, report_to=list(report_to), seed=seed, use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, **kw,
     )
-    trainer = Trainer(model=tiny_model(seed), args=args, train_dataset=TinyLMData(16, seed=seed),
+    model = tiny_model(seed) if model is None else model
+    trainer = Trainer(model=model, args=args, train_dataset=TinyLMData(16, seed=seed),
                       eval_dataset=TinyLMData(4, seed=seed + 1) if eval else None, processing_class=tok)
     for cb in callbacks:
         trainer.add_callback(cb)

@@ -2,6 +2,7 @@
 
     tinymcf eval --model PATH --name scifi        score one model, write its JSON report
     tinymcf sweep RUN_DIR --name scifi            score each checkpoint of a Trainer run into its history
+    tinymcf watch RUN_DIR --device cuda:1         the same while the run trains, into its dashboards
     tinymcf compare A.json B.json                 the paired change between two reports
     tinymcf plot RUN_DIR/moral_probe_scifi.jsonl  draw the curves
     tinymcf prepare --name clifford               make a vignette set ready
@@ -20,10 +21,10 @@ from __future__ import annotations
 import sys
 
 from .. import __version__
-from . import compare, eval, plot, prepare, show, sweep, validate
+from . import compare, eval, plot, prepare, show, sweep, validate, watch
 from .options import Parser, run
 
-COMMANDS = (eval, sweep, compare, plot, prepare, validate, show)
+COMMANDS = (eval, sweep, watch, compare, plot, prepare, validate, show)
 PROG = "tinymcf"
 
 

@@ -91,6 +91,23 @@ def add_loading(parser, *, device_help: str | None = None) -> None:
                         help="the weights' dtype (default: the checkpoint's own)")
 
 
+def add_dashboards(parser, *, default: str) -> None:
+    """``--report-to``, ``--wandb-run``, ``--tensorboard-dir``: the run's own dashboards for each line written."""
+    parser.add_argument("--report-to", default=default, metavar="NAMES",
+                        help="log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
+                             "report_to, as the run's moral_probe_run.json records it), tensorboard, wandb, another "
+                             f"tracker accelerate knows, comma-separated, or none (default: {default})")
+    parser.add_argument("--wandb-run", default=None, metavar="ID",
+                        help="the wandb run to log into (default: the one moral_probe_run.json records)")
+    parser.add_argument("--tensorboard-dir", default=None, metavar="DIR",
+                        help="the TensorBoard folder to write into (default: the Trainer's, as the run records it, "
+                             "else the newest RUN_DIR/runs/*)")
+
+
+def report_to(value: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in value.split(",") if n.strip() and n.strip() != "none")
+
+
 def add_progress(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

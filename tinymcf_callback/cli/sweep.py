@@ -9,13 +9,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .options import add_home, add_loading, add_probe_options, add_progress, probe_config
+from .options import add_dashboards, add_home, add_loading, add_probe_options, add_progress, probe_config, report_to
 
 NAME = "sweep"
 SUMMARY = "score each checkpoint-<step> of a Trainer run into its history (the callback's curve)"
 
 
 def add_arguments(p) -> None:
+    add_run_arguments(p, dashboards="none")
+
+
+def add_run_arguments(p, *, dashboards: str) -> None:
+    """The options of scoring a run's checkpoints: the sweep's, and the watcher's (with ``auto`` dashboards)."""
     p.add_argument("run_dir", metavar="RUN_DIR", help="a Trainer output directory (TrainingArguments.output_dir)")
     p.add_argument("--base-model", metavar="PATH", default=None,
                    help="the run's starting weights: scored as the step-0 baseline (the change since it is logged), "
@@ -27,20 +32,30 @@ def add_arguments(p) -> None:
                    help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
     add_loading(p, device_help="cpu, cuda, cuda:1, ... (default: this process's device; under several processes "
                                "each process's own, as with a bare --device cuda)")
+    add_dashboards(p, default=dashboards)
     add_home(p)
     add_progress(p)
     add_probe_options(p)
+
+
+def settings_of(args):
+    """The sweep's settings from the command line (the watcher's too)."""
+    from ..tools.sweep import SweepSettings
+
+    return SweepSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
+                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
+                         progress=not args.no_progress, baseline=not args.no_baseline,
+                         report_to=report_to(args.report_to), wandb_run=args.wandb_run,
+                         tensorboard_dir=args.tensorboard_dir)
 
 
 def run(args) -> int:
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
 
-    from ..tools.sweep import SweepSettings, process_state, run_sweep
+    from ..tools.sweep import process_state, run_sweep
 
-    settings = SweepSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
-                             tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                             progress=not args.no_progress, baseline=not args.no_baseline)
+    settings = settings_of(args)
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
     hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded

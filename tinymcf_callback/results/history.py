@@ -35,6 +35,8 @@ logger = logging.getLogger("tinymcf_callback")
 
 BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 SWEEP_EVENT = "sweep"  # the event of a line written by the checkpoint sweep
+WATCH_EVENT = "watch"  # the event of a line written by tinymcf watch while the run trains
+DELETED_EVENT = "deleted"  # a saved checkpoint that was deleted before it could be scored: a gap in the curve
 _SHOWN_STEPS = 5
 LOCK_TIMEOUT_S = 60  # another writer holds the lock for one line; a minute means it is stuck
 
@@ -70,6 +72,13 @@ DOSE_LINE_FIELDS = {
     "direction": ("string", "none (the unsteered line), real (the direction studied) or random (a control)"),
     "direction_index": ("integer", "which random direction (0 to k-1); 0 for none and real"),
     "answering": ("boolean", "the mean Yes+No mass is at least 0.5 (false: the steered model stops answering)"),
+}
+
+
+# A line scored outside the training process (tinymcf sweep, tinymcf watch) carries this field too; a deleted
+# checkpoint's line (event "deleted") carries no numbers, an empty table and metrics, and info.deleted (why).
+OUTSIDE_LINE_FIELDS = {
+    "by": ("string", "the command that scored it outside the training process: sweep or watch"),
 }
 
 
@@ -113,6 +122,13 @@ def probe_line(name: str, report: dict, *, baseline: dict | None = None, target:
     """
     metrics = {**report_metrics(name, report), **change_metrics(name, baseline, report, target)}
     return history_line(name, report, metrics, step=step, epoch=epoch, event=event)
+
+
+def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str) -> dict:
+    """A saved checkpoint that no probe will ever score (deleted by ``save_total_limit`` first): recorded, so that
+    a watcher or a sweep does not look for it again and a plot shows the gap (no number at that step)."""
+    return {"step": step, "epoch": epoch, "event": DELETED_EVENT, "name": name, "answer_format": answer_format,
+            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": {"deleted": why}, "table": []}
 
 
 def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> bool:

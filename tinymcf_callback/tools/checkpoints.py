@@ -34,6 +34,7 @@ class Checkpoint:
     epoch: float | None
     adapter: bool
     baseline: bool = False  # the run's starting weights (not a checkpoint-<step> folder): step 0
+    shown_as: str | None = None  # the path its report names, when it is read from elsewhere (the hand-off queue)
 
 
 def find_checkpoints(run_dir: Path) -> list[Checkpoint]:
@@ -58,12 +59,19 @@ def find_checkpoints(run_dir: Path) -> list[Checkpoint]:
             for step, folder in sorted(by_step.items())]
 
 
+def read_trainer_state(folder: Path) -> dict | None:
+    """The checkpoint's ``trainer_state.json`` (the Trainer writes it last), or None while it is absent or half
+    written: a checkpoint is complete once this parses."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def read_epoch(folder: Path) -> float | None:
     """The epoch the Trainer recorded in the checkpoint's ``trainer_state.json`` (None when absent or unreadable)."""
-    try:
-        epoch = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8")).get("epoch")
-    except (OSError, ValueError, AttributeError):
-        return None
+    epoch = (read_trainer_state(folder) or {}).get("epoch")
     return float(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
 
 

@@ -22,17 +22,17 @@ from ..results.curves import FOUNDATION_METRICS, History, Series
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .drawing import (
     BAND_ALPHA,
-    _at_least,
-    _dose_handles,
-    _legend,
-    _x_label,
-    _x_locator,
-    _zero_line,
+    at_least,
+    dose_handles,
     draw_not_answering,
     draw_random,
     draw_series,
+    legend,
     require_matplotlib,
     run_styles,
+    x_label,
+    x_locator,
+    zero_line,
 )
 
 NCOLS = 4  # every row has four panel slots, so all panels have the same size; the top right one holds the legend
@@ -63,15 +63,15 @@ def draw_headline(subfig, histories, styles, sharex=None) -> list:
              ("Self-other gap", "align_other − align_self", ("gap",), no_real)]
     axes = []
     for slot, (title, ylabel, fields, why) in enumerate(specs):
-        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex or (axes[0] if axes else None), _x_label(histories))
-        _zero_line(ax)
+        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex or (axes[0] if axes else None), x_label(histories))
+        zero_line(ax)
         for h, style in zip(histories, styles, strict=True):
             draw_random(ax, h, fields[0])
             for field in fields:
                 draw_series(ax, h.steps, h.headline[field], style, field, dashed=field == "sn")
                 draw_not_answering(ax, h, field, "0.1", size=7)
         _say_if_empty(ax, [h.headline[f] for h in histories for f in fields], "no value at any step\n" + why)
-        _at_least(ax)
+        at_least(ax)
         axes.append(ax)
     return axes
 
@@ -83,8 +83,8 @@ def draw_foundations(subfig, histories, styles, sharex) -> list:
     axes = []
     for slot, foundation in enumerate(names):
         title = f"{foundation} (control)" if foundation == CONTROL else foundation
-        ax = _new_axes(subfig, slot, nrows, title, "alignment (−2..+2)", sharex, _x_label(histories))
-        _zero_line(ax)
+        ax = _new_axes(subfig, slot, nrows, title, "alignment (−2..+2)", sharex, x_label(histories))
+        zero_line(ax)
         for h, style in zip(histories, styles, strict=True):
             curves = h.foundations.get(foundation)
             if curves is not None:
@@ -93,7 +93,7 @@ def draw_foundations(subfig, histories, styles, sharex) -> list:
                     draw_series(ax, h.steps, curves[metric], style, metric, dashed=metric == "align_self",
                                 band=metric == "align_other")
                     draw_not_answering(ax, h, f"{metric}:{foundation}", "0.1", size=7)
-        _at_least(ax)
+        at_least(ax)
         axes.append(ax)
     return axes
 
@@ -109,9 +109,9 @@ def draw_sanity(subfig, histories, styles, sharex) -> list:
         specs.append(("Correlation with human wrongness ratings", "Pearson r", ("human_corr",), (-1.05, 1.05)))
     axes = []
     for slot, (title, ylabel, keys, ylim) in enumerate(specs):
-        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex, _x_label(histories))
+        ax = _new_axes(subfig, slot, 1, title, ylabel, sharex, x_label(histories))
         if ylim[0] < 0:
-            _zero_line(ax)
+            zero_line(ax)
         for h, style in zip(histories, styles, strict=True):
             draw_random(ax, h, keys[0])
             for key in keys:
@@ -137,8 +137,8 @@ def draw_legend(subfig, mpl, histories, styles) -> None:
         level = levels.pop() if len(levels) == 1 else None
         name = f"{level:.0%} interval" if level is not None else "interval"
         handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {name}"))
-    handles += _dose_handles(mpl, histories, colour="0.1")
-    _legend(ax, handles, loc="center left", title="run (folder)" if len(styles) == 1 else "runs (folders)",
+    handles += dose_handles(mpl, histories, colour="0.1")
+    legend(ax, handles, loc="center left", title="run (folder)" if len(styles) == 1 else "runs (folders)",
               fontsize=9, title_fontsize=9, frameon=False, alignment="left")
 
 
@@ -168,7 +168,7 @@ def draw_dashboard(histories: list[History], *, title: str | None = None):
     axes += draw_foundations(middle, histories, styles, sharex=axes[0])
     axes += draw_sanity(bottom, histories, styles, sharex=axes[0])
     for ax in axes:
-        ax.xaxis.set_major_locator(_x_locator(mpl, histories, nbins=6))
+        ax.xaxis.set_major_locator(x_locator(mpl, histories, nbins=6))
         if histories[0].x == "coefficient":
             ax.axvline(0.0, color="0.8", linewidth=0.8, zorder=0, label="_unsteered")
     draw_legend(top, mpl, histories, styles)

@@ -77,13 +77,13 @@ def draw_series(ax, steps: np.ndarray, series: Series, style: Style, what: str, 
         for bound in (series.lo, series.hi):
             ax.plot(steps, bound, color=style.colour, linewidth=0.6, alpha=0.6, linestyle="--" if dashed else "-",
                     label=f"_{style.label} · {what} bound")
-        alone = _isolated(series.lo, series.hi)  # a band needs two neighbouring steps: a lone interval is a bar
+        alone = isolated(series.lo, series.hi)  # a band needs two neighbouring steps: a lone interval is a bar
         if alone.any():
             ax.vlines(steps[alone], series.lo[alone], series.hi[alone], color=style.colour, alpha=0.5, linewidth=3,
                       label=f"{style.label} · {what} lone interval")
 
 
-def _isolated(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def isolated(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Steps whose interval is known but whose neighbours' are not (invisible as a band)."""
     known = np.isfinite(lo) & np.isfinite(hi)
     before = np.concatenate([[False], known[:-1]])
@@ -91,14 +91,14 @@ def _isolated(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return known & ~before & ~after
 
 
-def _zero_line(ax) -> None:
+def zero_line(ax) -> None:
     ax.axhline(0.0, color="0.55", linewidth=0.8, zorder=0, label="_zero")
 
 
 MIN_SPAN = 0.2  # alignment units: a change of 1e-5 (random weights) must look flat, not like a trend
 
 
-def _at_least(ax, span: float = MIN_SPAN) -> None:
+def at_least(ax, span: float = MIN_SPAN) -> None:
     """Widen the y range to ``span`` around its middle, so that noise-sized changes look as small as they are."""
     lo, hi = ax.get_ylim()
     if hi - lo < span:
@@ -130,47 +130,47 @@ def draw_not_answering(ax, h: History, key: str, colour: str, *, size: float = 6
             markeredgewidth=1.2, color=colour, zorder=4, label=f"{h.label} · {key} not answering")
 
 
-def _x_label(histories: list[History]) -> str:
+def x_label(histories: list[History]) -> str:
     return "steering coefficient" if histories[0].x == "coefficient" else "training step"
 
 
-def _dose_handles(mpl, histories: list[History], colour: str = "0.3") -> list:
+def dose_handles(mpl, histories: list[History], colour: str = "0.3") -> list:
     """Legend entries for the random directions' band and median and the not-answering marker, where drawn."""
     Line2D, Patch = mpl.lines.Line2D, mpl.patches.Patch
     ks = sorted({len(h.random) for h in histories if h.random})
     handles = []
     if ks:
         k = "/".join(str(k) for k in ks)
-        handles.append(_Labelled((Patch(facecolor=RANDOM_GREY, alpha=0.3, linewidth=0),
+        handles.append(Labelled((Patch(facecolor=RANDOM_GREY, alpha=0.3, linewidth=0),
                                   Line2D([], [], color=RANDOM_GREY, linewidth=0.8)),
                                  f"random directions (k={k})"))
     if any(h.answering is not None and not h.answering.all() for h in histories):
         handles.append(Line2D([], [], linestyle="none", marker=NOT_ANSWERING, markeredgewidth=1.2, color=colour,
-                              label=f"not answering ({_mass_name(histories)} < 0.5)"))
+                              label=f"not answering ({mass_name(histories)} < 0.5)"))
     return handles
 
 
 @dataclass(frozen=True)
-class _Labelled:
-    """A tuple legend handle (drawn on top of each other) with its label; :func:`_legend` unpacks it."""
+class Labelled:
+    """A tuple legend handle (drawn on top of each other) with its label; :func:`legend` unpacks it."""
 
     handle: tuple
     label: str
 
 
-def _legend(target, handles: list, **kwargs):
-    """``target.legend`` with :class:`_Labelled` tuple handles unpacked into (handles, labels)."""
-    hs = [h.handle if isinstance(h, _Labelled) else h for h in handles]
-    labels = [h.label if isinstance(h, _Labelled) else h.get_label() for h in handles]
+def legend(target, handles: list, **kwargs):
+    """``target.legend`` with :class:`Labelled` tuple handles unpacked into (handles, labels)."""
+    hs = [h.handle if isinstance(h, Labelled) else h for h in handles]
+    labels = [h.label if isinstance(h, Labelled) else h.get_label() for h in handles]
     return target.legend(hs, labels, **kwargs)
 
 
-def _mass_name(histories: list[History]) -> str:
+def mass_name(histories: list[History]) -> str:
     pos, neg = answer_format_of(histories[0].answer_format).shown
     return f"{pos}+{neg} mass"
 
 
-def _x_locator(mpl, histories: list[History], nbins: int):
+def x_locator(mpl, histories: list[History], nbins: int):
     if histories[0].x == "coefficient":
         return mpl.ticker.MaxNLocator(nbins=nbins)
     return mpl.ticker.MaxNLocator(nbins=nbins, integer=True, steps=[1, 2, 5, 10])

@@ -23,19 +23,19 @@ from ..data.sets import CONTROL
 from ..results.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from ..scoring.prompts import answer_format_of
 from .drawing import (
+    Labelled,
     Style,
-    _at_least,
-    _dose_handles,
-    _isolated,
-    _Labelled,
-    _legend,
-    _x_label,
-    _x_locator,
-    _zero_line,
+    at_least,
+    dose_handles,
     draw_not_answering,
     draw_random,
+    isolated,
+    legend,
     require_matplotlib,
     run_styles,
+    x_label,
+    x_locator,
+    zero_line,
 )
 
 logger = logging.getLogger("tinymcf_callback")
@@ -201,7 +201,7 @@ def _paper_series(ax, mpl, h: History, key: str, colour: str, role: Role, *, mar
                            hatch=role.hatch if hatched else None, label=f"{h.label} · {key} interval")
     if hatched and hasattr(band, "set_hatch_linewidth"):  # matplotlib >= 3.10; before, the rcParam's 1 pt
         band.set_hatch_linewidth(HATCH_WIDTH)
-    alone = _isolated(series.lo, series.hi)
+    alone = isolated(series.lo, series.hi)
     if alone.any():
         ax.vlines(x[alone], series.lo[alone], series.hi[alone], color=colour, alpha=0.5, linewidth=2.5,
                   label=f"{h.label} · {key} lone interval")
@@ -235,10 +235,10 @@ def _style_axes(ax, mpl, histories: list[History], panel: Panel) -> None:
     ax.grid(True, color="0.93", linewidth=0.5)
     ax.spines[["top", "right"]].set_visible(False)
     if panel.zero:
-        _zero_line(ax)
+        zero_line(ax)
     if histories[0].x == "coefficient":
         ax.axvline(0.0, color="0.85", linewidth=0.6, zorder=0, label="_unsteered")
-    ax.xaxis.set_major_locator(_x_locator(mpl, histories, nbins=4))
+    ax.xaxis.set_major_locator(x_locator(mpl, histories, nbins=4))
     ax.yaxis.set_major_locator(mpl.ticker.MaxNLocator(nbins=4))
 
 
@@ -306,13 +306,13 @@ def draw_paper(histories: list[History], keys: list[str], *, title: str | None =
         if panel.ylim:
             ax.set_ylim(*panel.ylim)
         else:
-            _at_least(ax)
+            at_least(ax)
         if _is_bottom(ax, grid, nrows, ncols, len(panels), multiples):
-            ax.set_xlabel(_x_label(histories), fontsize=PAPER_FONT)
+            ax.set_xlabel(x_label(histories), fontsize=PAPER_FONT)
     handles = _paper_handles(mpl, histories, drawn, styles if overlay else None)
     legend_cols = _legend_columns(handles, width)
     if handles:
-        _legend(fig, handles, loc="outside lower center", ncols=legend_cols, fontsize=PAPER_FONT - 1, frameon=False,
+        legend(fig, handles, loc="outside lower center", ncols=legend_cols, fontsize=PAPER_FONT - 1, frameon=False,
                 handlelength=2.2, columnspacing=1.2, handletextpad=0.5, borderaxespad=0.2)
     if title:
         fig.suptitle(title, fontsize=PAPER_FONT + 1)
@@ -337,7 +337,7 @@ def _share_units(placed: list, ncols: int) -> None:
 
 def _legend_columns(handles: list, width: float) -> int:
     """Two columns when the longest entry fits in half the width at the legend's font size, else one."""
-    labels = [h.label if isinstance(h, _Labelled) else h.get_label() for h in handles]
+    labels = [h.label if isinstance(h, Labelled) else h.get_label() for h in handles]
     em = (PAPER_FONT - 1) / 72  # inches
     longest = max((len(label) for label in labels), default=0) * 0.55 * em + 3.2 * em  # the text and the handle
     return 2 if len(labels) > 1 and 2 * longest + 1.2 * em <= width else 1
@@ -385,10 +385,10 @@ def _paper_handles(mpl, histories: list[History], drawn: set[str], styles: list[
                 to_rgba = mpl.colors.to_rgba
                 patch = Patch(facecolor=to_rgba(role.colour, 0.13), edgecolor=to_rgba(role.colour, HATCH_ALPHA),
                               hatch=role.hatch, linewidth=0)
-                handles.append(_Labelled((patch, line), f"{name}, {interval}"))
+                handles.append(Labelled((patch, line), f"{name}, {interval}"))
             else:
-                handles.append(_Labelled((line,), name))
-    return handles + _dose_handles(mpl, histories, colour="0.1")
+                handles.append(Labelled((line,), name))
+    return handles + dose_handles(mpl, histories, colour="0.1")
 
 
 def _role_of(key: str, keys: set[str]) -> Role:

@@ -64,6 +64,7 @@ from ..results.report import describe_precision, load_report, precision_key, wri
 from ..results.text import with_bounds
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .checkpoints import ADAPTER_CONFIG, Checkpoint, adapter_base_name, find_checkpoints, tokenizer_fingerprint
+from .dashboards import Dashboards, open_dashboards
 from .loading import load_model, release_memory
 
 
@@ -79,6 +80,9 @@ class SweepSettings:
     dtype: str = "auto"
     progress: bool = True
     baseline: bool = True  # score the starting weights as step 0 and log the change since them
+    report_to: tuple[str, ...] = ()  # the run's dashboards to log each line into (tools.dashboards)
+    wandb_run: str | None = None  # the wandb run id to log into (default: the one moral_probe_run.json records)
+    tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
 
     @property
     def name(self) -> str:
@@ -95,6 +99,8 @@ class SweepPlan:
     precision: tuple[str, str | None] | None = None  # the precision of the history's lines, when they record one
     baseline: dict | None = None  # the step-0 baseline's per-vignette scores (metrics.baseline_record), when known
     baseline_event: str = BASELINE_EVENT  # train_begin in an empty history; sweep when lines are there already
+    event: str = SWEEP_EVENT  # the event of a checkpoint's line (watch: WATCH_EVENT)
+    by: str = "sweep"  # the line's ``by``: the command that scored it
     notes: list[str] = field(default_factory=list)  # what the main process says before scoring (the baseline's source)
 
 
@@ -312,11 +318,14 @@ def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: Sweep
             release_memory()
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the sweep of the others
         return Outcome(checkpoint.step, label, process, error=describe(e))
+    if checkpoint.shown_as:
+        report["model"] = checkpoint.shown_as
     # another tokenizer's prompts than the baseline's: no paired change (said once, by the main process)
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
-    event = plan.baseline_event if checkpoint.baseline else SWEEP_EVENT
+    event = plan.baseline_event if checkpoint.baseline else plan.event
     line = probe_line(settings.name, report, baseline=baseline, target=settings.probe.target, step=checkpoint.step,
                       epoch=checkpoint.epoch, event=event)
+    line["by"] = plan.by
     return Outcome(checkpoint.step, label, process, line=line, report=report if checkpoint.baseline else None)
 
 
@@ -339,13 +348,21 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
         plan = agree(state, _plan_or_error(settings, held) if state.is_main_process else None)
         if isinstance(plan, Exception):
             raise plan
-        return _sweep(settings, plan, state)
+        dashboards = None
+        if state.is_main_process and settings.report_to and plan.pending:
+            dashboards = open_dashboards(settings.run_dir, list(settings.report_to), wandb_run=settings.wandb_run,
+                                         tensorboard_dir=settings.tensorboard_dir)
+            held.callback(dashboards.close)
+            if dashboards:
+                print(f"[tinymcf] logging each line to {', '.join(dashboards.names)}", file=sys.stderr)
+        return _sweep(settings, plan, state, dashboards=dashboards)
 
 
-def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState) -> SweepResult:
+def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState, *, probes: ProbeCache | None = None,
+           dashboards: Dashboards | None = None) -> SweepResult:
     # No --device, or only its kind (--device cuda): each process's own (cuda:0, cuda:1, ... under torchrun).
     device = str(state.device) if settings.device in (None, state.device.type) else settings.device
-    probes = ProbeCache(settings)
+    probes = probes or ProbeCache(settings)
     result = SweepResult(plan.history, plan.skipped)
     if state.is_main_process:
         for note in plan.notes:
@@ -361,8 +378,8 @@ def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState) -> Swe
             with state.split_between_processes(round_) as mine:
                 outcomes = [score_checkpoint(c, probes, settings, device, state.process_index, plan) for c in mine]
             outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
-            failed_write = agree(state, _write_round(plan, outcomes, state, settings) if state.is_main_process
-                                 else None)
+            failed_write = agree(state, _write_round(plan, outcomes, state, settings, dashboards)
+                                 if state.is_main_process else None)
             if failed_write:
                 later = len(plan.pending) - sum(map(len, rounds[:rounds.index(round_) + 1]))
                 raise SweepError(failed_write + (f"; the {later} checkpoint(s) after them were not scored" if later
@@ -414,7 +431,7 @@ def _plan_or_error(settings: SweepSettings, held: contextlib.ExitStack) -> Sweep
 
 
 def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,
-                 settings: SweepSettings | None = None) -> str | None:
+                 settings: SweepSettings | None = None, dashboards: Dashboards | None = None) -> str | None:
     """Append the round's lines in step order and print one line per checkpoint; a refusal or write error as text.
 
     A line scored in another precision than the history's is not written (the sweep stops: a rerun with
@@ -430,6 +447,8 @@ def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,
             return clash
         plan.precision = plan.precision or precision_key(o.line)
         unwritten = ", ".join(str(later.step) for later in outcomes[n:] if later.line is not None)
+        if dashboards:  # before the line: a watcher killed in between scores it again and sends it twice, never
+            dashboards.send(o.line)  # not at all (the same point twice draws one point)
         try:
             if o.report is not None and settings is not None:
                 keep_baseline_report(settings, o.report)  # before its line: a line without its report misleads

@@ -39,7 +39,7 @@ from ..results.metrics import metric_names
 from ..scoring.model_info import check_causal_lm
 from .logger import ProbeLogger
 from .state import record_counters, stored_counters
-from .writers import WandbWriter, active_wandb_run, reports_to_wandb, write_checkpoint
+from .writers import RunRecord, WandbWriter, active_wandb_run, reports_to_wandb, run_facts, write_checkpoint
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -87,6 +87,14 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: :func:`trainer_holding`.
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         verbose: print the sanity lines and the table at every probe on the main process.
+        hand_off: probe nothing in this process: leave every probe, the step-0 baseline included, to
+            ``tinymcf watch`` in another process or on another device. The callback then only links each
+            checkpoint's model files into ``<output_dir>/.moral_probe_queue/`` (hard links: no copy), so
+            ``save_total_limit`` cannot delete a checkpoint before the watcher has scored it.
+
+    Either way the callback keeps ``<output_dir>/moral_probe_run.json`` on the main process: the run's
+    dashboards (TensorBoard folder, wandb run), its starting model, its saves and whether it ended, so
+    that a watcher logs into the same dashboards and knows when the run is over.
 
     With ``answer_format="json"`` a probe logs under ``eval/moral_<name>_json/`` and writes
     ``moral_probe_<name>_json.jsonl``, so both formats can watch one run. With the default
@@ -96,7 +104,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
                  baseline: bool = True, tokenizer=None, trainer=None, strict: bool = False, verbose: bool = True,
-                 **settings):
+                 hand_off: bool = False, **settings):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -110,6 +118,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if tokenizer is None:
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
+        self.hand_off = bool(hand_off)
+        self.record: RunRecord | None = None  # moral_probe_run.json, kept on the main process
         self._tokenizer = tokenizer
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
         self.probe: Probe | None = None  # the set tokenised once: at construction with tokenizer=, else at train begin
@@ -140,7 +150,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         """
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
-                     "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose},
+                     "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose,
+                     "hand_off": self.hand_off},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
                            "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
                            "baseline_record": self.baseline_record},
@@ -161,24 +172,27 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
         if self.trainer is None:
             self.trainer = trainer_holding(self)
+        if state.is_world_process_zero and args.should_save:
+            facts = run_facts(args, state, self.trainer, kwargs.get("model"), self.hand_off)
+            self.record = RunRecord(self.name, args.output_dir, facts)
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
             self._start_logger(args)
             return
         self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
         self._start_logger(args)
-        if self.baseline:
+        if self.baseline and not self.hand_off:
             self.baseline_done = True
             self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if "evaluate" in self.events:
+        if "evaluate" in self.events and not self.hand_off:
             self._maybe_probe(args, state, kwargs, "evaluate")
         if metrics is not None and self.last_step == state.global_step and self.last_metrics:
             metrics.update(self.last_metrics)  # seen by metric_for_best_model / EarlyStopping; same on every rank
 
     def on_save(self, args, state, control, **kwargs):
-        if "save" in self.events:
+        if "save" in self.events and not self.hand_off:
             self._maybe_probe(args, state, kwargs, "save")
         # The Trainer stored the counters just before this event: store them as they are now.
         record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state(), self.answer_format)
@@ -186,10 +200,14 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             report = self.last_report if self.last_step == state.global_step else None
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             write_checkpoint(folder, self.name, state, report)
+            if self.record is not None and os.path.isdir(folder):
+                self.record.saved(state.global_step, folder, self.hand_off)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.logger is not None and state.is_world_process_zero:
             self.logger.close()  # history lines a full disk kept back: written now, or said lost
+        if self.record is not None:
+            self.record.ended(state.global_step)  # a watcher stops once it has scored what was saved
 
     def _maybe_probe(self, args, state, kwargs, event):
         if self.attempted_step == state.global_step:

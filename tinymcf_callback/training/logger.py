@@ -38,7 +38,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..extras import available
 from ..probe import Probe
 from ..results.history import BASELINE_EVENT, PendingLines, baseline_path, history_path, probe_line
-from ..results.metrics import baseline_record, baseline_scores, dashboard_names, probe_key
+from ..results.metrics import baseline_record, baseline_scores, dashboard_names
 from ..results.report import load_report
 from ..results.text import format_table, sanity_lines
 from ..scoring.ranks import Ranks
@@ -181,7 +181,7 @@ class ProbeLogger:
         shown = dashboard_names(metrics)
         for sink in self.sinks:
             try:
-                sink(shown, step, report, self)
+                sink(shown, step, report, (self.name, self.probe.answer_format))
             except Exception as e:  # noqa: BLE001 - a tracker's trouble must not stop the training
                 if self.strict:
                     raise
@@ -231,13 +231,17 @@ class ProbeLogger:
 
 # ---- where the metrics go ----------------------------------------------------------------------------
 class Sink:
-    """One destination of the metrics: ``sink(metrics, step, report, logger)``; ``what`` names it in warnings."""
+    """One destination of the metrics: ``sink(metrics, step, report, (name, answer_format))``; ``what`` names it.
+
+    ``metrics`` are the dashboard names (``eval/moral_<name>/score``, ...) at the training ``step``;
+    ``report`` (or None) gives a tracker that shows tables the per-foundation table and the precision.
+    """
 
     def __init__(self, what: str, send):
         self.what, self._send = what, send
 
-    def __call__(self, metrics, step, report, probe_logger):
-        self._send(metrics, step, report, probe_logger)
+    def __call__(self, metrics, step, report, probe):
+        self._send(metrics, step, report, probe)
 
 
 def as_sink(target) -> Sink:
@@ -246,18 +250,18 @@ def as_sink(target) -> Sink:
         return target
     module = type(target).__module__ or ""
     if module.startswith("accelerate") and callable(getattr(target, "log", None)):
-        return Sink("accelerate.Accelerator.log", lambda m, step, report, pl: target.log(m, step=step))
+        return Sink("accelerate.Accelerator.log", lambda m, step, report, probe: target.log(m, step=step))
     if module.startswith("wandb") and callable(getattr(target, "log", None)):
         return Sink("the wandb run", _wandb_sender(target))
     if callable(getattr(target, "add_scalar", None)):
-        def to_tensorboard(m, step, report, pl):
+        def to_tensorboard(m, step, report, probe):
             for key, value in m.items():
                 target.add_scalar(key, value, global_step=step)
             if callable(getattr(target, "flush", None)):
                 target.flush()
         return Sink(f"the {type(target).__name__}", to_tensorboard)
     if callable(target) and not isinstance(target, type):
-        return Sink(getattr(target, "__name__", type(target).__name__), lambda m, step, report, pl: target(m, step))
+        return Sink(getattr(target, "__name__", type(target).__name__), lambda m, step, report, probe: target(m, step))
     hint = " (wandb is installed)" if available("wandb") else ""
     raise ConfigError(f"ProbeLogger(to=...) cannot send metrics to a {type(target).__name__}: pass an "
                       f"accelerate.Accelerator, a wandb run{hint}, a TensorBoard SummaryWriter or a callable "
@@ -265,11 +269,10 @@ def as_sink(target) -> Sink:
 
 
 def _wandb_sender(run):
-    writers: dict[str, WandbWriter] = {}
+    writers: dict[tuple[str, str], WandbWriter] = {}
 
-    def send(m, step, report, pl):
-        key = probe_key(pl.name, pl.probe.answer_format)
-        writer = writers.setdefault(key, WandbWriter(pl.name, pl.probe.answer_format))
+    def send(m, step, report, probe):
+        writer = writers.setdefault(probe, WandbWriter(*probe))
         writer.write(run, step, report, m)  # curves against the training step, as the callback's
 
     return send

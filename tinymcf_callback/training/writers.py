@@ -6,13 +6,18 @@ warning, and training goes on.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
+import shutil
 
+from .._io import atomic_write_text
 from ..extras import require
 from ..results.history import baseline_path
 from ..results.metrics import probe_key
 from ..results.report import answer_format, write_report
+from ..results.runinfo import RUN_INFO, queue_dir, read_run_info, write_run_info
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 logger = logging.getLogger("tinymcf_callback")
@@ -48,10 +53,15 @@ def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None
         if report is not None:
             write_report(os.path.join(folder, f"moral_probe_{probe_key(name, answer_format(report))}.json"), report,
                          step=state.global_step, epoch=state.epoch)
-        if os.path.exists(os.path.join(folder, "trainer_state.json")):
-            state.save_to_json(os.path.join(folder, "trainer_state.json"))
+        if os.path.exists(os.path.join(folder, "trainer_state.json")):  # atomically: a watcher may be reading it
+            atomic_write_text(os.path.join(folder, "trainer_state.json"), state_json(state))
     except OSError as e:
         logger.warning("moral probe [%s]: could not write the checkpoint report: %s", name, e)
+
+
+def state_json(state) -> str:
+    """``TrainerState.save_to_json``'s text (sorted keys, indent 2), to be written atomically."""
+    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
 
 
 def reports_to_wandb(args) -> bool:
@@ -94,3 +104,86 @@ class WandbWriter:
             payload[f"eval/{self.key}/table"] = require("wandb").Table(dataframe=report["table"].reset_index())
         if payload:
             run.log({**payload, "train/global_step": step})
+
+
+# ---- what a watcher in another process reads (results.runinfo) ---------------------------------------
+HAND_OFF_SKIPPED = ("optimizer", "scheduler", "rng_state", "scaler", "training_args")  # not the model: not linked
+
+
+class RunRecord:
+    """The run's ``moral_probe_run.json``, kept by the callback on the main process; a write that fails is a warning.
+
+    See :mod:`tinymcf_callback.results.runinfo` for what it holds and who reads it.
+    """
+
+    def __init__(self, name: str, output_dir: str, info: dict):
+        self.name, self.output_dir = name, output_dir
+        saved = read_run_info(output_dir)  # a resumed run keeps the saves it made before
+        self.info = {**info, "saves": [s for s in saved.get("saves", []) if isinstance(s, int)], "ended": False}
+        self._write()
+
+    def saved(self, step: int, folder: str, hand_off: bool) -> None:
+        """A checkpoint was saved (``on_save``, after the Trainer's rotation): record it; with the hand-off, link
+        its model files into the queue, where ``save_total_limit`` cannot reach them."""
+        if hand_off:
+            self._link(step, folder)
+        if step not in self.info["saves"]:
+            self.info["saves"].append(step)
+        self._write()
+
+    def ended(self, step: int) -> None:
+        self.info.update(ended=True, global_step=step)
+        self._write()
+
+    def _link(self, step: int, folder: str) -> None:
+        target = queue_dir(self.output_dir) / os.path.basename(folder)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+                if entry.is_file() and not entry.name.startswith(HAND_OFF_SKIPPED):
+                    dest = target / entry.name
+                    if dest.exists():
+                        dest.unlink()
+                    os.link(entry.path, dest)  # the same blocks on disk: no copy, no time
+        except OSError as e:
+            shutil.rmtree(target, ignore_errors=True)
+            logger.warning("moral probe [%s]: checkpoint-%d not handed off (%s: hard links need the queue on the "
+                           "checkpoint's filesystem); the watcher reads the checkpoint itself while it is there",
+                           self.name, step, e.strerror or e)
+
+    def _write(self) -> None:
+        try:
+            write_run_info(self.output_dir, self.info)
+        except OSError as e:
+            logger.warning("moral probe [%s]: could not write %s: %s", self.name, RUN_INFO, e)
+
+
+def run_facts(args, state, trainer, model, hand_off: bool) -> dict:
+    """What the Trainer run tells a watcher: its dashboards, its starting model, its length."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    return {"hand_off": hand_off, "report_to": [r for r in report_to if r and r != "none"],
+            "max_steps": state.max_steps, "save_steps": getattr(args, "save_steps", None),
+            "base_model": _model_source(model), "tensorboard_dir": _tensorboard_dir(trainer),
+            "wandb": _wandb_facts() if reports_to_wandb(args) else None}
+
+
+def _model_source(model) -> str | None:
+    config = getattr(model, "config", None)
+    source = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    return str(source) if source else None
+
+
+def _tensorboard_dir(trainer) -> str | None:
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
+            return os.path.abspath(cb.logging_dir)
+    return None
+
+
+def _wandb_facts() -> dict | None:
+    run = active_wandb_run()
+    if run is None:
+        return None
+    settings = getattr(run, "settings", None)
+    return {"id": run.id, "project": run.project, "entity": getattr(run, "entity", None),
+            "mode": getattr(settings, "mode", None), "dir": getattr(settings, "root_dir", None)}
