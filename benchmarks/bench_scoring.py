@@ -471,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="before each method, wait up to this many seconds for other processes to leave the "
                          "CPUs (default 60; 0: do not wait)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"), help="JSON results file")
+    ap.add_argument("--methods", default="",
+                    help="comma-separated methods to time (default: every one); with --baseline-ref, tinymcf "
+                         "alone gives a quick before/after check of the engine's numbers")
     ap.add_argument("--baseline-ref", default="",
                     help="also time the tinymcf engine of this git commit (e.g. the one before a refactor), "
                          "side by side in the same run")
@@ -510,7 +513,9 @@ def main(argv: list[str] | None = None) -> int:
             methods.insert(1, (f"tinymcf@{args.baseline_ref}", ref_script))
         for key in models:
             results: dict[str, dict] = {}
-            chosen = [(m, sc) for m, sc in methods if m.split("@", 1)[0] in MODEL_METHODS.get(key, METHODS)]
+            wanted = {m.strip() for m in args.methods.split(",") if m.strip()} or set(METHODS)
+            chosen = [(m, sc) for m, sc in methods if m.split("@", 1)[0] in MODEL_METHODS.get(key, METHODS)
+                      and m.split("@", 1)[0] in wanted]
             for round_ in range(1, args.runs + 1):  # interleaved: every method once, then every method again
                 for method, script in chosen:
                     if args.wait_idle > 0:

@@ -59,6 +59,15 @@ def fmt(x, spec="+.3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
+def verdict(row) -> str:
+    """The rank test's p and verdict (none when too few random directions could reach the level)."""
+    if row.rank_p is None or row.rank_p != row.rank_p:
+        return "n/a"
+    if row.beyond_random is None:
+        return f"p {row.rank_p:.2f} (too few random directions for a verdict)"
+    return f"p {row.rank_p:.2f}: " + (f"**more, {row.direction}**" if row.beyond_random else "no more")
+
+
 def markdown(result, args, norms: dict, seconds: float) -> str:
     control = result.control()
     base = result.base
@@ -69,13 +78,13 @@ def markdown(result, args, norms: dict, seconds: float) -> str:
              f"Unsteered: score {fmt(base['score'])}, Yes+No mass {fmt(base['info']['yn_mass_mean'], '.3f')}. "
              f"Control: {result.n_random} random directions of the same norm. {seconds:.1f} s per probe on average.",
              "",
-             "| c | score change [95%], p | random directions' change (min .. max) | beyond random | Yes+No mass | "
-             "frame agreement |",
+             "| c | score change [95%], p | random directions' change (min .. max) | rank test against them | "
+             "Yes+No mass | frame agreement |",
              "|---|---|---|---|---|---|"]
     for row in control.itertuples():
         rep = result.reports[("real", 0, row.coefficient)]
         flag = "" if row.answering else " (below 0.5)"
-        beyond = "n/a" if row.beyond_random is None else ("**yes**" if row.beyond_random else "no")
+        beyond = verdict(row)
         lines.append(f"| {row.coefficient:+g} | {fmt(row.real)} [{fmt(row.real_lo)}, {fmt(row.real_hi)}], p "
                      f"{fmt(result.changes[('real', 0, row.coefficient)]['headline']['score'].p, '.3f')} | "
                      f"{fmt(row.random_min)} .. {fmt(row.random_max)} | {beyond} | "
@@ -84,9 +93,9 @@ def markdown(result, args, norms: dict, seconds: float) -> str:
     biggest = max(args.coefficients, key=abs)
     at = per[per["coefficient"] == biggest]
     lines += ["", f"Per foundation at c = {biggest:+g}: change of `align_other` (real) against the random range:", "",
-              "| foundation | real change [95%] | random (min .. max) | beyond random |", "|---|---|---|---|"]
+              "| foundation | real change [95%] | random (min .. max) | rank test against them |", "|---|---|---|---|"]
     for row in at.itertuples():
-        beyond = "n/a" if row.beyond_random is None else ("**yes**" if row.beyond_random else "no")
+        beyond = verdict(row)
         lines.append(f"| {row.foundation} | {fmt(row.real)} [{fmt(row.real_lo)}, {fmt(row.real_hi)}] | "
                      f"{fmt(row.random_min)} .. {fmt(row.random_max)} | {beyond} |")
     return "\n".join(lines)

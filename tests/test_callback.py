@@ -503,3 +503,22 @@ def test_a_model_the_probe_cannot_read_stops_at_train_begin(tmp_path, qwen_tok, 
     with pytest.raises(UnsupportedModelError, match="AutoModelForCausalLM"):
         cb.on_train_begin(args, TrainerState(), TrainerControl(), model=model)
     assert calls == []
+
+
+@pytest.mark.slow
+def test_a_trl_sfttrainer_takes_the_callback_as_the_docs_show(tmp_path, qwen_tok):
+    """The docs' TRL snippet: SFTTrainer is a Trainer, and the probe's lines come at step 0 and every save."""
+    from datasets import Dataset
+    from helpers.trainer_utils import tiny_model
+    from trl import SFTConfig, SFTTrainer
+
+    dataset = Dataset.from_dict({"text": ["Returning a lost wallet is kind.", "Cheating at cards is wrong."] * 8})
+    args = SFTConfig(str(tmp_path / "sft"), max_steps=4, save_steps=2, report_to="none", use_cpu=True,
+                     per_device_train_batch_size=4, disable_tqdm=True, max_length=32)
+    trainer = SFTTrainer(model=tiny_model(0), args=args, train_dataset=dataset, processing_class=qwen_tok)
+    trainer.add_callback(MoralProbeCallback(name="scifi", per_foundation=1, n_resamples=0, trainer=trainer,
+                                            verbose=False))
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "sft" / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 2, 4]
+    assert any("eval_moral_scifi/score" in entry for entry in trainer.state.log_history)

@@ -47,7 +47,7 @@ INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
     "n_forward": INT, "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST, "warnings": LIST,
-    "strategy": STR, "self_check": DICT, "precision": DICT,
+    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT,
 }
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
               "tolerance": NUM, "precision": STR, "reference": STR, "resolution": NUM, "scored_diff": NUM_OR_NULL,

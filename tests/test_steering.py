@@ -6,6 +6,7 @@ import json
 import logging
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from helpers.models import ARCHITECTURES
@@ -14,6 +15,7 @@ from tinymcf_callback import Probe, ResidualSteering, compare, dose_response, ra
 from tinymcf_callback.errors import ConfigError
 from tinymcf_callback.results.history import read_lines
 from tinymcf_callback.scoring.steering import decoder_layers
+from tinymcf_callback.tools.dose import DoseResponse
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +82,9 @@ def test_dose_response_changes_random_control_and_history(tiny_qwen, probe, dire
     for row in control.itertuples():
         rand = [result.changes[("random", j, row.coefficient)]["headline"]["score"].change for j in range(3)]
         assert row.random_min == pytest.approx(min(rand)) and row.random_max == pytest.approx(max(rand))
-        assert row.beyond_random == (not min(rand) <= row.real <= max(rand))
-        assert 0.25 <= row.rank_p <= 1.0  # k = 3: at best 1/4
+        assert row.rank_p == (1 + sum(abs(r) >= abs(row.real) for r in rand)) / 4  # k = 3: at best 1/4
+        assert not row.reachable and row.beyond_random is None  # 1/4 > 0.05: no verdict, said so
+    assert "n_random=3 is too few for a verdict" in result.summary()
     per = result.foundations()
     assert set(per["foundation"]) == set(result.base["table"].index) and len(per) == 2 * 7
     table = result.table()
@@ -144,3 +147,45 @@ def test_bad_steering_input_is_refused(tiny_qwen, probe, direction):
     with pytest.raises(ConfigError, match="coefficients must be"):
         dose_response(probe, tiny_qwen, ResidualSteering(tiny_qwen, 0, direction), ["strong"])
     assert json.dumps(repr(ResidualSteering(tiny_qwen, -1, direction))).count("layer=1") == 1
+
+
+class _Change:
+    def __init__(self, change):
+        self.change, self.lo, self.hi, self.p = change, change - 0.01, change + 0.01, 0.5
+
+
+def constructed(real: float, randoms: list[float], level: float = 0.95) -> DoseResponse:
+    """A dose-response at c = +8 with these changes of the score: no model, only the verdict's arithmetic."""
+    report = {"score": 0.1, "table": pd.DataFrame(index=["Care"]), "info": {"yn_mass_mean": 0.9}}
+    result = DoseResponse("scifi", [0.0, 8.0], n_random=len(randoms), level=level)
+    result.reports = {("none", 0, 0.0): report, ("real", 0, 8.0): report}
+    result.changes = {("real", 0, 8.0): {"headline": {"score": _Change(real)}}}
+    for j, r in enumerate(randoms):
+        result.changes[("random", j, 8.0)] = {"headline": {"score": _Change(r)}}
+    return result
+
+
+@pytest.mark.parametrize("real, randoms, p, verdict, says", [
+    # moved less than every random direction: p = 1, never "beyond" (the old range check said BEYOND at k=2)
+    (-0.0004, [0.01, -0.02] + [0.03] * 17, 1.0, False, "p=1.00 -> no more than the random directions"),
+    # larger in size than all 19: the smallest p, 1/20 = 0.05, a verdict with its direction
+    (-0.5, [0.01 * (j + 1) for j in range(19)], 0.05, True, "p=0.05 -> moved MORE than the random directions (down)"),
+    (0.5, [0.01 * (j + 1) for j in range(19)], 0.05, True, "(up)"),
+    # outside the random range but k = 4: p 0.2 cannot reach 0.05: no verdict, and the summary says why
+    (0.3, [0.1, 0.2, -0.1, 0.0], 0.2, None, "n_random=4 is too few for a verdict: its smallest p is 1/5 = 0.20"),
+    # k = 2, inside the spread
+    (0.0004, [0.01, -0.02], 1.0, None, "use n_random >= 19"),
+])
+def test_the_steering_verdict_is_a_rank_test_with_its_p_and_direction(real, randoms, p, verdict, says):
+    result = constructed(real, randoms)
+    row = result.control().iloc[0]
+    assert row["rank_p"] == pytest.approx(p) and row["beyond_random"] == verdict
+    assert row["direction"] == ("+" if real >= 0 else "-")
+    assert says in result.summary()
+    assert "BEYOND" not in result.summary()
+
+
+def test_the_verdicts_level_follows_the_probes():
+    """At level 0.9 the test is at p <= 0.1: 9 random directions suffice."""
+    result = constructed(0.5, [0.01 * (j + 1) for j in range(9)], level=0.9)
+    assert bool(result.control().iloc[0]["beyond_random"]) and "p <= 0.1" in result.summary()

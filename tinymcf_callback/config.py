@@ -12,6 +12,7 @@ option (``--limit``) on the command line.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import numbers
 from dataclasses import dataclass, field, fields
 
@@ -131,14 +132,16 @@ class ProbeConfig:
     answer_format: str = setting(DEFAULT_ANSWER_FORMAT, "how the model answers: yesno (Yes or No after 'Answer:') "
                                  'or json ({"is_wrong": true|false}, P(true) read)', _check_format,
                                  choices=tuple(ANSWER_FORMATS))
-    answer_prefix: str | None = setting(None, "the assistant turn's pre-fill before the answer (yesno only; default "
-                                        "'Answer:'; '' for none)", _check_prefix, metavar="TEXT")
+    answer_prefix: str | None = setting(None, "the assistant turn's pre-fill before the answer (yesno only; '' for "
+                                        "none)", _check_prefix, metavar="TEXT", shown_default="'Answer:'")
     token_budget: int = setting(DEFAULT_TOKEN_BUDGET, "padded tokens per forward call (lower it to save memory)",
                                 lambda v, w: _positive_int(v, w, "tokens"), metavar="T")
     max_batch_size: int = setting(DEFAULT_MAX_BATCH, "prompts per forward call at most",
                                   lambda v, w: _positive_int(v, w, "prompts"), metavar="B")
     share_prefix: bool = setting(True, "compute shared prompt prefixes once and reuse their key/value cache "
-                                 "(same scores, fewer FLOPs)", _check_flag)
+                                 "(same scores, fewer FLOPs)", _check_flag,
+                                 off="score every prompt whole, without reusing the key/value cache of the prefixes "
+                                     "prompts share (the same scores, more FLOPs)")
     level: float = setting(DEFAULT_LEVEL, "confidence level of the intervals", lambda v, w: check_level(v, w))
     n_resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples per interval (0: no intervals)",
                                lambda v, w: check_resamples(v, w), metavar="N")
@@ -146,9 +149,11 @@ class ProbeConfig:
     keep_autocast: bool = setting(False, "score under the autocast the model's forward was given (a bf16 Trainer's "
                                   "mixed precision) instead of the weights' own dtype", _check_flag)
     self_check: bool = setting(True, "compare two prompts with each prompt scored alone on every probe and fall "
-                               "back to a safer strategy when they differ", _check_flag)
-    self_check_tolerance: float | None = setting(None, "the largest difference the self-check allows (default: by "
-                                                 "compute precision)", _check_tolerance, metavar="X")
+                               "back to a safer strategy when they differ", _check_flag,
+                               off="skip the self-check (the fast path is not compared with prompts scored alone)")
+    self_check_tolerance: float | None = setting(None, "the largest difference the self-check allows",
+                                                 _check_tolerance, metavar="X",
+                                                 shown_default="by the compute precision")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)
@@ -184,6 +189,13 @@ class ProbeConfig:
         return load_vignettes(self.name, limit=self.limit, per_foundation=self.per_foundation,
                               subset_seed=self.subset_seed)
 
+    def subset(self, vignettes: list[dict] | None = None) -> dict:
+        """Which vignettes are asked, as a report records it: the options that chose them and a digest of their ids
+        (two probes with one digest asked about the same vignettes, whatever options chose them)."""
+        ids = "\n".join(sorted(str(v["id"]) for v in (self.vignettes() if vignettes is None else vignettes)))
+        return {"limit": self.limit, "per_foundation": self.per_foundation, "subset_seed": self.subset_seed,
+                "vignettes": hashlib.md5(f"{self.name}\n{ids}".encode()).hexdigest()[:16]}
+
     def subset_notes(self, vignettes: list[dict]) -> list[str]:
         """What the subset leaves out (foundations, the control), for the report's warnings; [] for the whole set."""
         return subset_notes(self.name, vignettes, limit=self.limit, per_foundation=self.per_foundation)
@@ -195,6 +207,16 @@ class ProbeConfig:
             raise ConfigError(f"unknown probe setting(s) {', '.join(unknown)}; the settings are "
                               f"{', '.join(field_names())}")
         return dataclasses.replace(self, **changes)
+
+
+def subset_options(subset: dict) -> str:
+    """The command-line options that ask about the vignettes of a recorded ``subset`` (:meth:`ProbeConfig.subset`)."""
+    if subset.get("per_foundation") is not None:
+        seed = subset.get("subset_seed") or 0
+        return f"--per-foundation {subset['per_foundation']}" + (f" --subset-seed {seed}" if seed else "")
+    if subset.get("limit") is not None:
+        return f"--limit {subset['limit']}"
+    return "neither --limit nor --per-foundation (the whole set)"
 
 
 def field_names() -> tuple[str, ...]:

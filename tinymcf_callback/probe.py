@@ -24,9 +24,9 @@ from .results.analysis import analyse
 from .results.readout import HEADLINE_FIELDS, sanity_warnings
 from .results.text import sanity_lines
 from .scoring.batching import encode_prompts, plan_batches, plan_group_batches, plan_prefixes
-from .scoring.engine import ScoreResult, check_context, run_batches
+from .scoring.engine import ScoreResult, run_batches
 from .scoring.mode import probe_mode
-from .scoring.model_info import check_causal_lm, model_name
+from .scoring.model_info import check_causal_lm, check_context, check_vocabulary, model_name
 from .scoring.prompts import answer_token_ids, format_prompts, prompt_digest
 from .scoring.ranks import Ranks
 from .scoring.selfcheck import score_checked
@@ -105,6 +105,8 @@ class Probe:
         when a prompt exceeds its context.
         """
         check_causal_lm(model)
+        answers = answer_token_ids(self.tok, self.answer_format)
+        check_vocabulary(model, self.encoded, [*answers[0], *answers[1]])
         check_context(model, self.encoded, self.labels)
         config = self.config
         with probe_mode(model, keep_autocast=config.keep_autocast) as precision:
@@ -131,6 +133,7 @@ class Probe:
         info["strategy"] = res.strategy
         info["self_check"] = self.check_info(res.check)
         info["precision"] = res.precision
+        info["subset"] = config.subset(self.vignettes)
         info["warnings"] = self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
         headline = {k: out[k] for k in HEADLINE_FIELDS}
         precision = res.precision or {}

@@ -50,8 +50,10 @@ def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[s
         if isinstance(default, bool):
             # a switch that changes the default: --no-share-prefix, --keep-autocast, --no-self-check
             option = flag(f.name) if not default else "--no-" + f.name.replace("_", "-")
+            shown = f"{meta['off']} (default: {f.name.replace('_', ' ')} on)" if default else f"{meta['help']} " \
+                f"(default: off)"
             group.add_argument(option, dest=f.name, action="store_false" if default else "store_true",
-                               default=None, help=f"{meta['help']} (default: {'on' if default else 'off'})")
+                               default=None, help=shown)
             continue
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("limit", "per_foundation"):
@@ -64,6 +66,9 @@ def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[s
 
 
 def _shown_default(name: str, default) -> str:
+    shown = next((f.metadata.get("shown_default") for f in fields(ProbeConfig) if f.name == name), None)
+    if shown:
+        return shown
     if name in ("limit", "per_foundation"):
         return "the whole set"
     return "none" if default is None else str(default)

@@ -28,6 +28,9 @@ def add_run_arguments(p, *, dashboards: str) -> None:
                         "adapter_config.json names)")
     p.add_argument("--no-baseline", action="store_true",
                    help="do not score the starting weights as step 0 (no score_change in the lines)")
+    p.add_argument("--restart", action="store_true",
+                   help="start the run's history again: the history and its baseline report are set aside (renamed "
+                        "<file>.set-aside-<time>, kept), e.g. after a baseline scored in the wrong precision")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
     add_loading(p, device_help="cpu, cuda, cuda:1, ... (default: this process's device; under several processes "
@@ -46,7 +49,7 @@ def settings_of(args):
                          tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
                          progress=not args.no_progress, baseline=not args.no_baseline,
                          report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                         tensorboard_dir=args.tensorboard_dir)
+                         tensorboard_dir=args.tensorboard_dir, restart=args.restart)
 
 
 def run(args) -> int:

@@ -361,6 +361,7 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     if x == "step":
         kept = last_line_per_step(path, current_run(path, lines))
         precision = _warn_precisions(path, kept)
+        _warn_subsets(path, kept)
         return History(path=path, label=label, name=name,
                        steps=np.array([line["step"] for _, line in kept], dtype=float), **_curves(path, kept),
                        level=interval_level(kept), answer_format=fmt, precision=precision)
@@ -379,6 +380,17 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     return History(path=path, label=label, name=name, steps=_coefficients(real), **_curves(path, real),
                    level=interval_level(real), answer_format=fmt, precision=_warn_precisions(path, everything), x=x,
                    answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
+
+
+def _warn_subsets(path: Path, kept: list[tuple[int, dict]]) -> None:
+    """A curve whose points asked about other vignettes (another subset) is drawn, with a warning naming where."""
+    subsets = [(line["step"], (line["info"].get("subset") or {}).get("vignettes")) for _, line in kept]
+    subsets = [(step, digest) for step, digest in subsets if digest]
+    changes = [step for (_, a), (step, b) in zip(subsets, subsets[1:], strict=False) if a != b]
+    if changes:
+        logger.warning("%s: the curve asks about other vignettes from step %s on (another subset: limit, "
+                       "per_foundation or subset_seed); its points before and after do not compare like with like",
+                       path, ", ".join(map(str, changes)))
 
 
 def _distinct_labels(paths: list[Path]) -> list[str]:

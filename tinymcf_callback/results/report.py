@@ -68,6 +68,7 @@ INFO_FIELDS = {
     "strategy": (STR, "the engine's strategy: shared, full or unpadded"),
     "self_check": (OBJECT, "the comparison with each prompt scored alone (SELF_CHECK_FIELDS)"),
     "precision": (OBJECT, "dtype, autocast, device, and compute (the precision the tolerance is for)"),
+    "subset": (OBJECT, "which vignettes: limit, per_foundation, subset_seed, and a digest of their ids"),
 }
 SELF_CHECK_FIELDS = {
     "strategy": (STR, "the strategy the scores came from"),

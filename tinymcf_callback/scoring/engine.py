@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import PromptError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from .answers import AnswerScores, score_prompts
 from .batching import PrefixPlan
 from .model_info import (
     NEEDS,
     ForwardArgs,
     class_name,
-    max_context,
     model_device,
     pad_token_id,
     padding_problem,
@@ -57,25 +56,6 @@ logger = logging.getLogger("tinymcf_callback")
 STRATEGIES = ("shared", "full", "unpadded")  # fastest first; each one after the first is safer than the one before
 STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padded)",
                   "unpadded": "unpadded prompts (one length per forward call)"}
-
-
-def check_context(model, encoded: list[list[int]], labels: list[str] | None = None) -> None:
-    """Raise :class:`PromptError` naming the longest prompt when it exceeds the model's context.
-
-    Models whose positions start at ``padding_idx + 1`` (RoBERTa style) have that many
-    fewer positions for the prompt.
-    """
-    limit = max_context(model)
-    if limit is None or not encoded:
-        return
-    limit -= ForwardArgs.of(model).position_base
-    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
-    if len(encoded[longest]) > limit:
-        what = labels[longest] if labels else f"prompt {longest}"
-        raise PromptError(
-            f"{what} is {len(encoded[longest])} tokens long, more than the model's context of {limit} tokens; "
-            "shorten the vignette or use a model with a longer context"
-        )
 
 
 # ---- reading the answer off the logits ---------------------------------------------------------

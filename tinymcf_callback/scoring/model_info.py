@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UnsupportedModelError
+from ..errors import PromptError, UnsupportedModelError
 
 _FORWARDING_CHILDREN = ("_fsdp_wrapped_module", "module", "model")
 _MAX_WRAPPERS = 16
@@ -373,3 +373,40 @@ def shared_prefix_blocker(model, args: ForwardArgs, cache_slots: int) -> str | N
         return (f"its attention window ({key}={w}) is not longer than the {cache_slots} cache slots the shared "
                 "prefixes need, and padding inside the cache would take window slots from real tokens")
     return None
+
+
+# ---- do the prompts fit the model? ----------------------------------------------------------------
+def check_context(model, encoded: list[list[int]], labels: list[str] | None = None) -> None:
+    """Raise :class:`PromptError` naming the longest prompt when it exceeds the model's context.
+
+    Models whose positions start at ``padding_idx + 1`` (RoBERTa style) have that many
+    fewer positions for the prompt.
+    """
+    limit = max_context(model)
+    if limit is None or not encoded:
+        return
+    limit -= ForwardArgs.of(model).position_base
+    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+    if len(encoded[longest]) > limit:
+        what = labels[longest] if labels else f"prompt {longest}"
+        raise PromptError(
+            f"{what} is {len(encoded[longest])} tokens long, more than the model's context of {limit} tokens; "
+            "shorten the vignette or use a model with a longer context"
+        )
+
+
+def check_vocabulary(model, encoded: list[list[int]], answer_ids: list[int]) -> None:
+    """Raise :class:`PromptError` before any forward call when the prompts or the answers use token ids the model has
+    no embedding or output row for: a tokenizer from another model (it would end in an ``IndexError`` deep in the
+    embedding, after every strategy had been tried)."""
+    base = unwrap_model(model)
+    modules = [getattr(base, name, lambda: None)() for name in ("get_input_embeddings", "get_output_embeddings")]
+    rows = [m.weight.shape[0] for m in modules
+            if m is not None and getattr(m, "weight", None) is not None and m.weight.dim() == 2]
+    if not rows or not encoded:
+        return
+    largest = max(max((max(e) for e in encoded if e), default=-1), max(answer_ids, default=-1))
+    if largest >= min(rows):
+        raise PromptError(f"the tokenizer gives token ids up to {largest}, but {class_name(model)} has only "
+                          f"{min(rows)} embedding rows: the tokenizer is another model's; load the model's own "
+                          f"(AutoTokenizer.from_pretrained on the model's folder or id)")

@@ -101,3 +101,16 @@ def tokenizer_fingerprint(source: str) -> str:
 
 
 # ---- the history ---------------------------------------------------------------------------------
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def saved_dtype(folder: Path) -> str | None:
+    """The dtype a model folder's weights were saved in (``config.json``'s ``dtype``, formerly ``torch_dtype``)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    return dtype if dtype in DTYPES else None

@@ -15,10 +15,13 @@ For each coefficient the probe gives the full report (with its intervals) and th
 **The random-direction control.** A steering vector moves a model's answers however it was found:
 any push of that size on the residual stream shifts P(Yes) somewhere. So the same intervention
 is applied along ``k`` random directions of the same norm (seeded,
-:func:`~tinymcf_callback.scoring.directions.random_directions`), and the result says for each
-coefficient whether the real direction moved the score, and each foundation's ``align_other``, beyond
-the spread of the random ones (outside their range; with ``k`` directions the chance of that by luck
-alone is ``2 / (k + 1)``).
+:func:`~tinymcf_callback.scoring.directions.random_directions`), and the result tests for each
+coefficient whether the real direction moved the score, and each foundation's ``align_other``, more than
+the random ones do: a rank test on the size of the change, ``p = (1 + #{random j: |change_j| >= |change|})
+/ (k + 1)``, two-sided, exact under the null that the real direction is one more random direction. Its
+smallest value is ``1 / (k + 1)``: with ``k`` random directions a test at level ``1 - level`` (0.05) can
+only succeed when ``k >= 1 / (1 - level) - 1`` (19 at 0.05); the summary says so when ``k`` is smaller,
+instead of a verdict it cannot give.
 
 **Where the model stops answering.** At large coefficients a steered model may no longer say Yes or
 No; its P(Yes) is then renormalised from a small mass and its numbers are soft. Every coefficient's
@@ -74,6 +77,7 @@ class DoseResponse:
     changes: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     n_random: int = 0
+    level: float = 0.95  # the verdict's test is at 1 - level (the probe's interval level)
     history: Path | None = None
     baseline: dict | None = field(default=None, repr=False)  # metrics.baseline_record of the unsteered report
 
@@ -97,14 +101,17 @@ class DoseResponse:
         return pd.DataFrame(rows)
 
     def control(self, metric: str = "score", foundation: str | None = None) -> pd.DataFrame:
-        """Per coefficient: the real direction's change of ``metric`` (or a foundation's ``align_other``)
-        against the random directions' (their min, median, max), and whether it lies beyond their range.
+        """Per coefficient: the real direction's change of ``metric`` (or a foundation's ``align_other``) with its
+        interval, the random directions' changes (min, median, max), and the rank test against them.
 
-        ``beyond_random`` is None without random directions. ``rank_p``: the share of the ``k + 1``
-        directions (real included) whose change is at least as large in size as the real one's
-        (the smallest possible is ``1 / (k + 1)``).
+        ``rank_p``: the share of the ``k + 1`` directions (the real one included) whose change is at least as
+        large in size as the real one's: the two-sided p-value of "the real direction moves the number no
+        more than a random one of the same norm" (smallest possible ``1 / (k + 1)``). ``beyond_random``: that
+        p is at most ``1 - level``; None without random directions, or when ``k`` is too small for any p
+        to get there (``reachable`` false). ``direction``: ``+`` or ``-``, the sign of the real change.
         """
         rows = []
+        alpha = 1.0 - self.level
         for c in self.coefficients:
             if c == 0.0:
                 continue
@@ -113,14 +120,16 @@ class DoseResponse:
                              for j in range(self.n_random)], dtype=float)
             rand = rand[np.isfinite(rand)]
             row = {"coefficient": c, "real": real, "real_lo": None, "real_hi": None,
-                   "random_min": None, "random_median": None, "random_max": None, "beyond_random": None,
-                   "rank_p": None, "answering": answering(self.reports[("real", 0, c)])}
-            bounds = _bounds_of(self.changes.get(("real", 0, c)), metric, foundation)
-            row["real_lo"], row["real_hi"] = bounds
+                   "direction": None if not math.isfinite(real) else ("+" if real >= 0 else "-"),
+                   "random_min": None, "random_median": None, "random_max": None, "rank_p": None,
+                   "reachable": bool(len(rand)) and 1.0 / (len(rand) + 1) <= alpha + 1e-12, "beyond_random": None,
+                   "answering": answering(self.reports[("real", 0, c)])}
+            row["real_lo"], row["real_hi"] = _bounds_of(self.changes.get(("real", 0, c)), metric, foundation)
             if len(rand) and math.isfinite(real):
+                p = float((1 + np.sum(np.abs(rand) >= abs(real))) / (len(rand) + 1))
                 row.update(random_min=float(rand.min()), random_median=float(np.median(rand)),
-                           random_max=float(rand.max()), beyond_random=bool(real < rand.min() or real > rand.max()),
-                           rank_p=float((1 + np.sum(np.abs(rand) >= abs(real))) / (len(rand) + 1)))
+                           random_max=float(rand.max()), rank_p=p,
+                           beyond_random=bool(p <= alpha + 1e-12) if row["reachable"] else None)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -130,13 +139,28 @@ class DoseResponse:
         return pd.concat([self.control(foundation=f).assign(foundation=f) for f in present], ignore_index=True)
 
     def summary(self) -> str:
-        """The dose-response as text: per coefficient, the change with its interval, the random spread, flags."""
+        """The dose-response as text: per coefficient, the change with its interval, the random spread and the
+        rank test's verdict (with its p-value and direction, or why there is none)."""
+        alpha = 1.0 - self.level
         lines = [f"[tinymcf] dose-response on {self.name}: unsteered score {_fmt(self.base['score'])}, "
-                 f"{self.n_random} random direction(s) of the same norm"]
+                 f"{self.n_random} random direction(s) of the same norm; a verdict is a rank test of |change| "
+                 f"against theirs at p <= {alpha:.2g}"]
+        if self.n_random > 0 and 1.0 / (self.n_random + 1) > alpha + 1e-12:
+            needed = math.ceil(1.0 / alpha - 1.0 - 1e-9)
+            lines.append(f"  n_random={self.n_random} is too few for a verdict: its smallest p is "
+                         f"1/{self.n_random + 1} = {1.0 / (self.n_random + 1):.2f} > {alpha:.2g}; use n_random >= "
+                         f"{needed} (the ranges below are descriptive only)")
         for row in self.control().itertuples():
-            spread = ("" if row.random_min is None else
-                      f"  random [{row.random_min:+.3f}, {row.random_max:+.3f}] -> "
-                      f"{'BEYOND' if row.beyond_random else 'within'} the random spread")
+            spread = ""
+            if row.random_min is not None:
+                if row.beyond_random is None:
+                    verdict = ""
+                elif row.beyond_random:
+                    verdict = f" -> moved MORE than the random directions ({'up' if row.direction == '+' else 'down'})"
+                else:
+                    verdict = " -> no more than the random directions"
+                spread = (f"  random [{row.random_min:+.3f}, {row.random_max:+.3f}] median {row.random_median:+.3f},"
+                          f" p={row.rank_p:.2f}{verdict}")
             warn = "" if row.answering else "  (Yes+No mass below 0.5: the model stops answering; soft numbers)"
             lines.append(f"  c={row.coefficient:+g}: change {_fmt(row.real)} [{_fmt(row.real_lo)}, "
                          f"{_fmt(row.real_hi)}]{spread}{warn}")
@@ -205,7 +229,7 @@ def dose_response(probe: Probe, model, intervene, coefficients, *, controls=None
         raise ConfigError("give controls=[...] or n_random=k, not both")
     if any(getattr(x, "needs_full_prompts", False) for x in [intervene, *controls]) and probe.config.share_prefix:
         probe = Probe(probe.tok, config=probe.config.replace(share_prefix=False))
-    result = DoseResponse(probe.name, coefs, n_random=len(controls))
+    result = DoseResponse(probe.name, coefs, n_random=len(controls), level=probe.config.level)
     if output_dir is not None:
         result.history = dose_history_path(output_dir, probe.name, probe.answer_format)
     plan = [("none", 0, 0.0, None)]

@@ -18,7 +18,8 @@ def check_model_source(path: str, gguf_file: str | None = None) -> None:
     """Refuse, in one line, a ``--model`` that names no model: a missing folder, or a folder without ``config.json``.
 
     A name that is not a folder is taken for a Hub id (``org/name``), unless it reads as a path (``/``, ``./``,
-    ``../``, ``~``) or the Hub is off (``HF_HUB_OFFLINE=1``): then it is a folder that is not there.
+    ``../``, ``~``, more than one ``/``, or a first part that is a folder here: ``runs/base``), or the Hub is off
+    (``HF_HUB_OFFLINE=1``) and the local Hub cache lacks it: then it is a folder that is not there.
     """
     folder = Path(path).expanduser()
     if folder.is_dir():
@@ -32,7 +33,8 @@ def check_model_source(path: str, gguf_file: str | None = None) -> None:
     if folder.exists():
         raise LoadError(f"{folder} is a file, not a model folder: pass the folder that holds config.json")
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    if path.startswith(("/", "./", "../", "~")) or path.count("/") > 1:
+    first = Path(path).parts[0] if Path(path).parts else ""
+    if path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or (first and Path(first).is_dir()):
         raise LoadError(f"no such folder {folder}: pass a local model folder, or a Hub id (org/name)")
     if offline and not _in_hub_cache(path):
         raise LoadError(f"no such folder {folder}, and HF_HUB_OFFLINE=1 with no copy of a Hub model {path} in the "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from accelerate.utils import broadcast_object_list, gather_object, parse_flag_fr
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..config import ProbeConfig
+from ..config import ProbeConfig, subset_options
 from ..errors import HistoryError, SweepError
 from ..extras import require
 from ..probe import Probe
@@ -61,9 +62,18 @@ from ..results.history import (
 )
 from ..results.metrics import baseline_record
 from ..results.report import describe_precision, load_report, precision_key, write_report
+from ..results.runinfo import read_run_info
 from ..results.text import with_bounds
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .checkpoints import ADAPTER_CONFIG, Checkpoint, adapter_base_name, find_checkpoints, tokenizer_fingerprint
+from .checkpoints import (
+    ADAPTER_CONFIG,
+    DTYPES,
+    Checkpoint,
+    adapter_base_name,
+    find_checkpoints,
+    saved_dtype,
+    tokenizer_fingerprint,
+)
 from .dashboards import Dashboards, open_dashboards
 from .loading import load_model, release_memory
 
@@ -83,6 +93,7 @@ class SweepSettings:
     report_to: tuple[str, ...] = ()  # the run's dashboards to log each line into (tools.dashboards)
     wandb_run: str | None = None  # the wandb run id to log into (default: the one moral_probe_run.json records)
     tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
+    restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
 
     @property
     def name(self) -> str:
@@ -101,6 +112,7 @@ class SweepPlan:
     baseline_event: str = BASELINE_EVENT  # train_begin in an empty history; sweep when lines are there already
     event: str = SWEEP_EVENT  # the event of a checkpoint's line (watch: WATCH_EVENT)
     by: str = "sweep"  # the line's ``by``: the command that scored it
+    dtype: str | None = None  # what every model of the run is loaded in (--dtype, or the run's own: run_dtype)
     notes: list[str] = field(default_factory=list)  # what the main process says before scoring (the baseline's source)
 
 
@@ -155,14 +167,24 @@ def recorded_steps(lines: list[dict]) -> set[int]:
     return {line["step"] for line in lines if isinstance(line.get("step"), int)}
 
 
-def check_same_vignettes(lines: list[dict], n_vignettes: int, path: Path) -> None:
-    """Refuse to extend a curve scored on another number of vignettes (a ``--limit`` unlike the callback's)."""
+def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> None:
+    """Refuse to extend a curve that asked about other vignettes (another subset than the callback's), naming the
+    options that reproduce the history's; lines from before subsets were recorded are compared by their count."""
+    mine = config.subset()
+    for line in lines:
+        theirs = line.get("info", {}).get("subset") if isinstance(line.get("info"), dict) else None
+        if isinstance(theirs, dict) and theirs.get("vignettes") != mine["vignettes"]:
+            raise SweepError(f"{path} holds probes of other vignettes than this {config.name!r} probe would ask "
+                             f"(step {line.get('step')} was scored with {subset_options(theirs)}, this one with "
+                             f"{subset_options(mine)}): pass {subset_options(theirs)} to extend its curve like with "
+                             f"like, or --restart to start the history again")
+    n_vignettes = len(config.vignettes())
     seen = {line.get("info", {}).get("n_vignettes") for line in lines if isinstance(line.get("info"), dict)}
     other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
     if other:
         raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "
-                         f"would score {n_vignettes}: pass the --limit the history was written with (none for the "
-                         f"whole set), so that its curve compares like with like")
+                         f"would score {n_vignettes}: pass the subset option the history was written with "
+                         f"(--per-foundation N or --limit N; its lines do not record which), or --restart")
 
 
 def history_precision(lines: list[dict]) -> tuple[str, str | None] | None:
@@ -177,7 +199,8 @@ def precision_clash(history: Path, recorded, line: dict, folder: str) -> str | N
         return None
     return (f"{folder} was scored in {describe_precision(mine)} but {history} holds probes scored in "
             f"{describe_precision(recorded)}: one curve holds one precision (the change between them would be the "
-            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was")
+            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was, or --restart to "
+            f"start the history again in {describe_precision(mine)} (the old one is kept aside)")
 
 
 def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:
@@ -194,21 +217,39 @@ def plan_sweep(settings: SweepSettings) -> SweepPlan:
     """Check the input and decide which checkpoints to score; raises :class:`SweepError` before any model loads."""
     checkpoints = find_checkpoints(settings.run_dir)
     config = settings.probe
-    n_vignettes = len(config.vignettes())  # an unknown or unprepared set fails here
+    config.vignettes()  # an unknown or unprepared set fails here
     history = Path(history_path(str(settings.run_dir), config.name, config.answer_format))
     lines = current_run_lines(history)
     check_same_format(lines, config.answer_format, history)
-    check_same_vignettes(lines, n_vignettes, history)
+    check_same_vignettes(lines, config, history)
     done = recorded_steps(lines)
     pending = [c for c in checkpoints if c.step not in done]
     plan = SweepPlan(history, pending, [c.step for c in checkpoints if c.step in done], history_precision(lines),
                      baseline_event=BASELINE_EVENT if not lines else SWEEP_EVENT)
     if settings.baseline:
         plan_baseline(plan, settings, checkpoints, done)
+    settle_dtype(plan, settings, checkpoints, read_run_info(settings.run_dir))
     if plan.pending:
         check_writable(settings.run_dir, history)
         check_loadable(plan.pending, settings)
     return plan
+
+
+def settle_dtype(plan: SweepPlan, settings: SweepSettings, checkpoints: list[Checkpoint], info: dict) -> None:
+    """One dtype for every model of the run, decided before any loads (:func:`run_dtype`); a history already
+    scored in another precision is refused now, with the two ways out, not after the first checkpoint."""
+    found = run_dtype(settings, checkpoints, info)
+    if found is None:
+        return
+    plan.dtype, why = found
+    if settings.dtype == "auto" and plan.pending:
+        plan.notes.append(f"every model is loaded in {plan.dtype} ({why}), the step-0 baseline included")
+    recorded = plan.precision
+    if recorded is not None and recorded[1] is None and recorded[0] != plan.dtype and plan.pending:
+        raise SweepError(f"{plan.history} holds probes scored in {describe_precision(recorded)}, and this run is "
+                         f"scored in {plan.dtype} ({why}): one curve holds one precision. Start the history again "
+                         f"in {plan.dtype} with --restart (the old lines and baseline report are kept aside, renamed), "
+                         f"or pass --dtype {recorded[0]} to extend it as it is")
 
 
 def starting_model(settings: SweepSettings, checkpoints: list[Checkpoint]) -> tuple[str | None, str]:
@@ -293,11 +334,27 @@ class ProbeCache:
         return self._probes[key]
 
 
-def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str):
+def load_checkpoint(checkpoint: Checkpoint, settings: SweepSettings, device: str, dtype: str | None = None):
     """The checkpoint's model on ``device``: its full weights, or the base model with its PEFT adapter applied."""
+    dtype = dtype or settings.dtype
     if checkpoint.adapter:
-        return load_model(settings.base_model, device=device, dtype=settings.dtype, adapter=checkpoint.folder)
-    return load_model(str(checkpoint.folder), device=device, dtype=settings.dtype)  # a Hub id as --base-model too
+        return load_model(settings.base_model, device=device, dtype=dtype, adapter=checkpoint.folder)
+    return load_model(str(checkpoint.folder), device=device, dtype=dtype)  # a Hub id as --base-model too
+
+
+def run_dtype(settings: SweepSettings, checkpoints: list[Checkpoint], info: dict) -> tuple[str, str] | None:
+    """The one dtype every model of the run is scored in, and why: ``--dtype``; else what the training ran in
+    (the callback's ``moral_probe_run.json``); else what its checkpoints were saved in. Not the base model's
+    own: a bfloat16 starting model fine-tuned in float32 would give a bfloat16 step 0 against float32 steps."""
+    if settings.dtype != "auto":
+        return settings.dtype, "--dtype"
+    if info.get("dtype") in DTYPES:
+        return info["dtype"], "the dtype the run trained in (moral_probe_run.json)"
+    for c in checkpoints:
+        found = None if c.baseline or c.adapter else saved_dtype(c.folder)
+        if found:
+            return found, f"the dtype {c.folder.name} was saved in"
+    return None
 
 
 def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: SweepSettings, device: str,
@@ -309,7 +366,7 @@ def score_checkpoint(checkpoint: Checkpoint, probes: ProbeCache, settings: Sweep
     """
     label = "the starting weights (step 0)" if checkpoint.baseline else checkpoint.folder.name
     try:
-        model = load_checkpoint(checkpoint, settings, device)
+        model = load_checkpoint(checkpoint, settings, device, plan.dtype)
         try:
             probe = probes.for_checkpoint(checkpoint)
             report = probe.run(model)
@@ -423,11 +480,30 @@ def _plan_or_error(settings: SweepSettings, held: contextlib.ExitStack) -> Sweep
         history = history_path(str(settings.run_dir), config.name, config.answer_format)
         if settings.run_dir.is_dir():
             held.enter_context(sole_writer(history, f"tinymcf sweep {settings.run_dir}"))
+            set_aside(settings)
         return plan_sweep(settings)
     except HistoryError as e:
         return SweepError(str(e))
     except Exception as e:  # noqa: BLE001 - sent to the other processes, raised on all of them
         return e
+
+
+def set_aside(settings: SweepSettings) -> list[Path]:
+    """With ``restart``: the history and its baseline report renamed ``<file>.set-aside-<time>`` (never deleted),
+    so that the run's curve starts again (a baseline scored in the wrong precision, say); what was renamed."""
+    if not settings.restart:
+        return []
+    config, stamp = settings.probe, time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for path in (history_path(str(settings.run_dir), config.name, config.answer_format),
+                 baseline_path(str(settings.run_dir), config.name, config.answer_format)):
+        path = Path(path)
+        if path.exists():
+            target = path.with_name(f"{path.name}.set-aside-{stamp}")
+            path.rename(target)
+            moved.append(target)
+            print(f"[tinymcf] --restart: {path.name} set aside as {target.name}", file=sys.stderr)
+    return moved
 
 
 def _write_round(plan: SweepPlan, outcomes: list[Outcome], state: PartialState,

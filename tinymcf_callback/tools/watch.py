@@ -63,6 +63,8 @@ from .sweep import (
     process_state,
     recorded_steps,
     saved_baseline,
+    set_aside,
+    settle_dtype,
     starting_model,
 )
 
@@ -144,7 +146,7 @@ def look(settings: WatchSettings, seen: dict[int, float | None], failed: set[int
     history = Path(history_path(str(run_dir), config.name, config.answer_format))
     lines = current_run_lines(history)
     check_same_format(lines, config.answer_format, history)
-    check_same_vignettes(lines, len(config.vignettes()), history)
+    check_same_vignettes(lines, config, history)
     done = recorded_steps(lines)
     info = read_run_info(run_dir)
     complete = complete_checkpoints(run_dir)
@@ -166,6 +168,12 @@ def look(settings: WatchSettings, seen: dict[int, float | None], failed: set[int
                               "the callback with hand_off=True records them)")
     elif 0 in done and plan.baseline is None:
         plan.baseline = saved_baseline(run_dir, config.name, config.answer_format, plan)
+    if carried is not None and carried.dtype:
+        plan.dtype = carried.dtype
+    else:
+        settle_dtype(plan, sweep, list(complete.values()), info)
+        if plan.dtype is None and sweep.dtype == "auto" and plan.pending and plan.pending[0].baseline:
+            plan.pending.pop(0)  # the starting model waits until the run says what it trains in (a checkpoint)
     if plan.pending:
         check_loadable(plan.pending, sweep)
     known = set(seen) | saved_steps(run_dir, info, complete)
@@ -217,6 +225,7 @@ def _hold(sweep: SweepSettings, held: contextlib.ExitStack) -> Exception | None:
         config = sweep.probe
         held.enter_context(sole_writer(history_path(str(sweep.run_dir), config.name, config.answer_format),
                                        f"tinymcf watch {sweep.run_dir}"))
+        set_aside(sweep)
         config.vignettes()  # an unknown or unprepared set fails before the first look
     except HistoryError as e:
         return SweepError(str(e))

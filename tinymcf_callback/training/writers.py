@@ -18,6 +18,7 @@ from ..results.history import baseline_path
 from ..results.metrics import probe_key
 from ..results.report import answer_format, write_report
 from ..results.runinfo import RUN_INFO, queue_dir, read_run_info, write_run_info
+from ..scoring.model_info import weights_dtype
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 logger = logging.getLogger("tinymcf_callback")
@@ -163,7 +164,8 @@ def run_facts(args, state, trainer, model, hand_off: bool) -> dict:
     report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
     return {"hand_off": hand_off, "report_to": [r for r in report_to if r and r != "none"],
             "max_steps": state.max_steps, "save_steps": getattr(args, "save_steps", None),
-            "base_model": _model_source(model), "tensorboard_dir": _tensorboard_dir(trainer),
+            "base_model": _model_source(model), "dtype": _dtype_name(model),
+            "tensorboard_dir": _tensorboard_dir(trainer),
             "wandb": _wandb_facts() if reports_to_wandb(args) else None}
 
 
@@ -171,6 +173,12 @@ def _model_source(model) -> str | None:
     config = getattr(model, "config", None)
     source = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
     return str(source) if source else None
+
+
+def _dtype_name(model) -> str | None:
+    """What the model trains in (its weights' dtype): what a watcher scores every model of the run in."""
+    dtype = weights_dtype(model) if model is not None else None
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def _tensorboard_dir(trainer) -> str | None:
