@@ -74,7 +74,7 @@ def test_the_sweep_scores_the_whole_run_in_one_precision_and_a_bad_baseline_can_
     assert sweep(run, "--restart") == 0
     assert [(line["step"], line["dtype"]) for line in lines_of(history)] == [(0, "float32"), (2, "float32")]
     kept = sorted(p.name for p in (run / "run").glob("*.set-aside-*"))
-    assert len(kept) == 2 and kept[1].startswith(HISTORY) and (run / "run" / kept[1]).read_bytes() == before
+    assert len(kept) == 2 and kept[0].startswith(HISTORY) and (run / "run" / kept[0]).read_bytes() == before
 
 
 def test_the_subset_guard_compares_which_vignettes_and_names_the_option_that_reproduces_them(tmp_path, qwen_tok,
