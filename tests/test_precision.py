@@ -123,8 +123,8 @@ def test_the_sweep_will_not_extend_a_history_of_another_precision(bf16_runs, tmp
     first = history.read_text().splitlines()[0]
     history.write_text(first + "\n")  # step 0 only: the sweep would add step 2
     rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--dtype", "bfloat16", "--no-progress"])
-    one_error_line(rc, capsys.readouterr().err, "checkpoint-2 was scored in bfloat16", "holds probes scored in "
-                   "float32", "pass --dtype float32")
+    one_error_line(rc, capsys.readouterr().err, "holds probes scored in float32", "this run is scored in bfloat16 "
+                   "(--dtype)", "--restart", "pass --dtype float32")  # refused before anything loads
     assert history.read_text() == first + "\n"
     assert tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--no-progress"]) == 0  # --dtype auto: float32
     assert [json.loads(line)["step"] for line in history.read_text().splitlines()] == [0, 2]

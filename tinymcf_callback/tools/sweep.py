@@ -242,7 +242,8 @@ def settle_dtype(plan: SweepPlan, settings: SweepSettings, checkpoints: list[Che
     if found is None:
         return
     plan.dtype, why = found
-    if settings.dtype == "auto" and plan.pending:
+    base = next((c for c in plan.pending if c.baseline), None)
+    if settings.dtype == "auto" and base is not None and saved_dtype(base.folder) not in (None, plan.dtype):
         plan.notes.append(f"every model is loaded in {plan.dtype} ({why}), the step-0 baseline included")
     recorded = plan.precision
     if recorded is not None and recorded[1] is None and recorded[0] != plan.dtype and plan.pending:
