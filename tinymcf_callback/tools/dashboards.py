@@ -92,7 +92,14 @@ def open_dashboards(run_dir: Path, report_to: list[str], *, wandb_run: str | Non
             sinks.append(Sink(f"TensorBoard ({writer.log_dir})", as_sink(writer)._send))
             closers.append(writer.close)
         elif name == "wandb":
-            run = _wandb(run_dir, info, wandb_run)
+            try:
+                run = _wandb(run_dir, info, wandb_run)
+            except SweepError:
+                raise  # nothing names a run: the user's setup, said in one line
+            except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
+                logger.warning("moral probe: the wandb run could not be opened (%s: %s); lines go to the history "
+                               "and the other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
+                continue
             sinks.append(Sink(f"wandb run {run.id}", as_sink(run)._send))
             closers.append(run.finish)
         elif name not in ("none", ""):
