@@ -53,33 +53,48 @@ def settings_of(args):
 
 
 def run(args) -> int:
+    from ..tools.sweep import run_sweep
+
+    settings = settings_of(args)
+    result = in_processes(args, lambda: run_sweep(settings))
+    if result is None or isinstance(result, int):
+        return result or 0
+    skipped = f", {len(result.skipped)} skipped (already in the history)" if result.skipped else ""
+    print(f"[tinymcf] sweep of {settings.run_dir}: {len(result.scored)} checkpoint(s) scored{skipped}, "
+          f"{len(result.failures)} failed; history: {result.history}")
+    return said_failures(result, "the others are in the history; a rerun retries only these")
+
+
+def in_processes(args, score):
+    """``score()`` on every process of this command (one, or a torchrun / accelerate launch group): its result on
+    the main process; on the others their exit status (2 when the main process says why it failed)."""
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
 
-    from ..tools.sweep import process_state, run_sweep
+    from ..tools.sweep import process_state
 
-    settings = settings_of(args)
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
     hf_logging.disable_progress_bar()  # one bar over the checkpoints, not one per weight file loaded
     try:
-        result = run_sweep(settings)
+        result = score()
     except Exception:
         if not state.is_main_process:
             return 2  # the main process says why
         raise
     finally:
         if not had_group:
-            state.destroy_process_group()  # the group this sweep started (torchrun / accelerate launch) ends here
+            state.destroy_process_group()  # the group this command started (torchrun / accelerate launch) ends here
     if not state.is_main_process:
         return 1 if result.failures else 0
-    skipped = f", {len(result.skipped)} skipped (already in the history)" if result.skipped else ""
-    print(f"[tinymcf] sweep of {settings.run_dir}: {len(result.scored)} checkpoint(s) scored{skipped}, "
-          f"{len(result.failures)} failed; history: {result.history}")
-    if result.failures:
-        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (the others are in the history; "
-              f"a rerun retries only these):", file=sys.stderr)
-        for o in result.failures:
-            print(f"  {o.folder}: {o.error}", file=sys.stderr)
-        return 1
-    return 0
+    return result
+
+
+def said_failures(result, retry: str) -> int:
+    """The checkpoints that could not be scored, on stderr: status 1 when there are any, else 0."""
+    if not result.failures:
+        return 0
+    print(f"error: {len(result.failures)} checkpoint(s) could not be scored ({retry}):", file=sys.stderr)
+    for o in result.failures:
+        print(f"  {o.folder}: {o.error}", file=sys.stderr)
+    return 1

@@ -7,9 +7,7 @@ the history says it was.
 
 from __future__ import annotations
 
-import sys
-
-from .sweep import add_run_arguments, settings_of
+from .sweep import add_run_arguments, in_processes, said_failures, settings_of
 
 NAME = "watch"
 SUMMARY = "follow a training run: score each checkpoint once it is saved, into the history and the run's dashboards"
@@ -25,11 +23,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import torch.distributed as dist
-    from transformers.utils import logging as hf_logging
-
     from ..errors import ConfigError
-    from ..tools.sweep import process_state
     from ..tools.watch import WatchSettings, run_watch
 
     for option, value in (("--poll", args.poll), ("--idle-timeout", args.idle_timeout)):
@@ -38,28 +32,11 @@ def run(args) -> int:
     if args.stop_at is not None and args.stop_at < 0:
         raise ConfigError(f"--stop-at must be a training step >= 0, got {args.stop_at}")
     settings = WatchSettings(settings_of(args), poll=args.poll, idle_timeout=args.idle_timeout, stop_at=args.stop_at)
-    had_group = dist.is_available() and dist.is_initialized()
-    state = process_state(args.device)
-    hf_logging.disable_progress_bar()
-    try:
-        result = run_watch(settings)
-    except Exception:
-        if not state.is_main_process:
-            return 2
-        raise
-    finally:
-        if not had_group:
-            state.destroy_process_group()
-    if not state.is_main_process:
-        return 1 if result.failures else 0
+    result = in_processes(args, lambda: run_watch(settings))
+    if result is None or isinstance(result, int):
+        return result or 0
     deleted = f", {len(result.deleted)} deleted before they could be scored (gaps)" if result.deleted else ""
     behind = f"; at most {result.most_behind - 1} behind the newest" if result.most_behind > 1 else ""
     print(f"[tinymcf] watch of {settings.sweep.run_dir} stopped: {result.why_stopped}. {len(result.scored)} "
           f"checkpoint(s) scored{deleted}{behind}; history: {result.history}")
-    if result.failures:
-        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (a sweep or a new watch retries "
-              f"them):", file=sys.stderr)
-        for o in result.failures:
-            print(f"  {o.folder}: {o.error}", file=sys.stderr)
-        return 1
-    return 0
+    return said_failures(result, "a sweep or a new watch retries them")
