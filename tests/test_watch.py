@@ -267,3 +267,39 @@ def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path):
     points = tensorboard_points(Path(info["tensorboard_dir"]), "eval/moral_scifi/score_change")
     assert sorted(points["tinymcf"]) == [0, 5, 6]
     assert points["tinymcf"][6] == pytest.approx(lines[2]["metrics"]["eval_moral_scifi/score_change"], abs=1e-6)
+
+
+_PARENT = """
+import os, subprocess, sys, wandb
+run = wandb.init(mode="offline", id="trainrun1", project="tinymcf-test", dir=sys.argv[1])
+assert os.environ.get("WANDB_SERVICE")  # what a child of this process inherits: the service holding the id
+child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1]], env=os.environ, capture_output=True, text=True)
+print(child.stdout + child.stderr)
+from pathlib import Path
+from tinymcf_callback.tools.dashboards import open_dashboards
+inside = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")  # in the training process itself
+print("inside:", inside.names, inside.sinks and wandb.run is run)
+inside.close()
+print("still live:", wandb.run is run)
+run.finish()
+"""
+_CHILD = """
+import sys
+from pathlib import Path
+from tinymcf_callback.tools.dashboards import open_dashboards
+dashboards = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")
+print("child:", dashboards.names)
+dashboards.close()
+"""
+
+
+def test_a_watcher_started_by_the_training_process_logs_into_its_wandb_run(tmp_path):
+    """A child inherits the parent's wandb-core service, which holds the training run's id: it opens a service of
+    its own rather than being refused ("run ID is in use"); inside the training process, the live run is used
+    and left open."""
+    p = subprocess.run([sys.executable, "-c", _PARENT, str(tmp_path), _CHILD], env=env_for(tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "child: ['wandb run trainrun1']" in p.stdout, p.stdout + p.stderr
+    assert "inside: ['wandb run trainrun1'] True" in p.stdout and "still live: True" in p.stdout, p.stdout
+    assert len(glob.glob(str(tmp_path / "wandb" / "offline-run-*-trainrun1"))) == 2  # the training's and the child's

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -101,7 +102,8 @@ def open_dashboards(run_dir: Path, report_to: list[str], *, wandb_run: str | Non
                                "and the other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
                 continue
             sinks.append(Sink(f"wandb run {run.id}", as_sink(run)._send))
-            closers.append(run.finish)
+            if run is not _live_run():  # the run this process trains in is the training's to finish
+                closers.append(run.finish)
         elif name not in ("none", ""):
             accelerator = _accelerate(run_dir, name)
             sinks.append(Sink(f"accelerate's {name} tracker", as_sink(accelerator)._send))
@@ -136,11 +138,23 @@ def _wandb(run_dir: Path, info: dict, given: str | None):
     project = recorded.get("project") or os.environ.get("WANDB_PROJECT")
     kwargs = {"id": run_id, "project": project, "entity": recorded.get("entity") or os.environ.get("WANDB_ENTITY"),
               "dir": recorded.get("dir"), "resume": "allow"}
+    live = _live_run()
+    if live is not None and live.id == run_id:
+        return live  # called inside the training process itself: its open run is the one to log into
+    # A wandb-core service inherited from a parent process (a training script that started the watcher, a test
+    # runner) already holds the training run's id and refuses a second writer of it ("run ID is in use"): this
+    # process starts a service of its own.
+    os.environ.pop("WANDB_SERVICE", None)
     offline = (recorded.get("mode") or os.environ.get("WANDB_MODE") or "").lower() in ("offline", "dryrun")
     if offline:
         return wandb.init(**kwargs, mode="offline")
     settings = wandb.Settings(mode="shared", x_primary=False, x_label="tinymcf")
     return wandb.init(**kwargs, settings=settings)
+
+
+def _live_run():
+    wandb = sys.modules.get("wandb")
+    return getattr(wandb, "run", None)
 
 
 def _accelerate(run_dir: Path, name: str):
