@@ -293,6 +293,7 @@ dashboards.close()
 """
 
 
+@pytest.mark.slow
 def test_a_watcher_started_by_the_training_process_logs_into_its_wandb_run(tmp_path):
     """A child inherits the parent's wandb-core service, which holds the training run's id: it opens a service of
     its own rather than being refused ("run ID is in use"); inside the training process, the live run is used
