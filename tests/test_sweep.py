@@ -25,6 +25,7 @@ from tinymcf_callback.tools.sweep import ProbeCache, SweepSettings, current_run_
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"
 MASTER_PORT = "29561"  # test_distributed: 29533, test_fsdp: 29547
+WATCH_PORT = "29571"  # test_sharding: 29561-29563
 
 
 # ---- runs and helpers ----------------------------------------------------------------------------
@@ -244,6 +245,25 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
     for a, b in zip(two, one, strict=True):
         same_line(a, b)
 
+
+
+@pytest.mark.slow
+def test_two_processes_watch_a_run_into_the_single_process_history(swept, plain_run, tmp_path, home):
+    """``tinymcf watch`` under torchrun: the main process looks, every process scores its share of what it found,
+    the lines are written once, in step order, with the one-process sweep's numbers."""
+    run = clone(plain_run, tmp_path / "run")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", WATCH_PORT, "-m", "tinymcf_callback", "watch", str(run),
+                        "--limit", str(LIMIT), "--home", str(home), "--no-progress", "--poll", "0.2",
+                        "--stop-at", "3", "--report-to", "none"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "on process 2 of 2" in p.stdout, p.stdout  # the second process scored a share
+    two, one = history(run), history(swept)
+    assert [line["step"] for line in two] == [1, 2, 3] and {line["by"] for line in two} == {"watch"}
+    for a, b in zip(two, one, strict=True):
+        same_line({k: v for k, v in a.items() if k != "by"}, {k: v for k, v in b.items() if k != "by"})
 
 # ---- bad input and the pieces --------------------------------------------------------------------
 @pytest.mark.slow
