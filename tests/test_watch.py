@@ -280,7 +280,9 @@ from tinymcf_callback.tools.dashboards import open_dashboards
 inside = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")  # in the training process itself
 print("inside:", inside.names, inside.sinks and wandb.run is run)
 inside.close()
-print("still live:", wandb.run is run)
+other = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="otherrun1")  # another run's id, opened here
+other.close()
+print("still live:", wandb.run is run and not run._is_finished)
 run.finish()
 """
 _CHILD = """
@@ -304,3 +306,4 @@ def test_a_watcher_started_by_the_training_process_logs_into_its_wandb_run(tmp_p
     assert "child: ['wandb run trainrun1']" in p.stdout, p.stdout + p.stderr
     assert "inside: ['wandb run trainrun1'] True" in p.stdout and "still live: True" in p.stdout, p.stdout
     assert len(glob.glob(str(tmp_path / "wandb" / "offline-run-*-trainrun1"))) == 2  # the training's and the child's
+    assert len(glob.glob(str(tmp_path / "wandb" / "offline-run-*-otherrun1"))) == 1

@@ -94,7 +94,7 @@ def open_dashboards(run_dir: Path, report_to: list[str], *, wandb_run: str | Non
             closers.append(writer.close)
         elif name == "wandb":
             try:
-                run = _wandb(run_dir, info, wandb_run)
+                run, opened_here = _wandb(run_dir, info, wandb_run)
             except SweepError:
                 raise  # nothing names a run: the user's setup, said in one line
             except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
@@ -102,7 +102,7 @@ def open_dashboards(run_dir: Path, report_to: list[str], *, wandb_run: str | Non
                                "and the other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
                 continue
             sinks.append(Sink(f"wandb run {run.id}", as_sink(run)._send))
-            if run is not _live_run():  # the run this process trains in is the training's to finish
+            if opened_here:  # the run this process trains in is the training's to finish
                 closers.append(run.finish)
         elif name not in ("none", ""):
             accelerator = _accelerate(run_dir, name)
@@ -128,7 +128,8 @@ def _tensorboard(run_dir: Path, info: dict, given: str | None):
 
 
 def _wandb(run_dir: Path, info: dict, given: str | None):
-    """The training's wandb run, resumed as a second writer (shared mode online; an offline run of the same id)."""
+    """The training's wandb run, resumed as a second writer (shared mode online; an offline run of the same id),
+    and whether it was opened here (else it is the training's own, open in this process)."""
     wandb = require("wandb")
     recorded = info.get("wandb") or {}
     run_id = given or recorded.get("id")
@@ -137,19 +138,20 @@ def _wandb(run_dir: Path, info: dict, given: str | None):
                          f"writes it when the Trainer reports to wandb); pass --wandb-run ID (and WANDB_PROJECT)")
     project = recorded.get("project") or os.environ.get("WANDB_PROJECT")
     kwargs = {"id": run_id, "project": project, "entity": recorded.get("entity") or os.environ.get("WANDB_ENTITY"),
-              "dir": recorded.get("dir"), "resume": "allow"}
+              "dir": recorded.get("dir"), "resume": "allow",
+              "reinit": "create_new"}  # a run this process has open (another id) stays open, untouched
     live = _live_run()
     if live is not None and live.id == run_id:
-        return live  # called inside the training process itself: its open run is the one to log into
+        return live, False  # called inside the training process itself: its open run is the one to log into
     # A wandb-core service inherited from a parent process (a training script that started the watcher, a test
     # runner) already holds the training run's id and refuses a second writer of it ("run ID is in use"): this
     # process starts a service of its own.
     os.environ.pop("WANDB_SERVICE", None)
     offline = (recorded.get("mode") or os.environ.get("WANDB_MODE") or "").lower() in ("offline", "dryrun")
     if offline:
-        return wandb.init(**kwargs, mode="offline")
+        return wandb.init(**kwargs, mode="offline"), True
     settings = wandb.Settings(mode="shared", x_primary=False, x_label="tinymcf")
-    return wandb.init(**kwargs, settings=settings)
+    return wandb.init(**kwargs, settings=settings), True
 
 
 def _live_run():
