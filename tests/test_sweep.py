@@ -20,7 +20,8 @@ from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.tools.checkpoints import find_checkpoints, tokenizer_fingerprint
-from tinymcf_callback.tools.sweep import ProbeCache, SweepSettings, current_run_lines, recorded_steps
+from tinymcf_callback.tools.resume import current_run_lines, recorded_steps
+from tinymcf_callback.tools.sweep import ProbeCache, SweepSettings
 
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"

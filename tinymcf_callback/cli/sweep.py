@@ -71,7 +71,7 @@ def in_processes(args, score):
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
 
-    from ..tools.sweep import process_state
+    from ..tools.processes import process_state
 
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)

@@ -39,13 +39,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from accelerate import PartialState
-from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..config import ProbeConfig, subset_options
+from ..config import ProbeConfig
 from ..errors import HistoryError, SweepError
 from ..extras import require
 from ..probe import Probe
@@ -54,17 +53,14 @@ from ..results.history import (
     SWEEP_EVENT,
     append_line,
     baseline_path,
-    current_run,
     history_path,
     probe_line,
-    read_lines,
     sole_writer,
 )
 from ..results.metrics import baseline_record
 from ..results.report import describe_precision, load_report, precision_key, write_report
 from ..results.runinfo import read_run_info
 from ..results.text import with_bounds
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .checkpoints import (
     ADAPTER_CONFIG,
     DTYPES,
@@ -76,6 +72,15 @@ from .checkpoints import (
 )
 from .dashboards import Dashboards, open_dashboards
 from .loading import load_model, release_memory
+from .processes import agree, process_state
+from .resume import (
+    check_same_format,
+    check_same_vignettes,
+    current_run_lines,
+    history_precision,
+    precision_clash,
+    recorded_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -144,72 +149,6 @@ def tokenizer_source(checkpoint: Checkpoint, settings: SweepSettings) -> str | N
     if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
         return str(checkpoint.folder)
     return settings.base_model
-
-
-def current_run_lines(path: Path) -> list[dict]:
-    """The lines of the history at ``path`` that belong to the current run ([] when there is no file yet).
-
-    The history's own rule (:func:`~tinymcf_callback.results.history.current_run`): a baseline line after
-    other lines starts a new run written into the same output folder, so earlier lines do not count as done.
-    """
-    if not path.exists():
-        return []
-    try:
-        numbered = read_lines(path)
-    except HistoryError as e:
-        if "is empty" in str(e):
-            return []
-        raise SweepError(f"{e}: the sweep only appends to this history; repair or move that line") from None
-    return [line for _, line in current_run(path, numbered, warn=False)]
-
-
-def recorded_steps(lines: list[dict]) -> set[int]:
-    return {line["step"] for line in lines if isinstance(line.get("step"), int)}
-
-
-def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> None:
-    """Refuse to extend a curve that asked about other vignettes (another subset than the callback's), naming the
-    options that reproduce the history's; lines from before subsets were recorded are compared by their count."""
-    mine = config.subset()
-    for line in lines:
-        theirs = line.get("info", {}).get("subset") if isinstance(line.get("info"), dict) else None
-        if isinstance(theirs, dict) and theirs.get("vignettes") != mine["vignettes"]:
-            raise SweepError(f"{path} holds probes of other vignettes than this {config.name!r} probe would ask "
-                             f"(step {line.get('step')} was scored with {subset_options(theirs)}, this one with "
-                             f"{subset_options(mine)}): pass {subset_options(theirs)} to extend its curve like with "
-                             f"like, or --restart to start the history again")
-    n_vignettes = len(config.vignettes())
-    seen = {line.get("info", {}).get("n_vignettes") for line in lines if isinstance(line.get("info"), dict)}
-    other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
-    if other:
-        raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "
-                         f"would score {n_vignettes}: pass the subset option the history was written with "
-                         f"(--per-foundation N or --limit N; its lines do not record which), or --restart")
-
-
-def history_precision(lines: list[dict]) -> tuple[str, str | None] | None:
-    """The precision the history's lines were scored in (their last one that records it), or None."""
-    return next((k for k in map(precision_key, reversed(lines)) if k is not None), None)
-
-
-def precision_clash(history: Path, recorded, line: dict, folder: str) -> str | None:
-    """Why ``line`` may not join a history scored in ``recorded`` (another precision), or None."""
-    mine = precision_key(line)
-    if recorded is None or mine is None or mine == recorded:
-        return None
-    return (f"{folder} was scored in {describe_precision(mine)} but {history} holds probes scored in "
-            f"{describe_precision(recorded)}: one curve holds one precision (the change between them would be the "
-            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was, or --restart to "
-            f"start the history again in {describe_precision(mine)} (the old one is kept aside)")
-
-
-def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:
-    """Refuse to extend a curve read in another answer format (a line without one is Yes/No)."""
-    other = sorted({str(line.get("answer_format", DEFAULT_ANSWER_FORMAT)) for line in lines} - {answer_format})
-    if other:
-        raise SweepError(f"{path} holds probes with answer format {', '.join(map(repr, other))}, this sweep would "
-                         f"read {answer_format!r}: one history holds one answer format; pass --answer-format "
-                         f"{other[0]} to extend it")
 
 
 # ---- planning (main process) ---------------------------------------------------------------------
@@ -451,27 +390,6 @@ def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState, *, pro
     finally:
         bar.close()
     return result
-
-
-def process_state(device: str | None) -> PartialState:
-    """accelerate's view of the processes this sweep runs in (one, or all of a torchrun / accelerate launch).
-
-    Without an accelerator (or with ``--device cpu``) accelerate must be told ``cpu=True``, or under
-    torchrun each process would see itself alone and sweep every checkpoint.
-    """
-    cpu = (device or "").startswith("cpu") or parse_flag_from_env("ACCELERATE_USE_CPU") or not has_accelerator()
-    return PartialState(cpu=cpu)
-
-
-def has_accelerator() -> bool:
-    if hasattr(torch, "accelerator"):  # torch >= 2.6: CUDA, ROCm, XPU, MPS, ...
-        return torch.accelerator.is_available()
-    return torch.cuda.is_available()
-
-
-def agree(state: PartialState, value):
-    """The main process's ``value`` on every process (so that all take the same branch; no rank waits alone)."""
-    return broadcast_object_list([value])[0] if state.num_processes > 1 else value
 
 
 def _plan_or_error(settings: SweepSettings, held: contextlib.ExitStack) -> SweepPlan | Exception:

@@ -48,20 +48,15 @@ from ..results.history import (
 from ..results.runinfo import queue_dir, read_run_info
 from .checkpoints import CHECKPOINT_NAME, Checkpoint, is_adapter, read_trainer_state
 from .dashboards import open_dashboards
+from .processes import agree, process_state
+from .resume import check_same_format, check_same_vignettes, current_run_lines, history_precision, recorded_steps
 from .sweep import (
     ProbeCache,
     SweepPlan,
     SweepResult,
     SweepSettings,
     _sweep,
-    agree,
     check_loadable,
-    check_same_format,
-    check_same_vignettes,
-    current_run_lines,
-    history_precision,
-    process_state,
-    recorded_steps,
     saved_baseline,
     set_aside,
     settle_dtype,
