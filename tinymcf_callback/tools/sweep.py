@@ -352,11 +352,13 @@ def run_sweep(settings: SweepSettings) -> SweepResult:
             held.callback(dashboards.close)
             if dashboards:
                 print(f"[tinymcf] logging each line to {', '.join(dashboards.names)}", file=sys.stderr)
-        return _sweep(settings, plan, state, dashboards=dashboards)
+        return score_plan(settings, plan, state, dashboards=dashboards)
 
 
-def _sweep(settings: SweepSettings, plan: SweepPlan, state: PartialState, *, probes: ProbeCache | None = None,
-           dashboards: Dashboards | None = None) -> SweepResult:
+def score_plan(settings: SweepSettings, plan: SweepPlan, state: PartialState, *, probes: ProbeCache | None = None,
+               dashboards: Dashboards | None = None) -> SweepResult:
+    """Score the plan's pending checkpoints in rounds of one per process; the main process writes each round's
+    lines in step order (and sends them to ``dashboards``). The sweep calls it once, the watcher at each look."""
     # No --device, or only its kind (--device cuda): each process's own (cuda:0, cuda:1, ... under torchrun).
     device = str(state.device) if settings.device in (None, state.device.type) else settings.device
     probes = probes or ProbeCache(settings)

@@ -55,9 +55,9 @@ from .sweep import (
     SweepPlan,
     SweepResult,
     SweepSettings,
-    _sweep,
     check_loadable,
     saved_baseline,
+    score_plan,
     set_aside,
     settle_dtype,
     starting_model,
@@ -250,7 +250,7 @@ def _follow(settings: WatchSettings, state: PartialState, result: WatchResult, d
                        f"behind the newest (checkpoint-{found.plan.pending[-1].step})", file=sys.stderr)
         result.most_behind = max(result.most_behind, found.behind)
         if found.plan.pending:
-            done = _sweep(sweep, found.plan, state, probes=probes, dashboards=dashboards)
+            done = score_plan(sweep, found.plan, state, probes=probes, dashboards=dashboards)
             result.scored += done.scored
             # a checkpoint deleted while it was loaded is a gap (the next look records it), not a failure
             there = set(agree(state, list(complete_checkpoints(sweep.run_dir)) if state.is_main_process else None))
