@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -140,7 +139,7 @@ def _wandb(run_dir: Path, info: dict, given: str | None):
     kwargs = {"id": run_id, "project": project, "entity": recorded.get("entity") or os.environ.get("WANDB_ENTITY"),
               "dir": recorded.get("dir"), "resume": "allow",
               "reinit": "create_new"}  # a run this process has open (another id) stays open, untouched
-    live = _live_run()
+    live = wandb.run
     if live is not None and live.id == run_id:
         return live, False  # called inside the training process itself: its open run is the one to log into
     # A wandb-core service inherited from a parent process (a training script that started the watcher, a test
@@ -152,11 +151,6 @@ def _wandb(run_dir: Path, info: dict, given: str | None):
         return wandb.init(**kwargs, mode="offline"), True
     settings = wandb.Settings(mode="shared", x_primary=False, x_label="tinymcf")
     return wandb.init(**kwargs, settings=settings), True
-
-
-def _live_run():
-    wandb = sys.modules.get("wandb")
-    return getattr(wandb, "run", None)
 
 
 def _accelerate(run_dir: Path, name: str):
