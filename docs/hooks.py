@@ -27,7 +27,12 @@ def _settings_table() -> str:
 
 
 def _replace(match: re.Match) -> str:
-    from tinymcf_callback.results.history import DOSE_LINE_FIELDS, LINE_FIELDS, OUTSIDE_LINE_FIELDS
+    from tinymcf_callback.results.history import (
+        DOSE_LINE_FIELDS,
+        LINE_FIELDS,
+        OUTSIDE_LINE_FIELDS,
+        SUPERSEDING_LINE_FIELDS,
+    )
     from tinymcf_callback.results.report import schema_markdown
 
     name = match.group(1).strip()
@@ -39,6 +44,8 @@ def _replace(match: re.Match) -> str:
         return schema_markdown(DOSE_LINE_FIELDS)
     if name == "outside_line":
         return schema_markdown(OUTSIDE_LINE_FIELDS)
+    if name == "superseding_line":
+        return schema_markdown(SUPERSEDING_LINE_FIELDS)
     if name.startswith("schema:"):
         return schema_markdown(name.split(":", 1)[1])
     raise ValueError(f"unknown docs placeholder {{{{ {name} }}}}")

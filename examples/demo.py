@@ -8,7 +8,7 @@ probe's own science-fiction vignettes -- which the training data never contains 
 step 0 and at every evaluation/save, and logs the results to TensorBoard, to
 ``state.log_history`` and to ``<output-dir>/moral_probe_scifi.jsonl``. At the end the
 demo prints one row per probed checkpoint, read back from that history file, and draws
-the curves to ``<output-dir>/moral_probe_scifi.png`` (``tinymcf_callback.tools.plot``; without
+the curves to ``<output-dir>/moral_probe_scifi.png`` (``tinymcf_callback.figures.plot``; without
 matplotlib, the ``[plot]`` extra, it says how to install it and skips the figure).
 
 Training examples use the probe's prompt format exactly: the user turn is the situation
@@ -402,7 +402,7 @@ def draw_curves(out: Path, tag: str = "demo", history: Path | None = None) -> Pa
     """Draw the run's curves next to its history (``<out>/moral_probe_scifi.png``); without matplotlib, say how
     to get it and go on."""
     from tinymcf_callback.errors import HistoryError, MissingExtraError
-    from tinymcf_callback.tools.plot import plot_histories
+    from tinymcf_callback.figures.plot import plot_histories
 
     history = history or out / HISTORY
     target = history.with_suffix(".png")

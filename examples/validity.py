@@ -332,10 +332,10 @@ def claims_markdown(verdict: dict) -> str:
 
 
 def draw_comparison(outs: list[Path], target: Path, dpi: int) -> Path | None:
-    """The three histories in one figure (tinymcf_callback.tools.plot), at a small ``dpi`` to keep the PNG light."""
+    """The three histories in one figure (tinymcf_callback.figures.plot), at a small ``dpi`` to keep the PNG light."""
     from tinymcf_callback.errors import MissingExtraError
-    from tinymcf_callback.tools.drawing import save_figure
-    from tinymcf_callback.tools.plot import plot_histories
+    from tinymcf_callback.figures.drawing import save_figure
+    from tinymcf_callback.figures.plot import plot_histories
 
     try:
         fig = plot_histories([o / demo.HISTORY for o in outs],

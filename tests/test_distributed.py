@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.ports import torchrun
 
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring.ranks import Ranks, merge_shards, to_shard
@@ -72,7 +73,7 @@ def test_shards_merge_to_the_one_process_result(qwen_tok, tiny_qwen):
 def test_ddp_two_processes_match_single(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     _run([sys.executable, str(HERE / "helpers" / "ddp_probe_script.py"), str(single)], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    _run([*torchrun(2),
           str(HERE / "helpers" / "ddp_probe_script.py"), str(ddp)], tmp_path)
     s_data, s_entries = _probe_entries(single / "log_history_rank0.json")
     d_data, d_entries = _probe_entries(ddp / "log_history_rank0.json")

@@ -17,6 +17,7 @@ from helpers.cli_checks import one_error_line
 from helpers.fake_llm_server import FakeLLM
 from helpers.prepare import KEY, my_csv
 from helpers.reports import made_up_scores
+from tinymcf_callback.follow import sweep  # noqa: F401 - see below
 
 from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders
@@ -24,7 +25,6 @@ from tinymcf_callback.extras import EXTRAS, install_hint, require
 from tinymcf_callback.prepare import rules
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.results.report import write_report
-from tinymcf_callback.tools import sweep  # noqa: F401 - see below
 
 # transformers decides once, when first imported, which optional packages it has (peft among them) and
 # imports them eagerly then. An install without peft never imports it; here the modules are imported
@@ -33,7 +33,8 @@ from tinymcf_callback.tools import sweep  # noqa: F401 - see below
 pytestmark = pytest.mark.usefixtures("clean_env")
 HIDDEN = {"openai": ("openai",), "dotenv": ("dotenv",), "vaderSentiment": ("vaderSentiment",
           "vaderSentiment.vaderSentiment"), "matplotlib": ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"),
-          "wandb": ("wandb",), "tensorboard": ("tensorboard",), "peft": ("peft",), "gguf": ("gguf",)}
+          "wandb": ("wandb",), "tensorboard": ("tensorboard",), "peft": ("peft",), "gguf": ("gguf",),
+          "deepspeed": ("deepspeed", "deepspeed.utils", "deepspeed.utils.zero_to_fp32")}
 
 
 def hide(monkeypatch, module: str) -> None:
@@ -128,6 +129,7 @@ def test_the_plot_needs_only_matplotlib(monkeypatch, capsys, history, tmp_path):
     ("plot", "matplotlib", "plot"),
     ("eval --gguf-file", "gguf", "gguf"),
     ("sweep of adapters", "peft", "peft"),
+    ("sweep of ZeRO checkpoints", "deepspeed", "deepspeed"),
     ("prepare (rewrites)", "openai", "prepare"),
     ("prepare (rewrites)", "vaderSentiment", "prepare"),
     ("validate", "openai", "prepare"),
@@ -136,7 +138,12 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
                                                          history, tmp_path):
     run = tmp_path / "run"
     (run / "checkpoint-1").mkdir(parents=True)
-    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base"}))
+    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dir)}))
+    zero = tmp_path / "zero" / "checkpoint-1"
+    (zero / "global_step1").mkdir(parents=True)
+    (zero / "latest").write_text("global_step1")
+    (zero / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x")
+    (zero / "tokenizer_config.json").write_text("{}")
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         llm = ["--base-url", server.base_url, "--model", "good-model", "--no-progress"]
@@ -144,6 +151,7 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
             "plot": ["plot", history, "--out", tmp_path / "curves.png"],
             "eval --gguf-file": ["eval", "--model", tiny_dir, "--gguf-file", "model.gguf", "--device", "cpu"],
             "sweep of adapters": ["sweep", run, "--base-model", tiny_dir, "--limit", "1"],
+            "sweep of ZeRO checkpoints": ["sweep", zero.parent, "--base-model", tiny_dir, "--limit", "1"],
             "prepare (rewrites)": ["prepare", "--name", "myset", "--source", my_csv(tmp_path), *llm],
             "validate": ["validate", "--name", "scifi", "--limit", "1", *llm],
         }[command]

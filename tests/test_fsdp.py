@@ -9,11 +9,11 @@ cache, while calling the wrapper so FSDP gathers the sharded parameters. FSDP v2
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.ports import torchrun
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.slow
 def test_fsdp_v1_and_v2_score_like_the_unwrapped_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+    cmd = [*torchrun(2),
            str(HERE / "helpers" / "fsdp_probe_script.py"), str(tmp_path)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -4,10 +4,12 @@ The parts, from the bottom up (a module may import its own part and the parts be
 
     base      _io, errors, extras                     (no part of the package)
     data      data/                                    the home, the vignette sets and their rewrites
-    scoring   scoring/                                 prompts, models, batching, the engine, its self-check, steering
+    scoring   scoring/                                 prompts, models, batching, the engine, its self-check
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
-    probe     probe.py, config.py                      Probe, evaluate, ProbeConfig: the composition
-    uses      training/, tools/                        the callback and ProbeLogger; the sweep, dose-response, plots
+    rundir    rundir/                                  a run folder: its record, hand-off queue, checkpoints
+    trackers  trackers/                                where a history line goes: TensorBoard, wandb, accelerate
+    probe     probe.py, config.py, loading.py          Probe, evaluate, ProbeConfig, loading a model: the composition
+    uses      training/, follow/, figures/, steering/  the callback and ProbeLogger; sweep and watch; plots; steering
     cli       cli/ and the __main__ modules            the tinymcf command
     init      __init__.py                              the public names, resolved lazily
 
@@ -31,9 +33,10 @@ import pytest
 import tinymcf_callback
 
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
-LAYERS = ("base", "data", "scoring", "results", "probe", "uses", "cli", "init")
+LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "uses", "cli", "init")
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "data": "data", "scoring": "scoring",
-           "results": "results", "probe": "probe", "config": "probe", "training": "uses", "tools": "uses",
+           "results": "results", "rundir": "rundir", "trackers": "trackers", "probe": "probe", "config": "probe",
+           "loading": "probe", "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses",
            "cli": "cli", "__main__": "cli", "prepare": "prepare", "testing": "testing", "__init__": "init"}
 MAY_IMPORT = {"prepare": {"base", "data", "prepare"}, "testing": set(),
               **{layer: set(LAYERS[:i + 1]) for i, layer in enumerate(LAYERS)}}
@@ -138,7 +141,7 @@ def test_no_import_circle_between_modules():
 
 @pytest.mark.parametrize("code, seen", [
     ("def f():\n    from ..training.callback import MoralProbeCallback\n", "tinymcf_callback.training.callback"),
-    ("import importlib\nm = importlib.import_module('..tools.sweep', __package__)\n", "tinymcf_callback.tools.sweep"),
+    ("import importlib\nm = importlib.import_module('..follow.sweep', __package__)\n", "tinymcf_callback.follow.sweep"),
     ("EXPORTS = {'main': '..cli.main:main'}\n", "tinymcf_callback.cli.main"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..probe import Probe\n", "tinymcf_callback.probe"),
 ])
@@ -159,7 +162,7 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
 
 def test_the_top_level_holds_only_the_composition():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_io", "config", "errors", "extras", "probe", "testing"]
+    assert top == ["__init__", "__main__", "_io", "config", "errors", "extras", "loading", "probe", "testing"]
 
 
 def test_the_public_names_are_the_lazy_table_and_each_resolves():

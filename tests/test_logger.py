@@ -154,7 +154,7 @@ def test_what_it_cannot_send_to_is_refused_and_a_failing_probe_does_not_stop_the
         monkeypatch.setattr(Probe, "score", boom)
         assert probe_logger.log(tiny_model().eval(), step=2) == {}
     messages = [r.getMessage() for r in caplog.records]
-    assert any("metrics not sent to <lambda>: ZeroDivisionError" in m for m in messages)
+    assert any("step 0 not sent to <lambda>: ZeroDivisionError" in m for m in messages)
     assert any("failed at step 2 (log): OutOfMemoryError: simulated out of memory" in m for m in messages)
     assert len(read_lines(tmp_path / "moral_probe_scifi.jsonl")) == 1
     strict = ProbeLogger(probe, None, strict=True)

@@ -18,9 +18,9 @@ pytest.importorskip("matplotlib")  # the [plot] extra (in dev); its absence is t
 
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import HistoryError
+from tinymcf_callback.figures.drawing import save_figure
+from tinymcf_callback.figures.plot import plot_histories
 from tinymcf_callback.results.curves import load_history
-from tinymcf_callback.tools.drawing import save_figure
-from tinymcf_callback.tools.plot import plot_histories
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -314,7 +314,7 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
         "from tinymcf_callback.cli.main import main\n"
         "from tinymcf_callback.errors import MissingExtraError\n"
         "from tinymcf_callback.results.curves import load_history\n"
-        "from tinymcf_callback.tools.plot import plot_histories\n"
+        "from tinymcf_callback.figures.plot import plot_histories\n"
         "h = load_history(sys.argv[1])  # reading needs no matplotlib\n"
         "assert h.steps.tolist() == [0, 10, 20], h.steps\n"
         "try:\n"

@@ -13,30 +13,30 @@ tested in one process (test_selfcheck_precision.py).
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as T
 from helpers.defects import added_at_last_position
+from helpers.ports import torchrun
 
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring import engine, selfcheck
 from tinymcf_callback.scoring.selfcheck import TOLERANCES
 
 HERE = Path(__file__).resolve().parent
-PORTS = {"fsdp2": "29581", "fsdp1": "29582", "zero3": "29583", "zero2": "29584"}
+WRAPPERS = ("fsdp2", "fsdp1", "zero3", "zero2")
 STORED = {"fsdp2": "float32", "fsdp1": "float32", "zero3": "bfloat16", "zero2": "bfloat16"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrapper", list(PORTS))
+@pytest.mark.parametrize("wrapper", WRAPPERS)
 def test_the_recorded_precision_is_the_computed_one_and_the_check_sees_in_it(wrapper, tmp_path):
     if wrapper.startswith("zero"):
         pytest.importorskip("deepspeed")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", PORTS[wrapper],
+    cmd = [*torchrun(2),
            str(HERE / "helpers" / "mixed_precision_script.py"), str(tmp_path), wrapper]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]

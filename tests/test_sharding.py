@@ -12,14 +12,13 @@ size doesn't match expected size"), and would hang under NCCL; the process group
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.ports import torchrun
 
 HERE = Path(__file__).resolve().parent
-PORTS = {"fsdp1": "29561", "fsdp2": "29562", "zero3": "29563"}
 EXPECTED_WRAPPER = {"fsdp1": "FullyShardedDataParallel", "zero3": "DeepSpeedEngine"}
 
 
@@ -29,7 +28,7 @@ def test_sharded_models_score_like_one_process_with_equal_forward_calls(wrapper,
     if wrapper == "zero3":
         pytest.importorskip("deepspeed")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PROBE_PG_TIMEOUT": "60"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", PORTS[wrapper],
+    cmd = [*torchrun(2),
            str(HERE / "helpers" / "sharded_probe_script.py"), str(tmp_path), wrapper]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]

@@ -1,32 +1,31 @@
-"""The checkpoint sweep (``eval --run-dir``) on real tiny Trainer runs: the callback's history schema,
-the numbers of each checkpoint scored alone, resuming, failures, PEFT adapters, and two processes
-(torchrun, gloo) writing the one-process history once. Random weights: mechanics only."""
+"""The checkpoint sweep on real tiny Trainer runs: the callback's history schema, the numbers of each checkpoint
+scored alone, resuming, failures, PEFT adapters, and two processes (torchrun, gloo) writing the one-process history
+once. Random weights: mechanics only. (A run's whole life, resumed and sharded runs among it: test_run_life.py.)"""
 
 import json
 import math
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers.cli_checks import one_error_line
+from helpers.ports import torchrun
 from helpers.trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
 from tinymcf_callback import MoralProbeCallback
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
+from tinymcf_callback.follow.guards import HistoryView
+from tinymcf_callback.follow.scoring import ProbeCache
+from tinymcf_callback.follow.settings import RunSettings
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.tools.checkpoints import find_checkpoints, tokenizer_fingerprint
-from tinymcf_callback.tools.resume import current_run_lines, recorded_steps
-from tinymcf_callback.tools.sweep import ProbeCache, SweepSettings
+from tinymcf_callback.rundir.checkpoints import checkpoint_folders, read_checkpoint, tokenizer_fingerprint
 
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"
-MASTER_PORT = "29561"  # test_distributed: 29533, test_fsdp: 29547
-WATCH_PORT = "29571"  # test_sharding: 29561-29563
 
 
 # ---- runs and helpers ----------------------------------------------------------------------------
@@ -57,7 +56,8 @@ def clone(run: Path, dst: Path, *, keep_history=False) -> Path:
 
 
 def sweep(run: Path, home: Path, *extra, capsys=None):
-    rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", *extra])
+    rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", "--retries", "0",
+                  *extra])
     out = capsys.readouterr() if capsys else None
     return rc, out
 
@@ -81,7 +81,7 @@ FLOAT32_TOLERANCE = 1e-5
 def assert_same_numbers(a, b, where="line", skip=("elapsed_s", "seconds")):
     """Equal structure; numbers within ``FLOAT32_TOLERANCE`` (timings skipped); everything else equal."""
     if isinstance(a, dict):
-        outside = {"by"} if where == "line" else set()  # a swept line says which command wrote it
+        outside = {"by", "fingerprint"} if where == "line" else set()  # a swept line says which command wrote it
         assert set(a) - outside == set(b) - outside, where
         for k in set(a) - outside:
             if not any(str(k).endswith(s) for s in skip):
@@ -172,6 +172,7 @@ def test_schema_is_the_callbacks(swept, lora_run):
     for line in history(swept):
         assert line.pop("by") == "sweep"  # the one field a line made outside the training adds (OUTSIDE_LINE_FIELDS)
         assert keys(line) == keys(written_by_callback)
+        assert line["fingerprint"] and written_by_callback["fingerprint"]  # both name the checkpoint they scored
 
 
 @pytest.mark.slow
@@ -180,7 +181,7 @@ def test_rerun_appends_nothing(swept, home, capsys):
     rc, out = sweep(swept, home, capsys=capsys)
     assert rc == 0
     assert (swept / HISTORY).read_bytes() == before
-    assert "0 checkpoint(s) scored, 3 skipped (already in the history)" in out.out
+    assert "0 checkpoint(s) scored, 3 already in the history" in out.out
 
 
 @pytest.mark.slow
@@ -194,11 +195,17 @@ def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys)
     assert len(callback_lines) == 2
     (run / HISTORY).write_bytes(callback_lines[0])  # the callback's step-1 line only
 
+    (run / "moral_probe_run.json").unlink()  # nothing names the base but the adapters: a folder moved away
+    for step in (1, 2):
+        config = run / f"checkpoint-{step}" / "adapter_config.json"
+        text = json.loads(config.read_text())
+        config.unlink()  # a hard link: replace, do not edit
+        config.write_text(json.dumps({**text, "base_model_name_or_path": str(tmp_path / "moved-away")}))
     rc, out = sweep(run, home, capsys=capsys)
-    one_error_line(rc, out.err, "checkpoint-2 is a PEFT adapter", "pass --base-model PATH")
+    one_error_line(rc, out.err, "checkpoint-2 is a PEFT adapter", "which is not here", "pass --base-model PATH")
     assert (run / HISTORY).read_bytes() == callback_lines[0]
 
-    rc, _ = sweep(run, home, "--base-model", str(base), "--no-baseline")  # the callback had no baseline either
+    rc, _ = sweep(run, home, "--base-model", str(base), "--force-base-model", "--no-baseline")  # as the callback
     assert rc == 0
     assert (run / HISTORY).read_bytes().startswith(callback_lines[0])  # untouched, byte for byte
     lines = history(run)
@@ -218,27 +225,35 @@ def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, 
     weights.write_bytes(data[: len(data) // 3])
     rc, out = sweep(run, home, capsys=capsys)
     assert rc == 1
-    assert "checkpoint-2: not scored: SafetensorError" in out.err
-    assert "1 checkpoint(s) could not be scored" in out.err and "\n  checkpoint-2: SafetensorError" in out.err
-    assert [line["step"] for line in history(run)] == [1, 3]  # the sweep went on after the failure
-    same_line(history(run)[1], history(swept)[2])
-    # a rerun retries only the failed checkpoint
+    assert "checkpoint-2: not scored after 1 tries: SafetensorError" in out.err
+    assert "1 checkpoint(s) could not be read after every try" in out.err
+    assert "\n  checkpoint-2: SafetensorError" in out.err
+    lines = history(run)
+    assert [(line["step"], line["event"]) for line in lines] == [(1, "sweep"), (2, "unreadable"), (3, "sweep")]
+    assert "SafetensorError" in lines[1]["info"]["unreadable"] and lines[1]["score"] is None  # a gap, with its cause
+    same_line(lines[2], history(swept)[2])  # the sweep went on after the failure
+    # a rerun tries the unreadable checkpoint again, and writes its gap once
     before = (run / HISTORY).read_bytes()
     rc, out = sweep(run, home, capsys=capsys)
-    assert rc == 1 and "2 skipped" in out.out and (run / HISTORY).read_bytes() == before
+    assert rc == 1 and "2 already in the history" in out.out and (run / HISTORY).read_bytes() == before
+    weights.unlink()
+    weights.write_bytes(data)  # readable again (a copy that finished): the next sweep scores it
+    rc, out = sweep(run, home, capsys=capsys)
+    assert rc == 0 and "1 checkpoint(s) scored" in out.out
+    assert [(line["step"], line["event"]) for line in history(run)][-1] == (2, "sweep")
+    same_line(history(run)[-1], history(swept)[1])
 
 
 @pytest.mark.slow
 def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_path, home):
     run = clone(plain_run, tmp_path / "run")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", MASTER_PORT, "-m", "tinymcf_callback", "sweep", str(run),
+    p = subprocess.run([*torchrun(2), "-m", "tinymcf_callback", "sweep", str(run),
                         "--limit", str(LIMIT), "--home", str(home), "--no-progress"],
                        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     # the work was split: each process scored checkpoints (3 checkpoints: rounds [1, 2] and [3])
-    assert "checkpoint-1 on process 1 of 2" in p.stdout and "checkpoint-2 on process 2 of 2" in p.stdout
+    assert "checkpoint-1 on process 1 of 2" in p.stderr and "checkpoint-2 on process 2 of 2" in p.stderr
     assert p.stdout.count("checkpoint(s) scored") == 1  # the summary from the main process only
     two, one = history(run), history(swept)
     assert [line["step"] for line in two] == [1, 2, 3]  # written once, in step order
@@ -253,13 +268,12 @@ def test_two_processes_watch_a_run_into_the_single_process_history(swept, plain_
     the lines are written once, in step order, with the one-process sweep's numbers."""
     run = clone(plain_run, tmp_path / "run")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", WATCH_PORT, "-m", "tinymcf_callback", "watch", str(run),
+    p = subprocess.run([*torchrun(2), "-m", "tinymcf_callback", "watch", str(run),
                         "--limit", str(LIMIT), "--home", str(home), "--no-progress", "--poll", "0.2",
                         "--stop-at", "3", "--report-to", "none"],
                        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "on process 2 of 2" in p.stdout, p.stdout  # the second process scored a share
+    assert "on process 2 of 2" in p.stderr, p.stderr  # the second process scored a share
     two, one = history(run), history(swept)
     assert [line["step"] for line in two] == [1, 2, 3] and {line["by"] for line in two} == {"watch"}
     for a, b in zip(two, one, strict=True):
@@ -292,9 +306,11 @@ def test_bad_input_exits_2_with_one_error_line(case, needle, swept, tmp_path, ho
 def test_checkpoints_in_numeric_step_order(tmp_path):
     for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100", "checkpoint-x", "tmp-checkpoint-5"):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
     (tmp_path / "checkpoint-7").write_text("a file, not a checkpoint")
     (tmp_path / "checkpoint-9" / "trainer_state.json").write_text('{"epoch": 1.5}')
-    found = find_checkpoints(tmp_path)
+    found = [read_checkpoint(step, folder, require_complete=False) for step, folder in
+             checkpoint_folders(tmp_path).items()]
     assert [c.step for c in found] == [9, 10, 100]  # lexicographic order would put 10 and 100 before 9
     assert [c.epoch for c in found] == [1.5, None, None]
 
@@ -305,15 +321,15 @@ def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
                                 "metrics": {}}
     old_run = [line(s, e) for s, e in ((0, "train_begin"), (1, "save"), (2, "save"))]
     path.write_text("".join(json.dumps(x) + "\n" for x in [*old_run, line(0, "train_begin")]))
-    assert recorded_steps(current_run_lines(path)) == {0}  # steps 1 and 2 of the earlier run are not done
+    assert set(HistoryView.read(path).newest()) == {0}  # steps 1 and 2 of the earlier run are not done
     path.write_text("".join(json.dumps(x) + "\n" for x in old_run) + '{"step": 3, "eve')  # torn last line
-    assert recorded_steps(current_run_lines(path)) == {0, 1, 2}
+    assert set(HistoryView.read(path).newest()) == {0, 1, 2}
 
 
 @pytest.mark.slow
 def test_one_probe_per_tokenizer(plain_run, tmp_path):
     run = clone(plain_run, tmp_path / "run")
-    checkpoints = find_checkpoints(run)
+    checkpoints = [read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()]
     prints = [tokenizer_fingerprint(str(c.folder)) for c in checkpoints]
     assert prints[0] == prints[1] == prints[2]
     config = run / "checkpoint-3" / "tokenizer_config.json"
@@ -321,8 +337,9 @@ def test_one_probe_per_tokenizer(plain_run, tmp_path):
     config.unlink()  # a hard link: replace, do not edit
     config.write_text(json.dumps({**text, "model_max_length": 12345}))
     assert tokenizer_fingerprint(str(checkpoints[2].folder)) != prints[0]
-    probes = ProbeCache(SweepSettings(run, ProbeConfig(name="scifi", limit=LIMIT)))
-    assert probes.for_checkpoint(checkpoints[0]) is probes.for_checkpoint(checkpoints[1]) and len(probes) == 1
+    probes = ProbeCache(RunSettings(run, ProbeConfig(name="scifi", limit=LIMIT)))
+    assert probes.get(str(checkpoints[0].folder)) is probes.get(str(checkpoints[1].folder)) and len(probes) == 1
+    assert probes.get(str(checkpoints[2].folder)) is not probes.get(str(checkpoints[0].folder)) and len(probes) == 2
 
 
 @pytest.mark.slow
@@ -339,7 +356,7 @@ def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home
     swept = clone(run, tmp_path / "swept")
     (swept / "moral_probe_scifi_baseline.json").unlink()
     rc, out = sweep(swept, home, "--base-model", str(base), capsys=capsys)
-    assert rc == 0 and "step 0: the starting weights" in out.err and "change since step 0=" in out.out
+    assert rc == 0 and "step 0: the starting weights" in out.err and "change since step 0=" in out.err
     lines = history(swept)
     assert [(line["step"], line["event"]) for line in lines] == [(0, "train_begin"), (1, "sweep"), (2, "sweep")]
     for ours, theirs in zip(lines, by_callback, strict=True):
@@ -357,6 +374,7 @@ def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home
 
     # no starting weights known: no step 0, and a note that says how to get it
     plain = clone(run, tmp_path / "plain")
+    (plain / "moral_probe_run.json").unlink()  # the callback recorded them there
     rc, out = sweep(plain, home, capsys=capsys)
     assert rc == 0 and "pass --base-model PATH" in out.err
     assert [line["step"] for line in history(plain)] == [1, 2]
@@ -365,18 +383,21 @@ def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home
     assert rc == 0 and [line["step"] for line in history(tmp_path / "off")] == [1, 2]
 
 
-def test_the_starting_weights_come_from_base_model_or_an_adapters_config(tmp_path):
-    from tinymcf_callback.tools.sweep import starting_model
+def test_the_starting_weights_come_from_base_model_the_record_or_an_adapters_config(tmp_path):
+    from tinymcf_callback.follow.planner import Planner
+    from tinymcf_callback.rundir.record import RunRecord
 
-    run, base = tmp_path / "run", tmp_path / "base"
+    def base(**kw):
+        return Planner(RunSettings(run, ProbeConfig(name="scifi"), **kw)).look().base_model
+
+    run, local = tmp_path / "run", tmp_path / "base"
     (run / "checkpoint-1").mkdir(parents=True)
-    base.mkdir()
-    settings = SweepSettings(run, ProbeConfig(name="scifi"))
-    assert starting_model(settings, find_checkpoints(run)) == (None, "")
-    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
-    source, how = starting_model(settings, find_checkpoints(run))
-    assert source == str(base) and "checkpoint-1/adapter_config.json" in how
-    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/remote"}))
-    assert starting_model(settings, find_checkpoints(run)) == (None, "")  # a Hub id: not read without being asked
-    given = SweepSettings(run, ProbeConfig(name="scifi"), base_model="org/remote")
-    assert starting_model(given, find_checkpoints(run)) == ("org/remote", "--base-model")
+    (run / "checkpoint-1" / "tokenizer_config.json").write_text("{}")
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    assert base() is None
+    (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(local)}))
+    assert base() == str(local)  # the adapter names a folder that is here
+    RunRecord(base_model=str(local)).write(run)
+    assert base() == str(local)  # the record and the adapter agree
+    assert base(base_model=str(local)) == str(local)

@@ -13,15 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.cli_checks import one_error_line
 from helpers.trackers import read_wandb_records
 
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
+from tinymcf_callback.follow.planner import Planner, saved_steps
+from tinymcf_callback.follow.settings import RunSettings, WatchSettings
+from tinymcf_callback.follow.watch import run_watch
 from tinymcf_callback.results.history import DELETED_EVENT, gap_line, read_lines, sole_writer
-from tinymcf_callback.results.runinfo import write_run_info
-from tinymcf_callback.tools.sweep import SweepSettings
-from tinymcf_callback.tools.watch import WatchSettings, complete_checkpoints, look, run_watch, saved_steps
+from tinymcf_callback.rundir.checkpoints import checkpoint_folders, fingerprint, read_checkpoint
+from tinymcf_callback.rundir.record import RunRecord
 
 HERE = Path(__file__).resolve().parent
 RUN = HERE / "helpers" / "watched_run.py"
@@ -106,8 +109,11 @@ def test_a_watched_run_gives_the_callbacks_lines_survives_a_restart_and_reaches_
     assert [line["model"] for line in lines[1:]] == [str(run / f"checkpoint-{s}") for s in range(1, 7)]
     assert [line["event"] for line in lines] == ["train_begin"] + ["watch"] * 6
     assert [line["step"] for line in reference] == list(range(7))
+    # step 0: the watcher scored the starting model's folder, the callback the live model (no saved weights)
+    assert lines[0]["fingerprint"] == fingerprint(init) and reference[0]["fingerprint"] is None
+    lines[0]["fingerprint"] = None
     for mine, theirs in zip(lines, reference, strict=True):  # the callback's numbers, bit for bit in float32
-        assert without_timing(mine) == without_timing(theirs), mine["step"]
+        assert without_timing(mine) == without_timing(theirs), mine["step"]  # fingerprints included
     assert not (run / ".moral_probe_queue").exists()  # every hand-off copy scored and removed
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-5", "checkpoint-6"]
 
@@ -171,51 +177,63 @@ def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path
 
 # ---- one look at a run folder (no model) ---------------------------------------------------------
 def fake_checkpoint(run: Path, step: int, *, state: str | None = None, max_steps: int = 6, save_steps: int = 2):
+    from safetensors.torch import save_file
+
     folder = run / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     (folder / "tokenizer_config.json").write_text("{}")
+    save_file({"w": torch.full((4,), float(step))}, str(folder / "model.safetensors"))
     text = state if state is not None else json.dumps({"global_step": step, "epoch": step / 2,
                                                        "max_steps": max_steps, "save_steps": save_steps})
     (folder / "trainer_state.json").write_text(text)
     return folder
 
 
+def planner_for(run: Path) -> Planner:
+    return Planner(RunSettings(run, ProbeConfig(name="scifi", limit=2), baseline=False), following=True)
+
+
 def watch_settings(run: Path, **kw) -> WatchSettings:
-    return WatchSettings(SweepSettings(run, ProbeConfig(name="scifi", limit=2), baseline=False), poll=0.01, **kw)
+    return WatchSettings(RunSettings(run, ProbeConfig(name="scifi", limit=2), baseline=False), poll=0.01, **kw)
+
+
+def present(run: Path) -> dict:
+    found = {s: read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()}
+    return {s: c for s, c in found.items() if c is not None}
 
 
 def test_a_checkpoint_counts_once_its_trainer_state_is_written_whole(tmp_path):
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 4, state='{"global_step": 4, "epo')  # the Trainer is still writing it
     (tmp_path / "checkpoint-6").mkdir()  # weights only so far
-    assert sorted(complete_checkpoints(tmp_path)) == [2]
-    found = look(watch_settings(tmp_path), {}, set(), None)
-    assert [c.step for c in found.plan.pending] == [2] and found.end is None and found.gaps == []
+    assert sorted(present(tmp_path)) == [2]
+    found = planner_for(tmp_path).look()
+    assert [t.step for t in found.pending] == [2] and found.ended is None and found.gaps == []
 
 
 def test_the_steps_saved_are_the_runs_record_else_what_save_steps_implies(tmp_path):
     fake_checkpoint(tmp_path, 6)
     fake_checkpoint(tmp_path, 8, max_steps=8)
-    complete = complete_checkpoints(tmp_path)
-    assert saved_steps(tmp_path, {}, complete) == {2, 4, 6, 8}
-    assert saved_steps(tmp_path, {"saves": [3, 8]}, complete) == {3, 8}
+    assert saved_steps(None, present(tmp_path)) == {2, 4, 6, 8}
+    assert saved_steps(RunRecord(saves=[3, 8]), present(tmp_path)) == {3, 8}
     fake_checkpoint(tmp_path, 7)  # off the pattern (saved by hand, or by epoch): nothing is inferred
-    assert saved_steps(tmp_path, {}, complete_checkpoints(tmp_path)) == set()
+    assert saved_steps(None, present(tmp_path)) == set()
 
 
 def test_a_checkpoint_seen_then_deleted_is_a_gap_and_the_run_end_is_read(tmp_path):
-    seen: dict = {}
+    planner = planner_for(tmp_path)
     fake_checkpoint(tmp_path, 2)
-    look(watch_settings(tmp_path), seen, set(), None)
-    assert seen == {2: 1.0}
+    planner.look()
+    assert planner.seen == {2: 1.0}
     shutil.rmtree(tmp_path / "checkpoint-2")  # rotated away by the Trainer before it was scored
     fake_checkpoint(tmp_path, 4)
-    found = look(watch_settings(tmp_path), seen, set(), None)
-    assert [(s, e) for s, e, _ in found.gaps] == [(2, 1.0)] and [c.step for c in found.plan.pending] == [4]
-    write_run_info(tmp_path, {"saves": [2, 4], "ended": True})
+    found = planner.look()
+    assert [(g.step, g.epoch) for g in found.gaps] == [(2, 1.0)] and [t.step for t in found.pending] == [4]
+    assert "save_total_limit" in found.gaps[0].why
+    RunRecord(saves=[2, 4], ended=True).write(tmp_path)
     (tmp_path / HISTORY).write_text(json.dumps(gap_line("scifi", "yesno", step=2, epoch=1.0, why="x")) + "\n")
-    assert look(watch_settings(tmp_path), seen, {4}, None).end.startswith("the run ended")
+    assert planner.look(hold={4}).ended.startswith("the run ended")
 
 
 def test_a_second_watcher_of_one_run_is_refused_in_one_line(tmp_path, capsys):
@@ -228,6 +246,8 @@ def test_a_second_watcher_of_one_run_is_refused_in_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--poll", "0"], "--poll must be a number of seconds above 0"),
     (["--stop-at", "-1"], "--stop-at must be a training step >= 0"),
+    (["--retries", "-1"], "--retries must be a whole number >= 0"),
+    (["--dead-after", "0"], "--dead-after must be a number of seconds above 0"),
     (["--report-to", "wandb"], "no wandb run to log into"),
 ])
 def test_bad_watch_input_is_one_line(tmp_path, capsys, args, needle):
@@ -236,14 +256,10 @@ def test_bad_watch_input_is_one_line(tmp_path, capsys, args, needle):
     one_error_line(rc, capsys.readouterr().err, needle)
 
 
-def test_a_missing_run_folder_is_one_line(tmp_path, capsys):
-    rc = tinymcf(["watch", str(tmp_path / "nope"), "--no-progress"])
-    one_error_line(rc, capsys.readouterr().err, "no such folder", "tinymcf watch takes the Trainer's output directory")
-
-
 def test_idle_timeout_and_stop_at_end_a_watch_with_nothing_to_score(tmp_path):
     fake_checkpoint(tmp_path, 2)
     (tmp_path / HISTORY).write_text(json.dumps(gap_line("scifi", "yesno", step=2, epoch=1.0, why="x")) + "\n")
+    shutil.rmtree(tmp_path / "checkpoint-2")  # recorded as a gap: nothing left to score
     result = run_watch(watch_settings(tmp_path, idle_timeout=0.05))
     assert result.why_stopped.startswith("no new checkpoint for 0.05 s") and result.scored == []
     result = run_watch(watch_settings(tmp_path, stop_at=2))
@@ -257,16 +273,19 @@ def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path):
     subprocess.run([sys.executable, str(RUN), str(run), str(init), "watch"], env=env, cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)
     p = subprocess.run([sys.executable, "-m", "tinymcf_callback", "sweep", str(run), *PROBE, "--device", "cpu",
-                        "--base-model", str(init), "--report-to", "auto", "--no-progress"], env=env, cwd=tmp_path,
+                        "--report-to", "auto", "--no-progress"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     info = json.loads((run / "moral_probe_run.json").read_text())
     assert "logging each line to TensorBoard" in p.stderr and f"wandb run {info['wandb']['id']}" in p.stderr
+    # the sweep plans the run as the watcher does: the recorded starting model is step 0, the queue keeps 1-4
+    assert f"step 0: the starting weights {init} (named by the run's moral_probe_run.json)" in p.stderr
     lines = history(run)
-    assert [line["step"] for line in lines] == [0, 5, 6] and {line["by"] for line in lines} == {"sweep"}
+    assert [line["step"] for line in lines] == list(range(7)) and {line["by"] for line in lines} == {"sweep"}
+    assert not (run / ".moral_probe_queue").exists() or not list((run / ".moral_probe_queue").glob("checkpoint-*"))
     points = tensorboard_points(Path(info["tensorboard_dir"]), "eval/moral_scifi/score_change")
-    assert sorted(points["tinymcf"]) == [0, 5, 6]
-    assert points["tinymcf"][6] == pytest.approx(lines[2]["metrics"]["eval_moral_scifi/score_change"], abs=1e-6)
+    assert sorted(points["tinymcf"]) == list(range(7))
+    assert points["tinymcf"][6] == pytest.approx(lines[6]["metrics"]["eval_moral_scifi/score_change"], abs=1e-6)
 
 
 _PARENT = """
@@ -276,11 +295,11 @@ assert os.environ.get("WANDB_SERVICE")  # what a child of this process inherits:
 child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1]], env=os.environ, capture_output=True, text=True)
 print(child.stdout + child.stderr)
 from pathlib import Path
-from tinymcf_callback.tools.dashboards import open_dashboards
-inside = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")  # in the training process itself
+from tinymcf_callback.trackers.open import open_trackers
+inside = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")  # in the training process itself
 print("inside:", inside.names, inside.sinks and wandb.run is run)
 inside.close()
-other = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="otherrun1")  # another run's id, opened here
+other = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="otherrun1")  # another run's id, opened here
 other.close()
 print("still live:", wandb.run is run and not run._is_finished)
 run.finish()
@@ -288,8 +307,8 @@ run.finish()
 _CHILD = """
 import sys
 from pathlib import Path
-from tinymcf_callback.tools.dashboards import open_dashboards
-dashboards = open_dashboards(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")
+from tinymcf_callback.trackers.open import open_trackers
+dashboards = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")
 print("child:", dashboards.names)
 dashboards.close()
 """

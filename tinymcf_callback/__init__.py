@@ -42,11 +42,11 @@ _EXPORTS = {
     "compare": "results.comparison",
     "load_report": "results.report",
     # steering
-    "ResidualSteering": "scoring.steering",
-    "random_directions": "scoring.directions",
-    "residual_direction": "scoring.directions",
-    "dose_response": "tools.dose",
-    "DoseResponse": "tools.dose",
+    "ResidualSteering": "steering.hooks",
+    "random_directions": "steering.directions",
+    "residual_direction": "steering.directions",
+    "dose_response": "steering.dose",
+    "DoseResponse": "steering.dose",
     # the vignettes
     "load_vignettes": "data.sets",
     "show_rewrites": "prepare.show",
@@ -93,10 +93,10 @@ if TYPE_CHECKING:
     from .results.comparison import compare
     from .results.report import load_report
     from .scoring.answers import score_prompts
-    from .scoring.directions import random_directions, residual_direction
     from .scoring.prompts import FRAMES, format_prompt, format_prompts
-    from .scoring.steering import ResidualSteering
-    from .tools.dose import DoseResponse, dose_response
+    from .steering.directions import random_directions, residual_direction
+    from .steering.dose import DoseResponse, dose_response
+    from .steering.hooks import ResidualSteering
     from .training.callback import MoralProbeCallback
     from .training.logger import ProbeLogger
 

@@ -196,6 +196,17 @@ class ProbeConfig:
         return {"limit": self.limit, "per_foundation": self.per_foundation, "subset_seed": self.subset_seed,
                 "vignettes": hashlib.md5(f"{self.name}\n{ids}".encode()).hexdigest()[:16]}
 
+    def command_options(self) -> str:
+        """The ``tinymcf`` options that ask this probe's vignettes in its answer format (``--name scifi
+        --per-foundation 2``): what a watcher or a sweep of a run needs to extend its curve like with like."""
+        subset = self.subset()
+        options = [f"--name {self.name}"]
+        if subset["limit"] is not None or subset["per_foundation"] is not None:
+            options.append(subset_options(subset))
+        if self.answer_format != DEFAULT_ANSWER_FORMAT:
+            options.append(f"--answer-format {self.answer_format}")
+        return " ".join(options)
+
     def subset_notes(self, vignettes: list[dict]) -> list[str]:
         """What the subset leaves out (foundations, the control), for the report's warnings; [] for the whole set."""
         return subset_notes(self.name, vignettes, limit=self.limit, per_foundation=self.per_foundation)

@@ -3,8 +3,8 @@
 The core install scores models and logs through the Trainer. What only some commands need comes
 with an extra (``pip install 'tinymcf_callback[prepare]'``): the LLM client and the lexicon of
 ``prepare``, matplotlib for the plots, wandb and tensorboard for their dashboards, peft for
-adapter checkpoints, gguf for GGUF files. Every import of one of them goes through here, so a
-missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
+adapter checkpoints, gguf for GGUF files, deepspeed for ZeRO checkpoints. Every import of one of
+them goes through here, so a missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ EXTRAS = {
     "tensorboard": ("tensorboard", "logging to TensorBoard"),
     "peft": ("peft", "scoring PEFT adapter checkpoints"),
     "gguf": ("gguf", "loading GGUF checkpoints (--gguf-file)"),
+    "deepspeed": ("deepspeed", "reading DeepSpeed ZeRO checkpoints (their float32 weights, zero_to_fp32)"),
 }
 
 

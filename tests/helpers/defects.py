@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tinymcf_callback.scoring.steering import decoder_layers
+from tinymcf_callback.steering.hooks import decoder_layers
 
 
 def _hidden(output):

@@ -32,10 +32,11 @@ def make_trainer(tmp, tok, callbacks=(), *, max_steps=4, eval_steps=2, save_step
                  eval=True, seed=0, model=None, **kw):
     kw.setdefault("learning_rate", 1e-3)
     kw.setdefault("per_device_train_batch_size", 4)
+    kw.setdefault("use_cpu", True)
     args = TrainingArguments(
         output_dir=str(tmp), max_steps=max_steps, per_device_eval_batch_size=4,
         logging_steps=1, eval_strategy="steps" if eval else "no", eval_steps=eval_steps,
-        save_strategy="steps", save_steps=save_steps, report_to=list(report_to), seed=seed, use_cpu=True,
+        save_strategy="steps", save_steps=save_steps, report_to=list(report_to), seed=seed,
         disable_tqdm=True, dataloader_num_workers=0, **kw,
     )
     model = tiny_model(seed) if model is None else model

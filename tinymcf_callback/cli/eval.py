@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..errors import LoadError
 from ..extras import require
+from ..loading import load_model, load_tokenizer
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from ..tools.loading import load_model, load_tokenizer
 from .options import add_home, add_loading, add_probe_options, add_progress, probe_config
 
 NAME = "eval"

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 import traceback
 from collections.abc import Callable
@@ -88,12 +90,12 @@ def add_home(parser) -> None:
                              f"the platform's user data folder)")
 
 
-def add_loading(parser, *, device_help: str | None = None) -> None:
+def add_loading(parser, *, device_help: str | None = None, dtypes: tuple[str, ...] = DTYPES,
+                dtype_help: str = "the weights' dtype (default: the checkpoint's own)") -> None:
     """``--device`` and ``--dtype``: where and in what a model is loaded."""
     parser.add_argument("--device", default=None,
                         help=device_help or "cpu, cuda, cuda:1, mps ... (default: cuda if available)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="the weights' dtype (default: the checkpoint's own)")
+    parser.add_argument("--dtype", default="auto", choices=dtypes, help=dtype_help)
 
 
 def add_dashboards(parser, *, default: str) -> None:
@@ -123,6 +125,37 @@ def check_home(args: argparse.Namespace) -> None:
         raise ConfigError("--home needs a folder")
 
 
+class Say(logging.Handler):
+    """What the package logs, as the command's own lines on stderr (``[tinymcf] ...``), between progress bars."""
+
+    def __init__(self, scrub: Callable[[str], str]):
+        super().__init__(logging.INFO)
+        self.scrub = scrub
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
+        try:
+            tqdm.write(self.scrub(f"[tinymcf] {level}{record.getMessage()}"), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never fail the command
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def saying(scrub: Callable[[str], str] = lambda text: text):
+    """The package's log lines (INFO and up) shown on stderr while a command runs; the library itself only logs."""
+    package = logging.getLogger("tinymcf_callback")
+    handler, level = Say(scrub), package.level
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
+
+
 def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
         scrub: Callable[[str], str] = lambda text: text) -> int:
     """Run ``command(args)`` inside the chosen home and map its outcome to the exit status (see the module).
@@ -131,7 +164,7 @@ def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     """
     try:
         check_home(args)
-        with using_home(getattr(args, "home", None)):
+        with using_home(getattr(args, "home", None)), saying(scrub):
             return command(args)
     except TinymcfError as e:
         print(f"error: {scrub(str(e))}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """``tinymcf plot HISTORY [HISTORY ...]``: draw the probe's curves from one or more histories of the same set.
 
-See :mod:`tinymcf_callback.tools.plot`. Needs matplotlib, the ``[plot]`` extra. Without options it
+See :mod:`tinymcf_callback.figures.plot`. Needs matplotlib, the ``[plot]`` extra. Without options it
 draws the dashboard (every panel); ``--panels`` (other than dashboard) or ``--metrics`` draws a paper
 figure one journal column wide (``--width``), one column of panels per run (``--overlay``: on one
 axis). ``--x coefficient`` draws a dose-response history (``moral_probe_<name>_dose.jsonl``) against
@@ -46,8 +46,8 @@ def add_arguments(p) -> None:
 
 def _tag(args) -> str | None:
     """The name a paper figure adds to the default file name (None: the dashboard keeps the plain name)."""
-    from ..tools.paper import split_names
-    from ..tools.plot import is_paper
+    from ..figures.paper import split_names
+    from ..figures.plot import is_paper
 
     if not is_paper(args.panels, args.metrics):
         return None
@@ -55,10 +55,10 @@ def _tag(args) -> str | None:
 
 
 def run(args) -> int:
+    from ..figures.drawing import image_format, save_figure
+    from ..figures.paper import PAPER_DPI
+    from ..figures.plot import default_out, draw, is_paper
     from ..results.curves import load_histories
-    from ..tools.drawing import image_format, save_figure
-    from ..tools.paper import PAPER_DPI
-    from ..tools.plot import default_out, draw, is_paper
 
     if args.out:
         image_format(args.out)  # a wrong suffix fails before the drawing

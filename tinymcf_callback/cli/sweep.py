@@ -1,7 +1,7 @@
 """``tinymcf sweep RUN_DIR``: score every checkpoint of a Trainer output folder into its history.
 
-See :mod:`tinymcf_callback.tools.sweep`. Exit status 0 when every pending checkpoint was scored,
-1 when some could not be (listed; a rerun retries only those), 2 for bad input.
+See :mod:`tinymcf_callback.follow.sweep`. Exit status 0 when every pending checkpoint was scored,
+1 when some could not be (listed, each a gap line; a rerun tries them again), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .options import add_dashboards, add_home, add_loading, add_probe_options, a
 
 NAME = "sweep"
 SUMMARY = "score each checkpoint-<step> of a Trainer run into its history (the callback's curve)"
+PRECISIONS = ("auto", "float32", "tf32", "bfloat16", "float16")
 
 
 def add_arguments(p) -> None:
@@ -23,46 +24,78 @@ def add_run_arguments(p, *, dashboards: str) -> None:
     """The options of scoring a run's checkpoints: the sweep's, and the watcher's (with ``auto`` dashboards)."""
     p.add_argument("run_dir", metavar="RUN_DIR", help="a Trainer output directory (TrainingArguments.output_dir)")
     p.add_argument("--base-model", metavar="PATH", default=None,
-                   help="the run's starting weights: scored as the step-0 baseline (the change since it is logged), "
-                        "and the model PEFT adapter checkpoints apply to (default: the local folder an adapter's "
-                        "adapter_config.json names)")
+                   help="the run's starting weights: scored as the step-0 baseline, and what PEFT adapters and "
+                        "sharded checkpoints without a config build on (default: the one the run's "
+                        "moral_probe_run.json records, else the one its adapters name)")
+    p.add_argument("--force-base-model", action="store_true",
+                   help="use --base-model even where the run's record or an adapter names another base (a copy of it "
+                        "under another path)")
     p.add_argument("--no-baseline", action="store_true",
                    help="do not score the starting weights as step 0 (no score_change in the lines)")
     p.add_argument("--restart", action="store_true",
                    help="start the run's history again: the history and its baseline report are set aside (renamed "
                         "<file>.set-aside-<time>, kept), e.g. after a baseline scored in the wrong precision")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="tokenizer for every checkpoint (default: each checkpoint's own, else --base-model's)")
+                   help="tokenizer for every checkpoint (default: each checkpoint's own, else the base model's)")
     add_loading(p, device_help="cpu, cuda, cuda:1, ... (default: this process's device; under several processes "
-                               "each process's own, as with a bare --device cuda)")
+                               "each process's own, as with a bare --device cuda)", dtypes=PRECISIONS,
+                dtype_help="the precision every model of the run is scored in: float32, tf32 (float32 weights, "
+                           "TF32 matrix products), bfloat16, float16 (default: the history's own, else what the run "
+                           "trains in, else what its checkpoints were saved in)")
+    p.add_argument("--autocast", default=None, choices=("bfloat16", "float16"),
+                   help="score float32 weights under torch.autocast in this dtype (as the callback does inside a "
+                        "bf16=True Trainer with keep_autocast=True)")
+    p.add_argument("--retries", type=int, default=4, metavar="N",
+                   help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N times, "
+                        "after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
     add_dashboards(p, default=dashboards)
     add_home(p)
     add_progress(p)
-    add_probe_options(p)
+    add_probe_options(p, skip=("keep_autocast",))
 
 
 def settings_of(args):
-    """The sweep's settings from the command line (the watcher's too)."""
-    from ..tools.sweep import SweepSettings
+    """The run's settings from the command line (the sweep's and the watcher's)."""
+    from ..follow.settings import RunSettings
 
-    return SweepSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
-                         tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                         progress=not args.no_progress, baseline=not args.no_baseline,
-                         report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                         tensorboard_dir=args.tensorboard_dir, restart=args.restart)
+    return RunSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
+                       force_base_model=args.force_base_model, tokenizer=args.tokenizer, device=args.device,
+                       dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
+                       baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
+                       tensorboard_dir=args.tensorboard_dir, restart=args.restart)
 
 
 def run(args) -> int:
-    from ..tools.sweep import run_sweep
+    from ..follow.sweep import run_sweep
 
     settings = settings_of(args)
-    result = in_processes(args, lambda: run_sweep(settings))
+    check_retries(args)
+    result = in_processes(args, lambda: run_sweep(settings, retries=args.retries))
     if result is None or isinstance(result, int):
         return result or 0
-    skipped = f", {len(result.skipped)} skipped (already in the history)" if result.skipped else ""
-    print(f"[tinymcf] sweep of {settings.run_dir}: {len(result.scored)} checkpoint(s) scored{skipped}, "
-          f"{len(result.failures)} failed; history: {result.history}")
-    return said_failures(result, "the others are in the history; a rerun retries only these")
+    print(f"[tinymcf] sweep of {settings.run_dir}: {counts(result)}; history: {result.history}")
+    return said_failures(result)
+
+
+def check_retries(args) -> None:
+    from ..errors import ConfigError
+
+    if args.retries < 0:
+        raise ConfigError(f"--retries must be a whole number >= 0, got {args.retries}")
+
+
+def counts(result) -> str:
+    """What a sweep or watch did, in one phrase."""
+    parts = [f"{len(result.scored)} checkpoint(s) scored"]
+    if result.replaced:
+        parts.append(f"{len(result.replaced)} of them again (saved again with other weights: steps "
+                     f"{', '.join(map(str, result.replaced))})")
+    if result.settled:
+        parts.append(f"{len(result.settled)} already in the history")
+    if result.deleted:
+        parts.append(f"{len(result.deleted)} deleted before they could be scored (gaps)")
+    parts.append(f"{len(result.failures)} unreadable")
+    return ", ".join(parts)
 
 
 def in_processes(args, score):
@@ -71,7 +104,7 @@ def in_processes(args, score):
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
 
-    from ..tools.processes import process_state
+    from ..follow.processes import process_state
 
     had_group = dist.is_available() and dist.is_initialized()
     state = process_state(args.device)
@@ -90,11 +123,20 @@ def in_processes(args, score):
     return result
 
 
-def said_failures(result, retry: str) -> int:
-    """The checkpoints that could not be scored, on stderr: status 1 when there are any, else 0."""
-    if not result.failures:
-        return 0
-    print(f"error: {len(result.failures)} checkpoint(s) could not be scored ({retry}):", file=sys.stderr)
-    for o in result.failures:
-        print(f"  {o.folder}: {o.error}", file=sys.stderr)
-    return 1
+def said_failures(result) -> int:
+    """What did not get done, on stderr: the checkpoints that could not be scored (status 1), the points a
+    dashboard did not get (status 1); else 0."""
+    status = 0
+    if result.failures:
+        print(f"error: {len(result.failures)} checkpoint(s) could not be read after every try (each is a gap line; "
+              f"a new sweep or watch tries them again):", file=sys.stderr)
+        for o in result.failures:
+            print(f"  {o.folder}: {o.error}", file=sys.stderr)
+        status = 1
+    if result.undelivered:
+        print("error: some points did not reach a dashboard (they are in the history; run the same command with "
+              "--report-to naming it once it works again, and they are sent again):", file=sys.stderr)
+        for line in result.undelivered:
+            print(f"  {line}", file=sys.stderr)
+        status = 1
+    return status

@@ -1,16 +1,20 @@
 """``tinymcf watch RUN_DIR``: score each checkpoint of a run as it is saved, beside the training, into its dashboards.
 
-See :mod:`tinymcf_callback.tools.watch`. Stops by itself when the run is over (exit 0; 1 when some
-checkpoints could not be scored, listed; 2 for bad input). Killed and started again, it picks up where
-the history says it was.
+See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over. Exit status: 0 the run
+ended and everything it saved is scored; 1 some checkpoints could not be read, or some points did not
+reach a dashboard (listed); 2 bad input; 3 the training is gone without ending (killed or crashed), and
+everything it saved is scored. Killed and started again, it picks up where the history says it was.
 """
 
 from __future__ import annotations
 
-from .sweep import add_run_arguments, in_processes, said_failures, settings_of
+import sys
+
+from .sweep import add_run_arguments, check_retries, counts, in_processes, said_failures, settings_of
 
 NAME = "watch"
 SUMMARY = "follow a training run: score each checkpoint once it is saved, into the history and the run's dashboards"
+EXIT_TRAINING_GONE = 3
 
 
 def add_arguments(p) -> None:
@@ -20,23 +24,35 @@ def add_arguments(p) -> None:
                    help="stop when no new checkpoint came for S seconds (default: wait for the run's end)")
     p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
                    help="stop once the checkpoint of STEP (or a later one) is scored")
+    p.add_argument("--dead-after", type=float, default=900.0, metavar="S",
+                   help="a training on another machine that gave no sign of life (its heartbeat in "
+                        "moral_probe_run.json) for S seconds is taken for dead (default: 900; on the same machine "
+                        "its process is asked)")
 
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..tools.watch import WatchSettings, run_watch
+    from ..follow.settings import WatchSettings
+    from ..follow.watch import run_watch
 
-    for option, value in (("--poll", args.poll), ("--idle-timeout", args.idle_timeout)):
+    for option, value in (("--poll", args.poll), ("--idle-timeout", args.idle_timeout),
+                          ("--dead-after", args.dead_after)):
         if value is not None and not value > 0:
             raise ConfigError(f"{option} must be a number of seconds above 0, got {value}")
     if args.stop_at is not None and args.stop_at < 0:
         raise ConfigError(f"--stop-at must be a training step >= 0, got {args.stop_at}")
-    settings = WatchSettings(settings_of(args), poll=args.poll, idle_timeout=args.idle_timeout, stop_at=args.stop_at)
+    check_retries(args)
+    settings = WatchSettings(settings_of(args), poll=args.poll, idle_timeout=args.idle_timeout, stop_at=args.stop_at,
+                             dead_after=args.dead_after, retries=args.retries)
     result = in_processes(args, lambda: run_watch(settings))
     if result is None or isinstance(result, int):
         return result or 0
-    deleted = f", {len(result.deleted)} deleted before they could be scored (gaps)" if result.deleted else ""
     behind = f"; at most {result.most_behind - 1} behind the newest" if result.most_behind > 1 else ""
-    print(f"[tinymcf] watch of {settings.sweep.run_dir} stopped: {result.why_stopped}. {len(result.scored)} "
-          f"checkpoint(s) scored{deleted}{behind}; history: {result.history}")
-    return said_failures(result, "a sweep or a new watch retries them")
+    print(f"[tinymcf] watch of {settings.run.run_dir} stopped: {result.why_stopped}. {counts(result)}{behind}; "
+          f"history: {result.history}")
+    status = said_failures(result)
+    if status == 0 and result.training_gone:
+        print(f"error: the training stopped without ending: {result.training_gone} (exit status "
+              f"{EXIT_TRAINING_GONE}); resume it and start the watcher again", file=sys.stderr)
+        return EXIT_TRAINING_GONE
+    return status

@@ -30,7 +30,8 @@ import pandas as pd
 
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .report import answer_format, check_report, describe_precision, load_report, precision_key
+from .precision import Precision
+from .report import answer_format, check_report, load_report
 from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, selectivity, vignette_scores
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
@@ -107,10 +108,10 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B"),
 
 
 def _precision_notes(a: dict, b: dict, labels: tuple[str, str], allow: bool) -> list[str]:
-    pa, pb = precision_key(a), precision_key(b)
+    pa, pb = Precision.of(a), Precision.of(b)
     if pa is None or pb is None or pa == pb:
         return []
-    what = (f"{labels[0]} was scored in {describe_precision(pa)} and {labels[1]} in {describe_precision(pb)}: the "
+    what = (f"{labels[0]} was scored in {pa} and {labels[1]} in {pb}: the "
             f"change mixes the model's change with the precision's")
     if not allow:
         raise CompareError(f"{what}; score both in one precision (eval --dtype, "

@@ -1,6 +1,6 @@
 """A history's curves: one :class:`History` per run file, numpy arrays per metric, ready to draw.
 
-Reading needs only numpy (drawing, in :mod:`tinymcf_callback.tools.plot`, needs matplotlib). The
+Reading needs only numpy (drawing, in :mod:`tinymcf_callback.figures.plot`, needs matplotlib). The
 lines kept are the history's own rules (:mod:`~tinymcf_callback.results.history`): the current
 run, the last line of each step. Where a line carries interval bounds (``score_lo``/``score_hi``
 at the top level, ``align_other_lo``/``align_other_hi`` in a table row, ...) the curve has them.
@@ -44,7 +44,7 @@ from .history import (
     read_lines,
     resolve_history_path,
 )
-from .report import describe_precision
+from .precision import Precision
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -94,7 +94,7 @@ class History:
     sanity: dict[str, np.ndarray]  # yn_mass_mean, yn_mass_min, frame_agreement, human_corr
     level: float | None  # the intervals' level, when the lines say it
     answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json": which answers the probe read
-    precision: tuple[str, str | None] | None = None  # (weights dtype, autocast) of every line, when they agree
+    precision: Precision | None = None  # the precision of every line, when they agree
     x: str = "step"  # "step" (a training history) or "coefficient" (a dose-response history)
     answering: np.ndarray | None = None  # dose-response: False where Yes+No mass fell below 0.5 ("answering": false)
     random: list[History] = field(default_factory=list)  # dose-response: one curve per random direction
@@ -330,12 +330,12 @@ def _check_one_set(path: Path, lines: list[tuple[int, dict]]) -> tuple[str, str]
     return names[0], formats[0]
 
 
-def _warn_precisions(path: Path, kept: list[tuple[int, dict]]) -> tuple[str, str | None] | None:
+def _warn_precisions(path: Path, kept: list[tuple[int, dict]]) -> Precision | None:
     precisions = line_precisions(kept)
     if len(precisions) > 1:
         logger.warning("%s: WARNING: its probes were scored in %s; a change along the curve between them is partly "
                        "the precision's, not the model's", path, " and ".join(
-                           f"{describe_precision(k)} (from step {step})" for k, step in precisions.items()))
+                           f"{k} (from step {step})" for k, step in precisions.items()))
     return next(iter(precisions), None) if len(precisions) == 1 else None
 
 
@@ -424,7 +424,7 @@ def load_histories(paths, *, x: str = "step") -> list[History]:
     if len(precisions) > 1:
         logger.warning("WARNING: the runs in this figure were scored in different precisions (%s): their curves "
                        "differ partly by precision, not by model", "; ".join(
-                           f"{h.label}: {describe_precision(h.precision)}" for h in histories if h.precision))
+                           f"{h.label}: {h.precision}" for h in histories if h.precision))
     for other in histories[1:]:
         if other.name != first.name:
             raise HistoryError(f"histories of different vignette sets cannot share a figure: {first.path} is "

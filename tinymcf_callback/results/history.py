@@ -11,8 +11,15 @@ them go through here:
   callback and a sweep of the same folder) never tear it, and a crash leaves at most a torn last
   line, which reading skips (:func:`read_lines`);
 - which lines belong to the current run (:func:`current_run`): a baseline line (event
-  ``train_begin``) after other lines starts a new run written into the same folder; and, within
-  it, the last line of a step logged twice wins (:func:`last_line_per_step`).
+  ``train_begin``) after other lines starts a new run written into the same folder; a resume line
+  (event ``resumed``, at the step the training resumed from) sets aside the lines of later steps
+  written before it, the branch the resumed run abandoned; and, within it, the last line of a step
+  logged twice wins (:func:`last_line_per_step`): a checkpoint saved again with other weights is
+  scored again, and its new line (which names the old one's fingerprint in ``replaces``) supersedes it.
+
+Every line records what it scored: ``fingerprint``, a digest of the checkpoint's weight files
+(:func:`~tinymcf_callback.rundir.checkpoints.fingerprint`), or null when no saved checkpoint was
+scored (the live model between two saves).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .metrics import change_metrics, probe_key, report_metrics
+from .precision import Precision
 from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
-from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records, precision_key
+from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -37,6 +45,9 @@ BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history li
 SWEEP_EVENT = "sweep"  # the event of a line written by the checkpoint sweep
 WATCH_EVENT = "watch"  # the event of a line written by tinymcf watch while the run trains
 DELETED_EVENT = "deleted"  # a saved checkpoint that was deleted before it could be scored: a gap in the curve
+UNREADABLE_EVENT = "unreadable"  # a checkpoint that could not be read, tries and waits included: a gap too
+GAP_EVENTS = (DELETED_EVENT, UNREADABLE_EVENT)  # lines without numbers that mark a gap in the curve
+RESUMED_EVENT = "resumed"  # the training resumed from this step: earlier lines of later steps are set aside
 _SHOWN_STEPS = 5
 LOCK_TIMEOUT_S = 60  # another writer holds the lock for one line; a minute means it is stuck
 
@@ -53,6 +64,8 @@ LINE_FIELDS = {
     "metrics": ("object", "the logged metrics of this probe (eval_moral_<name>/...), the change since the baseline"),
     "info": ("object", "the report's info, without sample_prompt"),
     "table": ("list", "the report's per-foundation rows, with their bounds"),
+    "fingerprint": ("string or null", "what was scored: a digest of the checkpoint's weight files (null: a live model "
+                                      "between saves, or a model that is not a folder)"),
 }
 
 
@@ -64,7 +77,7 @@ def history_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER
     return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}.jsonl")
 
 
-# The dose-response history (tinymcf_callback.tools.dose): the same lines, with these fields added.
+# The dose-response history (tinymcf_callback.steering.dose): the same lines, with these fields added.
 DOSE_EVENT = "dose"  # a steered line; the unsteered line (c = 0) is a baseline line (event train_begin)
 DOSE_DIRECTIONS = ("none", "real", "random")  # unsteered (c = 0), the direction studied, a random control one
 DOSE_LINE_FIELDS = {
@@ -75,8 +88,14 @@ DOSE_LINE_FIELDS = {
 }
 
 
-# A line scored outside the training process (tinymcf sweep, tinymcf watch) carries this field too; a deleted
-# checkpoint's line (event "deleted") carries no numbers, an empty table and metrics, and info.deleted (why).
+# A line that scores a checkpoint saved again with other weights carries this field too.
+SUPERSEDING_LINE_FIELDS = {
+    "replaces": ("string", "the fingerprint of the earlier line of this step that this one supersedes"),
+}
+
+# A line scored outside the training process (tinymcf sweep, tinymcf watch) carries this field too. A gap line
+# (event "deleted" or "unreadable") carries no numbers, an empty table and metrics, and info[event] (why); a
+# resume line (event "resumed") the same, with info.resumed (from_step, attempt_started, superseded).
 OUTSIDE_LINE_FIELDS = {
     "by": ("string", "the command that scored it outside the training process: sweep or watch"),
 }
@@ -107,7 +126,7 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
             **headline_fields(report),
             "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
-            "table": json_records(report["table"].reset_index())}
+            "table": json_records(report["table"].reset_index()), "fingerprint": None}
 
 
 def probe_line(name: str, report: dict, *, baseline: dict | None = None, target: str | None = None, step: int,
@@ -124,11 +143,27 @@ def probe_line(name: str, report: dict, *, baseline: dict | None = None, target:
     return history_line(name, report, metrics, step=step, epoch=epoch, event=event)
 
 
-def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str) -> dict:
-    """A saved checkpoint that no probe will ever score (deleted by ``save_total_limit`` first): recorded, so that
-    a watcher or a sweep does not look for it again and a plot shows the gap (no number at that step)."""
-    return {"step": step, "epoch": epoch, "event": DELETED_EVENT, "name": name, "answer_format": answer_format,
-            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": {"deleted": why}, "table": []}
+def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str, event: str = DELETED_EVENT) -> dict:
+    """A saved checkpoint that was not scored: deleted (by ``save_total_limit``) before it could be, or unreadable
+    after every try. Recorded, so that a plot shows the gap (no number at that step) and says why; a follower scores
+    the step after all if its checkpoint is there again."""
+    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format,
+            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": {event: why}, "table": [],
+            "fingerprint": None}
+
+
+def resume_line(name: str, answer_format: str, *, step: int, started: float | None, superseded: list[int]) -> dict:
+    """The training resumed from ``checkpoint-<step>``: the lines of later steps written before this one belong to
+    the branch it abandoned, and readers set them aside (:func:`current_run`). ``started`` names the attempt (its
+    start time in the run's record), so that it is marked once."""
+    return {"step": step, "epoch": None, "event": RESUMED_EVENT, "name": name, "answer_format": answer_format,
+            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "table": [], "fingerprint": None,
+            "info": {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}}}
+
+
+def is_point(line: dict) -> bool:
+    """A line that scored something (not a gap, not a resume mark)."""
+    return line.get("event") not in (*GAP_EVENTS, RESUMED_EVENT)
 
 
 def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> bool:
@@ -137,28 +172,39 @@ def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> b
     The lock is ``.<file name>.lock`` beside the history (held for one write); the line itself is one
     ``write`` on an ``O_APPEND`` descriptor (:func:`tinymcf_callback._io.append_jsonl`), which also
     starts a new line after a torn last one and leaves the file as it was when the disk cuts the
-    write short. ``once``: under the same lock, append nothing when the current run already holds a
-    line for the line's step (returns False): a step scored twice by two writers is written once.
+    write short. ``once``: under the same lock, append nothing when the current run's newest line of
+    the line's step already records the same thing (a score of the same weights, or a gap: :func:`same_record`)
+    and return False: a step scored twice by two writers is written once, a checkpoint saved again with other
+    weights is written again.
     Raises ``OSError`` naming the file when it cannot be written whole.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=LOCK_TIMEOUT_S):
-        if once and path.exists() and line["step"] in run_steps(path):
+        if once and path.exists() and same_record(newest_per_step(path).get(line["step"]), line):
             return False
         append_jsonl(path, line)
     return True
 
 
-def run_steps(path: Path) -> set[int]:
-    """The steps the current run of the history at ``path`` holds (none when it has no line yet)."""
+def newest_per_step(path: Path) -> dict[int, dict]:
+    """The current run's newest line of each step in the history at ``path`` ({} when it has no line yet)."""
     try:
         lines = read_lines(path)
     except HistoryError as e:
         if "is empty" in str(e):
-            return set()
+            return {}
         raise
-    return {line["step"] for _, line in current_run(path, lines, warn=False)}
+    return {line["step"]: line for _, line in current_run(path, lines, warn=False)}
+
+
+def same_record(old: dict | None, new: dict) -> bool:
+    """Whether ``new`` says nothing ``old`` (the newest line of its step) does not: both gaps, or both scores of
+    the same weights (equal fingerprints, or one of them unknown)."""
+    if old is None or is_point(old) != is_point(new):
+        return False
+    a, b = old.get("fingerprint"), new.get("fingerprint")
+    return a is None or b is None or a == b
 
 
 @contextlib.contextmanager
@@ -294,33 +340,59 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
     for row in line["table"]:
         if not isinstance(row, dict) or not isinstance(row.get("foundation"), str):
             raise HistoryError(f"{path}:{lineno}: {hint}: a table row without a 'foundation' name: {row!r}")
+    for field in ("fingerprint", *SUPERSEDING_LINE_FIELDS):
+        if line.get(field) is not None and not isinstance(line[field], str):
+            raise HistoryError(f"{path}:{lineno}: {hint}: {field!r} is {line[field]!r}, not a string")
 
 
 def current_run(path: Path, lines: list[tuple[int, dict]], warn: bool = True) -> list[tuple[int, dict]]:
-    """The lines of the newest run: a ``train_begin`` line after others starts a new run in the same folder."""
+    """The lines of the newest run, on its current branch, resume lines left out.
+
+    A ``train_begin`` line after others starts a new run in the same folder; a ``resumed`` line at step K sets
+    aside the lines of steps after K written before it (the branch the resumed training abandoned).
+    """
     starts = [i for i, (_, line) in enumerate(lines) if line.get("event") == BASELINE_EVENT]
-    if not starts or starts[-1] == 0:
-        return lines
-    first = starts[-1]
-    if warn:
+    first = starts[-1] if starts else 0
+    if first and warn:
         logger.warning("%s:%d: a new run starts here (a %s baseline); the %d line(s) above it belong to an earlier run "
-                   "in the same output folder and are not drawn", path, lines[first][0], BASELINE_EVENT, first)
-    return lines[first:]
+                       "in the same output folder and are not drawn", path, lines[first][0], BASELINE_EVENT, first)
+    kept: list[tuple[int, dict]] = []
+    for lineno, line in lines[first:]:
+        if line.get("event") == RESUMED_EVENT:
+            dropped = [s for _, s in kept if s["step"] > line["step"]]
+            kept = [(n, s) for n, s in kept if s["step"] <= line["step"]]
+            if dropped and warn:
+                logger.info("%s:%d: the training resumed from step %d here; %d line(s) of later steps above belong "
+                            "to the branch it abandoned and are set aside", path, lineno, line["step"], len(dropped))
+            continue
+        kept.append((lineno, line))
+    return kept
+
+
+def resume_marks(lines: list[tuple[int, dict]]) -> list[dict]:
+    """The resume lines' ``info.resumed`` records, in file order."""
+    return [line["info"]["resumed"] for _, line in lines
+            if line.get("event") == RESUMED_EVENT and isinstance(line.get("info", {}).get("resumed"), dict)]
 
 
 def last_line_per_step(path: Path, lines: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
-    """One line per step, in step order: when a step was logged more than once, the last line in the file wins."""
+    """One line per step, in step order: when a step was logged more than once, the last line in the file wins.
+
+    A line that ``replaces`` another (its checkpoint was saved again with other weights) is said apart from a
+    step simply logged twice.
+    """
     by_step: dict[int, tuple[int, dict]] = {}
-    repeated = []
+    repeated, replaced = [], []
     for lineno, line in lines:
         if line["step"] in by_step:
-            repeated.append(line["step"])
+            (replaced if line.get("replaces") else repeated).append(line["step"])
         by_step[line["step"]] = (lineno, line)
-    if repeated:
-        shown = ", ".join(str(s) for s in sorted(set(repeated))[:_SHOWN_STEPS])
-        more = "" if len(set(repeated)) <= _SHOWN_STEPS else ", ..."
-        logger.warning("%s: step(s) %s%s logged more than once (a resumed run re-probes the steps after its "
-                       "checkpoint); drawing the last line of each", path, shown, more)
+    for steps, why in ((repeated, "logged more than once (a resumed run re-probes the steps after its checkpoint)"),
+                       (replaced, "scored again: their checkpoints were saved again with other weights")):
+        if steps:
+            shown = ", ".join(str(s) for s in sorted(set(steps))[:_SHOWN_STEPS])
+            more = "" if len(set(steps)) <= _SHOWN_STEPS else ", ..."
+            logger.warning("%s: step(s) %s%s %s; drawing the last line of each", path, shown, more, why)
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -329,11 +401,11 @@ def line_format(line: dict) -> str:
     return line.get("answer_format", DEFAULT_ANSWER_FORMAT)
 
 
-def line_precisions(kept: list[tuple[int, dict]]) -> dict[tuple[str, str | None], int]:
+def line_precisions(kept: list[tuple[int, dict]]) -> dict[Precision, int]:
     """Each precision the lines record, with the first step scored in it (lines that record none are left out)."""
-    out: dict[tuple[str, str | None], int] = {}
+    out: dict[Precision, int] = {}
     for _, line in kept:
-        key = precision_key(line)
+        key = Precision.of(line)
         if key is not None:
             out.setdefault(key, line["step"])
     return out

@@ -225,28 +225,6 @@ def answer_format(report: dict) -> str:
     return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
 
 
-def precision_key(record: dict) -> tuple[str, str | None] | None:
-    """``(compute precision, autocast dtype or None)`` of a report or history line; None when it does not say.
-
-    The compute precision is what the matrix products ran in (``compute``; records without it: the autocast
-    dtype, else the weights'). Two records of one key computed alike, whatever their weights were stored in
-    (float32 shards gathered in bfloat16 by FSDP compute as bfloat16 weights do); autocast stays apart, as it
-    keeps some operations in float32.
-    """
-    dtype, autocast, compute = record.get("dtype"), record.get("autocast"), record.get("compute")
-    autocast = autocast if isinstance(autocast, str) else None
-    compute = compute if isinstance(compute, str) else autocast or dtype
-    if not isinstance(compute, str):
-        return None
-    return compute, autocast
-
-
-def describe_precision(key: tuple[str, str | None]) -> str:
-    """``float32``, or ``bfloat16 (autocast)``."""
-    compute, autocast = key
-    return compute if autocast is None else f"{compute} (autocast)"
-
-
 def write_report(path, report: dict, **extra) -> Path:
     """Write ``report`` as JSON to ``path`` atomically (the whole file or the old one, never half); ``extra`` as in
     :func:`report_to_json`."""

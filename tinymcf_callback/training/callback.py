@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from pathlib import Path
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -35,11 +36,14 @@ from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
 from ..probe import Probe
 from ..results.history import BASELINE_EVENT
-from ..results.metrics import metric_names
+from ..results.metrics import metric_names, probe_key
+from ..rundir.checkpoints import fingerprint
 from ..scoring.model_info import check_causal_lm
+from ..trackers.wandb import WandbWriter, active_wandb_run
+from .keeper import RunKeeper, run_facts
 from .logger import ProbeLogger
 from .state import record_counters, stored_counters
-from .writers import RunRecord, WandbWriter, active_wandb_run, reports_to_wandb, run_facts, write_checkpoint
+from .writers import reports_to_wandb, write_checkpoint
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -119,7 +123,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
         self.hand_off = bool(hand_off)
-        self.record: RunRecord | None = None  # moral_probe_run.json, kept on the main process
+        self.keeper: RunKeeper | None = None  # moral_probe_run.json (and the hand-off queue), on the main process
         self._tokenizer = tokenizer
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
         self.probe: Probe | None = None  # the set tokenised once: at construction with tokenizer=, else at train begin
@@ -173,11 +177,16 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if self.trainer is None:
             self.trainer = trainer_holding(self)
         if state.is_world_process_zero and args.should_save:
-            facts = run_facts(args, state, self.trainer, kwargs.get("model"), self.hand_off)
-            self.record = RunRecord(self.name, args.output_dir, facts)
+            self.keeper = RunKeeper(self.name, probe_key(self.name, self.answer_format), args.output_dir,
+                                    run_facts(args, state, self.trainer, kwargs.get("model")), hand_off=self.hand_off,
+                                    from_step=state.global_step, options=self.config.command_options())
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
             self._start_logger(args)
+            if not self.hand_off and state.is_world_process_zero:
+                # the steps after it that the history holds belong to the branch the training abandoned
+                started = self.keeper.attempt.started if self.keeper else None
+                self.logger.resumed_from(state.global_step, started=started)
             return
         self._start_counting()  # a run from step 0 (also each hyperparameter-search trial)
         self._start_logger(args)
@@ -185,7 +194,17 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self.baseline_done = True
             self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
 
+    def on_step_end(self, args, state, control, **kwargs):
+        self._alive()
+
+    def on_log(self, args, state, control, **kwargs):
+        self._alive()
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self._alive()
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self._alive()
         if "evaluate" in self.events and not self.hand_off:
             self._maybe_probe(args, state, kwargs, "evaluate")
         if metrics is not None and self.last_step == state.global_step and self.last_metrics:
@@ -200,14 +219,21 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             report = self.last_report if self.last_step == state.global_step else None
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             write_checkpoint(folder, self.name, state, report)
-            if self.record is not None and os.path.isdir(folder):
-                self.record.saved(state.global_step, folder, self.hand_off)
+            if self.keeper is not None and os.path.isdir(folder):
+                self.keeper.saved(state.global_step, folder)
+                if self.keeper.announce and self.verbose:
+                    print(f"[tinymcf] {self.keeper.announce}")
+                self.keeper.announce = None
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.logger is not None and state.is_world_process_zero:
             self.logger.close()  # history lines a full disk kept back: written now, or said lost
-        if self.record is not None:
-            self.record.ended(state.global_step)  # a watcher stops once it has scored what was saved
+        if self.keeper is not None:
+            self.keeper.ended(state.global_step)  # a watcher stops once it has scored what was saved
+
+    def _alive(self) -> None:
+        if self.keeper is not None:
+            self.keeper.heartbeat()  # at most every 30 s: a watcher tells a live training from a dead one
 
     def _maybe_probe(self, args, state, kwargs, event):
         if self.attempted_step == state.global_step:
@@ -229,10 +255,20 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if report is None:
             return  # warned; training goes on
         metrics = self.logger.record(report, step=state.global_step, epoch=state.epoch, event=event,
-                                     write=state.is_world_process_zero)
+                                     write=state.is_world_process_zero, fingerprint=self._saved(args, state, event))
         self.baseline_record = self.logger.baseline_record  # saved in the checkpoints' trainer_state.json
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
         self._publish(args, state, report, metrics)
+
+    def _saved(self, args, state, event) -> str | None:
+        """What a probe at ``on_save`` scored: the checkpoint the Trainer has just written (its fingerprint, as a
+        watcher reads it); None for other probes (the live model between saves) and on the other processes."""
+        if event != "save" or not state.is_world_process_zero:
+            return None
+        try:
+            return fingerprint(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        except OSError:
+            return None
 
     # ---- where to log ----------------------------------------------------------------------------
     def _publish(self, args, state, report, metrics):
@@ -247,14 +283,14 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
                            "state.log_history only (pass trainer= to MoralProbeCallback)", self.name)
         if state.is_world_process_zero and reports_to_wandb(args):
-            self._log_wandb(state, report)
+            self._log_wandb()
 
-    def _log_wandb(self, state, report):
+    def _log_wandb(self):
         run = active_wandb_run()
         if run is None:
             return
         try:
-            self._wandb.write(run, state.global_step, report)  # the metrics went through Trainer.log
+            self._wandb.write(run, self.logger.last_line, metrics=False)  # the metrics went through Trainer.log
         except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
             logger.warning("moral probe [%s]: wandb table not logged: %s", self.name, e)
 

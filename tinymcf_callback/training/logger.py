@@ -35,14 +35,24 @@ import os
 import time
 
 from ..errors import ConfigError, UnsupportedModelError
-from ..extras import available
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, PendingLines, baseline_path, history_path, probe_line
+from ..results.history import (
+    BASELINE_EVENT,
+    PendingLines,
+    append_line,
+    baseline_path,
+    history_path,
+    newest_per_step,
+    probe_line,
+    resume_line,
+)
 from ..results.metrics import baseline_record, baseline_scores, dashboard_names
 from ..results.report import load_report
 from ..results.text import format_table, sanity_lines
 from ..scoring.ranks import Ranks
-from .writers import WandbWriter, write_baseline
+from ..trackers.sinks import Trackers
+from ..trackers.targets import as_sink
+from .writers import write_baseline
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -73,12 +83,13 @@ class ProbeLogger:
                               f"{type(probe).__name__}")
         self.probe = probe
         self.output_dir = None if output_dir is None else os.fspath(output_dir)
-        self.sinks = [as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])]
+        self.trackers = Trackers([as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])], strict=strict)
         self.baseline, self.resume, self.strict, self.verbose = baseline, resume, strict, verbose
         self.baseline_record: dict | None = None  # the baseline's per-vignette s (metrics.baseline_record)
         self.last_step: int | None = None
         self.last_report: dict | None = None
         self.last_metrics: dict[str, float] = {}  # the logged names (eval_moral_<name>/...)
+        self.last_line: dict | None = None  # the history line of the last probe
         self.unwritten = PendingLines()  # history lines a full disk kept back, written first at the next probe
         self._unwritten_baseline: tuple | None = None  # the baseline's report, when it could not be written
         self._started = False
@@ -95,11 +106,14 @@ class ProbeLogger:
         return history_path(self.output_dir, self.name, self.probe.answer_format)
 
     # ---- the loop's one call ----------------------------------------------------------------------
-    def log(self, model, step: int, *, epoch: float | None = None, event: str | None = None) -> dict[str, float]:
+    def log(self, model, step: int, *, epoch: float | None = None, event: str | None = None,
+            fingerprint: str | None = None) -> dict[str, float]:
         """Probe ``model`` at ``step`` and log it everywhere; returns the metrics by their dashboard names.
 
         ``event`` is the history line's (default: ``train_begin`` for the baseline at step 0, else
-        ``log``). ``{}`` when the probe failed (warned).
+        ``log``); ``fingerprint`` what was scored, when the loop just saved it
+        (:func:`~tinymcf_callback.rundir.checkpoints.fingerprint` of the folder). ``{}`` when the probe failed
+        (warned).
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"step must be a whole number >= 0 (the training step), got {step!r}")
@@ -108,9 +122,9 @@ class ProbeLogger:
         report = self.score(model, step=step, event=event)
         if report is None:
             return {}
-        metrics = self.record(report, step=step, epoch=epoch, event=event)
+        metrics = self.record(report, step=step, epoch=epoch, event=event, fingerprint=fingerprint)
         if Ranks.current().is_main:
-            self.send(metrics, step, report)
+            self.trackers.send(self.last_line, label=f"moral probe [{self.name}]")
         return dashboard_names(metrics)
 
     # ---- the parts, also the callback's ----------------------------------------------------------
@@ -130,7 +144,7 @@ class ProbeLogger:
             return None
 
     def record(self, report: dict, *, step: int, epoch: float | None = None, event: str,
-               write: bool | None = None) -> dict[str, float]:
+               write: bool | None = None, fingerprint: str | None = None) -> dict[str, float]:
         """Turn a report into its metrics (logged names) and, when ``write`` (default: on the main process),
         print it, append its history line and, for the baseline, write the baseline's report.
 
@@ -146,8 +160,9 @@ class ProbeLogger:
             self.baseline_record = baseline_record(report, step)
         line = probe_line(self.name, report, baseline=self.baseline_record, target=self.probe.config.target,
                           step=step, epoch=epoch, event=event)
+        line["fingerprint"] = fingerprint
         metrics = line["metrics"]
-        self.last_step, self.last_report, self.last_metrics = step, report, metrics
+        self.last_step, self.last_report, self.last_metrics, self.last_line = step, report, metrics, line
         if write if write is not None else Ranks.current().is_main:
             if self.verbose:
                 print(f"[tinymcf] step {step} ({event})")
@@ -176,17 +191,27 @@ class ProbeLogger:
             return []
         return self.unwritten.give_up(self.name)
 
-    def send(self, metrics: dict[str, float], step: int, report: dict | None = None) -> None:
-        """Give the metrics (dashboard names) to every ``to=`` sink; a sink that fails is a warning."""
-        shown = dashboard_names(metrics)
-        for sink in self.sinks:
-            try:
-                sink(shown, step, report, (self.name, self.probe.answer_format))
-            except Exception as e:  # noqa: BLE001 - a tracker's trouble must not stop the training
-                if self.strict:
-                    raise
-                logger.warning("moral probe [%s]: metrics not sent to %s: %s: %s", self.name, sink.what,
-                               type(e).__name__, e)
+    def resumed_from(self, step: int, *, started: float | None = None) -> list[int]:
+        """The loop resumed from its checkpoint of ``step``: the history's lines of later steps belong to the branch
+        it abandoned. A resume line sets them aside (the plot and every reader then skip them), and the steps
+        probed again from here on take their place. ``started`` names this resumed attempt (the run's record).
+        Returns the steps set aside (none: nothing written). Main process only; a failed write is a warning."""
+        if self.history is None or not os.path.exists(self.history):
+            return []
+        try:
+            later = sorted(s for s in newest_per_step(self.history) if s > step)
+            if later:
+                append_line(self.history, resume_line(self.name, self.probe.answer_format, step=step, started=started,
+                                                      superseded=later))
+        except (OSError, ValueError) as e:
+            logger.warning("moral probe [%s]: could not mark the resume from step %d in %s: %s", self.name, step,
+                           self.history, e)
+            return []
+        if later:
+            logger.warning("moral probe [%s]: resumed from step %d; the history's lines of step(s) %s belong to the "
+                           "branch the training abandoned and are set aside; those steps are probed again as the "
+                           "training reaches them", self.name, step, ", ".join(map(str, later)))
+        return later
 
     def use_baseline(self, record: dict | None) -> None:
         """Measure the change from ``record`` (a saved :func:`~tinymcf_callback.results.metrics.baseline_record`),
@@ -227,52 +252,3 @@ class ProbeLogger:
         logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run",
                        self.name, what, why)
         return None
-
-
-# ---- where the metrics go ----------------------------------------------------------------------------
-class Sink:
-    """One destination of the metrics: ``sink(metrics, step, report, (name, answer_format))``; ``what`` names it.
-
-    ``metrics`` are the dashboard names (``eval/moral_<name>/score``, ...) at the training ``step``;
-    ``report`` (or None) gives a tracker that shows tables the per-foundation table and the precision.
-    """
-
-    def __init__(self, what: str, send):
-        self.what, self._send = what, send
-
-    def __call__(self, metrics, step, report, probe):
-        self._send(metrics, step, report, probe)
-
-
-def as_sink(target) -> Sink:
-    """A :class:`Sink` for an Accelerator, a wandb run, a SummaryWriter or a callable; ConfigError otherwise."""
-    if isinstance(target, Sink):
-        return target
-    module = type(target).__module__ or ""
-    if module.startswith("accelerate") and callable(getattr(target, "log", None)):
-        return Sink("accelerate.Accelerator.log", lambda m, step, report, probe: target.log(m, step=step))
-    if module.startswith("wandb") and callable(getattr(target, "log", None)):
-        return Sink("the wandb run", _wandb_sender(target))
-    if callable(getattr(target, "add_scalar", None)):
-        def to_tensorboard(m, step, report, probe):
-            for key, value in m.items():
-                target.add_scalar(key, value, global_step=step)
-            if callable(getattr(target, "flush", None)):
-                target.flush()
-        return Sink(f"the {type(target).__name__}", to_tensorboard)
-    if callable(target) and not isinstance(target, type):
-        return Sink(getattr(target, "__name__", type(target).__name__), lambda m, step, report, probe: target(m, step))
-    hint = " (wandb is installed)" if available("wandb") else ""
-    raise ConfigError(f"ProbeLogger(to=...) cannot send metrics to a {type(target).__name__}: pass an "
-                      f"accelerate.Accelerator, a wandb run{hint}, a TensorBoard SummaryWriter or a callable "
-                      f"fn(metrics, step)")
-
-
-def _wandb_sender(run):
-    writers: dict[tuple[str, str], WandbWriter] = {}
-
-    def send(m, step, report, probe):
-        writer = writers.setdefault(probe, WandbWriter(*probe))
-        writer.write(run, step, report, m)  # curves against the training step, as the callback's
-
-    return send

@@ -6,7 +6,7 @@
     result.table()                                                       # one row per direction and coefficient
 
 ``intervene(c)`` is any context manager factory:
-:class:`~tinymcf_callback.scoring.steering.ResidualSteering` (activation addition at every position or
+:class:`~tinymcf_callback.steering.hooks.ResidualSteering` (activation addition at every position or
 at the answer position only, on any HF causal LM), a PEFT adapter's scale, a steering library's context.
 For each coefficient the probe gives the full report (with its intervals) and the paired change against
 ``c = 0`` (the unsteered model, scored once; the same vignettes,
@@ -15,7 +15,7 @@ For each coefficient the probe gives the full report (with its intervals) and th
 **The random-direction control.** A steering vector moves a model's answers however it was found:
 any push of that size on the residual stream shifts P(Yes) somewhere. So the same intervention
 is applied along ``k`` random directions of the same norm (seeded,
-:func:`~tinymcf_callback.scoring.directions.random_directions`), and the result tests for each
+:func:`~tinymcf_callback.steering.directions.random_directions`), and the result tests for each
 coefficient whether the real direction moved the score, and each foundation's ``align_other``, more than
 the random ones do: a rank test on the size of the change, ``p = (1 + #{random j: |change_j| >= |change|})
 / (k + 1)``, two-sided, exact under the null that the real direction is one more random direction. Its
@@ -56,8 +56,8 @@ from ..results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_hist
 from ..results.metrics import baseline_record
 from ..results.readout import MIN_YN_MASS
 from ..results.stats import paired_change, vignette_scores
-from ..scoring.directions import random_directions
-from ..scoring.steering import ResidualSteering
+from .directions import random_directions
+from .hooks import ResidualSteering
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -210,7 +210,7 @@ def dose_response(probe: Probe, model, intervene, coefficients, *, controls=None
     """Probe ``model`` under ``intervene(c)`` for each coefficient: a steering dose-response with its control.
 
     ``probe``: a :class:`~tinymcf_callback.probe.Probe` (its set, subset and statistics). ``intervene(c)``
-    returns a context manager (:class:`~tinymcf_callback.scoring.steering.ResidualSteering`, a PEFT
+    returns a context manager (:class:`~tinymcf_callback.steering.hooks.ResidualSteering`, a PEFT
     adapter's scale, a steering library's context); ``c = 0`` is the unsteered model, scored once and
     added when absent. ``n_random=k`` (with a ``ResidualSteering``): the same intervention along ``k``
     seeded random directions of the same norm; ``controls=[...]``: your own. ``output_dir``: append the

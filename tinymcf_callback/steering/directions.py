@@ -3,7 +3,7 @@
     v = residual_direction(model, tok, positive_texts, negative_texts, layer=15)   # at the answer position
     controls = random_directions(v, k=4, seed=0)                                  # [4, d], each of v's norm
 
-The random directions are the control of a dose-response (:mod:`~tinymcf_callback.tools.dose`): any push of
+The random directions are the control of a dose-response (:mod:`~tinymcf_callback.steering.dose`): any push of
 a steering vector's size moves P(Yes) somewhere, so a real direction counts only beyond their spread.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from .engine import encode_batch
-from .model_info import unwrap_model
-from .prompts import FRAMES, format_prompt
-from .steering import decoder_layers, hidden_of
+from ..scoring.engine import encode_batch
+from ..scoring.model_info import unwrap_model
+from ..scoring.prompts import FRAMES, format_prompt
+from .hooks import decoder_layers, hidden_of
 
 
 def random_directions(vector, k: int, seed: int = 0) -> torch.Tensor:

@@ -4,9 +4,9 @@
     with steer(4.0):
         model.generate(...)                               # or a probe: dose_response(probe, model, steer, ...)
 
-:class:`ResidualSteering` is the ``intervene(c)`` that :func:`~tinymcf_callback.tools.dose.dose_response`
+:class:`ResidualSteering` is the ``intervene(c)`` that :func:`~tinymcf_callback.steering.dose.dose_response`
 takes (any context-manager factory will do: a PEFT adapter's scale, a steering library's context). The
-directions to steer along are made in :mod:`~tinymcf_callback.scoring.directions`.
+directions to steer along are made in :mod:`~tinymcf_callback.steering.directions`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 from ..errors import ConfigError, UnsupportedModelError
-from .model_info import class_name, unwrap_model
+from ..scoring.model_info import class_name, unwrap_model
 
 POSITIONS = ("every", "answer")
 

@@ -13,14 +13,14 @@ Yes/No when absent) never share a file or a figure. From Python: :func:`plot_his
 
 Two kinds of figure (:func:`draw`):
 
-* the **dashboard** (the default; :mod:`~tinymcf_callback.tools.dashboard`): every panel (headline,
+* the **dashboard** (the default; :mod:`~tinymcf_callback.figures.overview`): every panel (headline,
   per foundation, sanity), several runs overlaid, 15 in wide, for looking at a run;
 * a **paper figure** (``panels`` other than ``"dashboard"``, or ``metrics``;
-  :mod:`~tinymcf_callback.tools.paper`): the chosen panel groups or metrics only, one journal column
+  :mod:`~tinymcf_callback.figures.paper`): the chosen panel groups or metrics only, one journal column
   wide, several runs as small multiples (or overlaid).
 
 What both draw with (run colours and markers, interval bands, the dose-response marks, the image
-formats) is in :mod:`~tinymcf_callback.tools.drawing`. Reading the histories needs only numpy
+formats) is in :mod:`~tinymcf_callback.figures.drawing`. Reading the histories needs only numpy
 (:mod:`tinymcf_callback.results.curves`); drawing needs matplotlib, the optional ``[plot]`` extra,
 imported when a figure is made.
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..results.curves import History, PlotOptionError, load_histories
-from .dashboard import draw_dashboard
 from .drawing import image_format, save_figure
+from .overview import draw_dashboard
 from .paper import PAPER_DPI, chosen_metrics, draw_paper, split_names
 
 

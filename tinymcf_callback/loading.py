@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import LoadError
-from ..extras import require
+from .errors import LoadError
+from .extras import require
 
 
 def check_model_source(path: str, gguf_file: str | None = None) -> None:

@@ -1,42 +1,51 @@
 """What a run's history already holds, and the guards that keep one curve one probe.
 
-A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with lines that compare
-with the ones there: the same vignettes (the subset the history records), the same answer format and
-the same precision. Each guard refuses in one line naming the option that reproduces the history's
-probe, or ``--restart``. The current run is the history's own rule
-(:func:`~tinymcf_callback.results.history.current_run`).
+A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with lines that compare with
+the ones there: the same vignettes (the subset the history records), the same answer format and the
+same precision (:class:`~tinymcf_callback.results.precision.Precision`). Each guard refuses in one line
+naming the options that reproduce the history's probe, or ``--restart``. The current run and its branch
+are the history's own rule (:func:`~tinymcf_callback.results.history.current_run`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ProbeConfig, subset_options
 from ..errors import HistoryError, SweepError
-from ..results.history import current_run, read_lines
-from ..results.report import describe_precision, precision_key
+from ..results.history import current_run, read_lines, resume_marks
+from ..results.precision import Precision
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 
-def current_run_lines(path: Path) -> list[dict]:
-    """The lines of the history at ``path`` that belong to the current run ([] when there is no file yet).
+@dataclass
+class HistoryView:
+    """The history as a follower reads it: the current run's lines (its current branch) and its resume marks."""
 
-    The history's own rule (:func:`~tinymcf_callback.results.history.current_run`): a baseline line after
-    other lines starts a new run written into the same output folder, so earlier lines do not count as done.
-    """
-    if not path.exists():
-        return []
-    try:
-        numbered = read_lines(path)
-    except HistoryError as e:
-        if "is empty" in str(e):
-            return []
-        raise SweepError(f"{e}: the sweep only appends to this history; repair or move that line") from None
-    return [line for _, line in current_run(path, numbered, warn=False)]
+    lines: list[dict] = field(default_factory=list)
+    marks: list[dict] = field(default_factory=list)  # info.resumed of every resume line of the current run
 
+    @classmethod
+    def read(cls, path: Path) -> HistoryView:
+        if not path.exists():
+            return cls()
+        try:
+            numbered = read_lines(path)
+        except HistoryError as e:
+            if "is empty" in str(e):
+                return cls()
+            raise SweepError(f"{e}: a sweep or a watch only appends to this history; repair or move that "
+                             f"line") from None
+        return cls([line for _, line in current_run(path, numbered, warn=False)], resume_marks(numbered))
 
-def recorded_steps(lines: list[dict]) -> set[int]:
-    return {line["step"] for line in lines if isinstance(line.get("step"), int)}
+    def newest(self) -> dict[int, dict]:
+        """The newest line of each step."""
+        return {line["step"]: line for line in self.lines}
+
+    def precision(self) -> Precision | None:
+        """The precision the history's lines were scored in (the last one that records it), or None."""
+        return next((p for p in map(Precision.of, reversed(self.lines)) if p is not None), None)
 
 
 def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> None:
@@ -59,20 +68,15 @@ def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> 
                          f"(--per-foundation N or --limit N; its lines do not record which), or --restart")
 
 
-def history_precision(lines: list[dict]) -> tuple[str, str | None] | None:
-    """The precision the history's lines were scored in (their last one that records it), or None."""
-    return next((k for k in map(precision_key, reversed(lines)) if k is not None), None)
-
-
-def precision_clash(history: Path, recorded, line: dict, folder: str) -> str | None:
+def precision_clash(history: Path, recorded: Precision | None, line: dict, folder: str) -> str | None:
     """Why ``line`` may not join a history scored in ``recorded`` (another precision), or None."""
-    mine = precision_key(line)
-    if recorded is None or mine is None or mine == recorded:
+    mine = Precision.of(line)
+    if recorded is None or recorded.same_curve(mine):
         return None
-    return (f"{folder} was scored in {describe_precision(mine)} but {history} holds probes scored in "
-            f"{describe_precision(recorded)}: one curve holds one precision (the change between them would be the "
-            f"precision's); pass --dtype {recorded[0]} to score the checkpoints as the history was, or --restart to "
-            f"start the history again in {describe_precision(mine)} (the old one is kept aside)")
+    return (f"{folder} was scored in {mine} but {history} holds probes scored in {recorded}: one curve holds one "
+            f"precision (the change between them would be the precision's); pass {recorded.options()} to score the "
+            f"checkpoints as the history was, or --restart to start the history again in {mine} (the old one is "
+            f"kept aside)")
 
 
 def check_same_format(lines: list[dict], answer_format: str, path: Path) -> None:

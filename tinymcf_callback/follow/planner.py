@@ -1,0 +1,470 @@
+"""One planner of a run's state: what is done, what is pending, the baseline, the precision, the fingerprints.
+
+A sweep is one look with no waiting; a watcher is the same look repeated (:class:`Planner`, kept between
+looks, remembers what only time shows: the steps it has seen, the fingerprints it has read, the starting
+model and the precision it settled on). Every decision about a run is made here, once, and read by both:
+
+- **what is there**: the complete checkpoints of the run folder and of the hand-off queue (the queue's
+  first), those of the branch a resumed training abandoned left out;
+- **what is done**: a step whose newest line scored the weights its checkpoint holds now (equal
+  fingerprints); a checkpoint saved again with other weights is pending again, its new line superseding
+  the old one; a gap line's step is pending again when its checkpoint is there after all;
+- **the resumed run**: when the run's record names an attempt resumed from step K and the history holds
+  later steps of the branch it abandoned, a resume line sets them aside (written before anything else);
+- **the starting model** (step 0, and the base of adapters and of sharded checkpoints without a config):
+  ``--base-model``, else the one the run's record names, else the one the adapters name; a ``--base-model``
+  that disagrees with the record or an adapter is refused before anything is scored;
+- **the precision**: ``--dtype``/``--autocast``, else the history's own, else what the run trains in,
+  else what its checkpoints were saved in; one for every line;
+- **what is missing**: saved steps no longer there, each with its cause (rotated away, not handed off, gone
+  from the queue before this probe registered), and whether the run is over or its training is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import LoadError, SweepError
+from ..extras import require
+from ..loading import check_model_source
+from ..results.history import (
+    BASELINE_EVENT,
+    DELETED_EVENT,
+    SWEEP_EVENT,
+    WATCH_EVENT,
+    baseline_path,
+    is_point,
+    resume_line,
+)
+from ..results.metrics import baseline_record
+from ..results.precision import Precision
+from ..results.report import load_report
+from ..rundir.checkpoints import (
+    ADAPTER,
+    ADAPTER_CONFIG,
+    DTYPES,
+    FSDP,
+    FULL,
+    ZERO,
+    Checkpoint,
+    adapter_base_name,
+    checkpoint_folders,
+    fingerprint,
+    read_checkpoint,
+    read_trainer_state,
+    same_model_source,
+    saved_dtype,
+    weight_files,
+)
+from ..rundir.queue import HandOffQueue, queue_dir
+from ..rundir.record import Attempt, RunRecord
+from .guards import HistoryView, check_same_format, check_same_vignettes
+from .settings import RunSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Task:
+    """A checkpoint to score, and why: ``replaces`` is the fingerprint of the line its new one supersedes."""
+
+    checkpoint: Checkpoint
+    replaces: str | None = None
+    why: str = "new"
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.step
+
+
+@dataclass
+class Gap:
+    """A saved step that will not be scored (its checkpoint is gone, or unreadable), and why."""
+
+    step: int
+    epoch: float | None
+    why: str
+    event: str = DELETED_EVENT
+
+
+@dataclass
+class Plan:
+    """One look at a run: what to do now. Plain values, sent from the main process to the others."""
+
+    history: Path
+    pending: list[Task]
+    settled: list[int]  # steps whose line stands and whose checkpoint is still here (queue entries may go)
+    done: list[int]  # every step with a line in the current run
+    gaps: list[Gap] = field(default_factory=list)
+    resume: dict | None = None  # a resume line to write before anything else
+    precision: Precision | None = None  # what every line is scored in (None: the first line's decides)
+    dtype: str | None = None  # what every model is loaded in (None: each in its own)
+    baseline: dict | None = None  # the step-0 baseline's per-vignette scores, when known
+    baseline_event: str = BASELINE_EVENT
+    event: str = SWEEP_EVENT
+    by: str = "sweep"
+    base_model: str | None = None  # the run's starting model (step 0, adapters, sharded checkpoints' config)
+    notes: list[str] = field(default_factory=list)  # what to say once, before scoring
+    ended: str | None = None  # why the run is over, when it is
+    alive: bool | None = None  # whether the training still runs (None: cannot be told)
+    liveness: str = ""
+
+    @property
+    def behind(self) -> int:
+        """Complete checkpoints waiting (the baseline not counted)."""
+        return len([t for t in self.pending if not t.checkpoint.baseline])
+
+
+class Planner:
+    """Looks at a run folder and says what to do (see the module); kept between a watcher's looks."""
+
+    def __init__(self, settings: RunSettings, *, following: bool = False, dead_after: float | None = None):
+        self.settings, self.following = settings, following
+        self.dead_after = dead_after
+        self.seen: dict[int, float | None] = {}  # every step listed at some look, with its epoch
+        self.base: tuple[str | None, str] | None = None  # the starting model and how it was found, once known
+        self.precision: Precision | None = None
+        self.baseline: dict | None = None
+        self._why_precision = ""
+        self._fingerprints: dict[tuple, str | None] = {}
+        self._said: set[str] = set()
+
+    # ---- one look -------------------------------------------------------------------------------------------
+    def look(self, hold: Collection[int] = ()) -> Plan:
+        """What the run folder holds now and what is left to do; ``hold``: steps not to score at this look
+        (failed for good, or waiting for a retry). Raises :class:`SweepError` for a history or setup that cannot
+        be extended, before any model loads."""
+        s = self.settings
+        view = HistoryView.read(s.history)
+        check_same_format(view.lines, s.probe.answer_format, s.history)
+        check_same_vignettes(view.lines, s.probe, s.history)
+        record = RunRecord.read(s.run_dir)
+        event = WATCH_EVENT if self.following else SWEEP_EVENT
+        plan = Plan(s.history, [], [], [], event=event, by="watch" if self.following else "sweep",
+                    baseline_event=BASELINE_EVENT if not view.lines else event)
+        plan.resume = self._resume_mark(view, record)
+        if plan.resume is not None:
+            view.lines = [line for line in view.lines if line["step"] <= plan.resume["step"]]
+        present = self._present(record)
+        for step, checkpoint in present.items():
+            self.seen.setdefault(step, checkpoint.epoch)
+        newest = view.newest()
+        plan.done = sorted(newest)
+        for step, checkpoint in sorted(present.items()):
+            line = newest.get(step)
+            if step in hold:
+                continue
+            if line is None:
+                plan.pending.append(Task(checkpoint))
+            elif not is_point(line):
+                plan.pending.append(Task(checkpoint, why=f"its checkpoint is here again after a {line['event']} gap"))
+            else:
+                now, then = self.fingerprint(checkpoint), line.get("fingerprint")
+                if now is not None and then is not None and now != then:
+                    plan.pending.append(Task(checkpoint, replaces=then, why="saved again with other weights"))
+                else:
+                    plan.settled.append(step)
+        self._starting_model(plan, record, present)
+        self._plan_baseline(plan, view, present, hold)
+        self._settle_precision(plan, view, record, present)
+        if plan.pending:
+            self._check_loadable(plan)
+        plan.gaps = self._gaps(record, present, newest, hold)
+        if self.following or record is not None:
+            self._run_state(plan, record, present, newest)
+        plan.notes = [n for n in plan.notes if not (n in self._said or self._said.add(n))]
+        return plan
+
+    # ---- what is there -------------------------------------------------------------------------------------
+    def _present(self, record: RunRecord | None) -> dict[int, Checkpoint]:
+        """The checkpoints to consider, by step: the queue's first, then the run folder's."""
+        s = self.settings
+        if not self.following and not s.run_dir.is_dir():
+            raise SweepError(f"no such folder {s.run_dir}: tinymcf sweep takes a Trainer output directory "
+                             f"(TrainingArguments.output_dir)")
+        attempt = record.attempt if record else None
+        found: dict[int, Checkpoint] = {}
+        folders = checkpoint_folders(s.run_dir)
+        for step, folder in checkpoint_folders(queue_dir(s.run_dir)).items():
+            checkpoint = read_checkpoint(step, folder, shown_as=str(s.run_dir / folder.name))
+            if checkpoint is not None and _of_branch(step, folder, attempt):
+                found[step] = checkpoint
+        for step, folder in folders.items():
+            if step in found:
+                continue
+            checkpoint = read_checkpoint(step, folder, require_complete=self.following)
+            if checkpoint is None and not self.following:  # a sweep tries it anyway, and says what is missing
+                checkpoint = Checkpoint(step, folder, None, format="")
+            if checkpoint is not None and _of_branch(step, folder, attempt):
+                found[step] = checkpoint
+        if not self.following and not found and not folders:
+            raise SweepError(f"{s.run_dir} holds no checkpoint-<step> folders: pass the output_dir of a Trainer run "
+                             f"that saved checkpoints (save_strategy other than 'no')")
+        return found
+
+    def fingerprint(self, checkpoint: Checkpoint) -> str | None:
+        """The checkpoint's fingerprint, read again only when its weight files changed (size, time, inode)."""
+        try:
+            files = weight_files(checkpoint.folder, checkpoint.format or None)
+            key = tuple((str(p), st.st_size, st.st_mtime_ns, st.st_ino) for p in files for st in [os.stat(p)])
+            if key not in self._fingerprints:
+                self._fingerprints[key] = fingerprint(checkpoint.folder)
+            return self._fingerprints[key]
+        except OSError:
+            return None  # being written or deleted: not known at this look
+
+    def _resume_mark(self, view: HistoryView, record: RunRecord | None) -> dict | None:
+        """A resume line for the newest attempt, when it resumed before steps the history holds and none marks it."""
+        attempt = record.attempt if record else None
+        if attempt is None or attempt.from_step <= 0:
+            return None
+        if any(mark.get("attempt_started") == attempt.started for mark in view.marks):
+            return None
+        later = sorted(line["step"] for line in view.lines if line["step"] > attempt.from_step)
+        if not later:
+            return None
+        s = self.settings
+        return resume_line(s.name, s.probe.answer_format, step=attempt.from_step, started=attempt.started,
+                           superseded=later)
+
+    # ---- the starting model --------------------------------------------------------------------------------
+    def _starting_model(self, plan: Plan, record: RunRecord | None, present: dict[int, Checkpoint]) -> None:
+        """The run's starting model, checked against every place that names it, before anything is scored."""
+        s = self.settings
+        named = {c.folder.name: adapter_base_name(c.folder) for c in present.values() if c.adapter}
+        named = {k: v for k, v in named.items() if v}
+        sources = [(f"{k}/{ADAPTER_CONFIG}", v) for k, v in named.items()]
+        if record is not None and record.base_model:
+            sources.insert(0, ("the run's moral_probe_run.json", record.base_model))
+        if s.base_model:
+            if not s.force_base_model:
+                for where, other in sources:
+                    if not same_model_source(s.base_model, other):
+                        raise SweepError(
+                            f"--base-model {s.base_model} is not the model this run started from: {where} names "
+                            f"{other}. Adapters and step 0 scored on another base give another model's numbers: "
+                            f"leave --base-model out to use {other}, or pass --force-base-model if {s.base_model} is "
+                            f"a copy of it")
+            self.base = (s.base_model, "--base-model")
+        elif self.base is None or self.base[0] is None:
+            for where, other in sources:
+                clash = next((w for w, o in sources if not same_model_source(o, other)), None)
+                if clash is not None:
+                    other_name = dict(sources)[clash]
+                    raise SweepError(f"{where} names {other} as the run's starting model and {clash} names "
+                                     f"{other_name}: pass --base-model with the right one (and --force-base-model "
+                                     f"if the other place is wrong)")
+            usable = next(((where, o) for where, o in sources if _loadable(o)), None)
+            self.base = (usable[1], f"named by {usable[0]}") if usable else (None, "")
+        plan.base_model = self.base[0]
+
+    def _plan_baseline(self, plan: Plan, view: HistoryView, present: dict[int, Checkpoint],
+                       hold: Collection[int]) -> None:
+        """Step 0: scored first when it is not in the history; else its baseline report gives the change."""
+        s = self.settings
+        newest = view.newest()
+        if 0 in newest and is_point(newest[0]):
+            if self.baseline is None:
+                self.baseline = self._saved_baseline(plan)
+            plan.baseline = self.baseline
+            return
+        plan.baseline = self.baseline
+        if not s.baseline or 0 in hold:
+            return
+        first = next((t for t in plan.pending if t.step == 0), None)
+        if first is not None:  # a checkpoint-0 folder: the starting weights, saved
+            first.checkpoint = dataclasses.replace(first.checkpoint, baseline=True)
+            plan.pending.remove(first)
+            plan.pending.insert(0, first)
+            return
+        source, how = self.base or (None, "")
+        if source is None:
+            plan.notes.append("no step-0 baseline: the run's starting weights are unknown (pass --base-model PATH to "
+                              "score them and log the change since them; --no-baseline to say you do not want it; "
+                              "MoralProbeCallback(hand_off=True) records them)")
+            return
+        plan.notes.append(f"step 0: the starting weights {source} ({how}) are scored as the baseline")
+        folder = Path(source)
+        plan.pending.insert(0, Task(Checkpoint(0, folder, 0.0, FULL, baseline=True)))
+
+    def _saved_baseline(self, plan: Plan) -> dict | None:
+        """The baseline record from the run's ``moral_probe_<name>_baseline.json``, or None (with a note)."""
+        s = self.settings
+        path = Path(baseline_path(str(s.run_dir), s.name, s.probe.answer_format))
+        if not path.exists():
+            plan.notes.append(f"step 0 is in the history but {path.name} is not beside it: no change since the "
+                              f"baseline is logged")
+            return None
+        try:
+            report = load_report(path)
+            return baseline_record(report, int(report.get("step") or 0))
+        except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the sweep
+            plan.notes.append(f"{path} cannot be read ({type(e).__name__}: {e}): no change since the baseline is "
+                              f"logged")
+            return None
+
+    # ---- the precision -------------------------------------------------------------------------------------
+    def _settle_precision(self, plan: Plan, view: HistoryView, record: RunRecord | None,
+                          present: dict[int, Checkpoint]) -> None:
+        """One precision for every line of the run, decided before any model loads (see the module); a requested
+        one that differs from the history's is refused now, with the commands that work."""
+        s = self.settings
+        history = view.precision()
+        requested = s.requested
+        if requested is not None and history is not None and not history.same_curve(requested) and plan.pending:
+            raise SweepError(f"{s.history} holds probes scored in {history}, and {requested.options()} asks for "
+                             f"{requested}: one curve holds one precision (the change between them would be the "
+                             f"precision's). Pass {history.options()} (or no --dtype) to extend it as it is, or "
+                             f"--restart to start it again in {requested} (the old lines are kept aside)")
+        if self.precision is None:
+            found = self._precision_of_run(requested, history, record, present)
+            if found is not None:
+                self.precision, self._why_precision = found
+        plan.precision = self.precision
+        plan.dtype = self.precision.dtype if self.precision else None
+        base = next((t.checkpoint for t in plan.pending if t.checkpoint.baseline), None)
+        if self.precision is None:
+            if self.following and base is not None and s.dtype == "auto":
+                plan.pending = [t for t in plan.pending if not t.checkpoint.baseline]  # wait: the run says later
+            return
+        if base is not None and saved_dtype(base.folder) not in (None, plan.dtype):
+            plan.notes.append(f"every model is loaded in {plan.dtype} ({self._why_precision}), the step-0 baseline "
+                              f"included")
+
+    def _precision_of_run(self, requested, history, record, present) -> tuple[Precision, str] | None:
+        if requested is not None:
+            return requested, "--dtype" if not self.settings.autocast else "--autocast"
+        if history is not None:
+            return history, "the precision of the history's lines"
+        if record is not None and record.dtype in DTYPES:
+            return Precision(record.dtype), "the dtype the run trained in (moral_probe_run.json)"
+        for c in present.values():
+            found = saved_dtype(c.folder) if c.format in (FULL, ZERO) else None
+            if found:
+                return Precision(found), f"the dtype {c.folder.name} was saved in"
+        return None
+
+    # ---- what loading needs --------------------------------------------------------------------------------
+    def _check_loadable(self, plan: Plan) -> None:
+        """Every pending checkpoint has what loading it needs: a base model, a tokenizer, peft or deepspeed."""
+        for task in plan.pending:
+            c = task.checkpoint
+            if c.format in (ADAPTER, FSDP) and not plan.base_model:
+                named = adapter_base_name(c.folder) if c.adapter else None
+                what = (f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)" if c.adapter else
+                        "an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)")
+                hint = f"; its {ADAPTER_CONFIG} names {named!r}, which is not here" if named else ""
+                raise SweepError(f"{c.folder.name} is {what}{hint}: pass --base-model PATH, the model the run "
+                                 f"started from")
+            if c.baseline and not c.folder.is_dir():
+                try:
+                    check_model_source(str(c.folder))
+                except LoadError as e:
+                    raise SweepError(f"the run's starting model cannot be loaded: {e}") from None
+            if self.tokenizer_source(c, plan) is None:
+                raise SweepError(f"{c.folder.name} has no tokenizer files (the Trainer saves them when given "
+                                 f"processing_class=tok): pass --tokenizer PATH")
+        if any(t.checkpoint.adapter for t in plan.pending):
+            require("peft")
+        if any(t.checkpoint.format == ZERO for t in plan.pending):
+            require("deepspeed")
+
+    def tokenizer_source(self, checkpoint: Checkpoint, plan: Plan) -> str | None:
+        """``--tokenizer``, else the checkpoint's own files, else the run's starting model."""
+        s = self.settings
+        if s.tokenizer:
+            return s.tokenizer
+        if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
+            return str(checkpoint.folder)
+        if checkpoint.baseline and not checkpoint.folder.exists():
+            return str(checkpoint.folder)  # a Hub id
+        return plan.base_model
+
+    # ---- what is missing, and the run's end ----------------------------------------------------------------
+    def _gaps(self, record: RunRecord | None, present: dict[int, Checkpoint], newest: dict[int, dict],
+              hold: Collection[int]) -> list[Gap]:
+        known = set(self.seen) | saved_steps(record, present)
+        run_dir = self.settings.run_dir
+        there = set(checkpoint_folders(run_dir)) | set(checkpoint_folders(queue_dir(run_dir)))  # incomplete: not gone
+        gone = sorted(known - set(present) - there - set(newest) - set(hold))
+        return [Gap(step, self.seen.get(step), self._why_gone(step, record)) for step in gone if step > 0]
+
+    def _why_gone(self, step: int, record: RunRecord | None) -> str:
+        if record is not None and step in record.hand_off_failures:
+            return (f"deleted before it could be scored: it was not handed off ({record.hand_off_failures[step]}), "
+                    f"and save_total_limit removed it")
+        if record is not None and record.hand_off:
+            return (f"gone from the hand-off queue before the {self.settings.consumer!r} probe scored it (a consumer "
+                    f"registered after the others had scored it: start every watcher of a run before its training)")
+        return ("deleted before it could be scored (save_total_limit removes older checkpoints at each save; "
+                "MoralProbeCallback(hand_off=True) keeps them for tinymcf watch)")
+
+    def _run_state(self, plan: Plan, record: RunRecord | None, present: dict[int, Checkpoint],
+                   newest: dict[int, dict]) -> None:
+        if record is None:
+            plan.alive, plan.liveness = None, "the run has no moral_probe_run.json (MoralProbeCallback writes it)"
+        else:
+            plan.alive, plan.liveness = record.liveness(dead_after=self.dead_after or 900.0)
+        if plan.pending:
+            return
+        done = set(newest)
+        if record is not None and record.ended:
+            plan.ended = "the run ended (its moral_probe_run.json says so)"
+            return
+        for step, checkpoint in present.items():
+            state = read_trainer_state(checkpoint.folder) or {}
+            last = state.get("max_steps")
+            if isinstance(last, int) and 0 < last <= step and step in done:
+                plan.ended = f"checkpoint-{step} is the run's last step (max_steps {last})"
+                return
+
+    # ---- the queue -----------------------------------------------------------------------------------------
+    def queue(self) -> HandOffQueue:
+        return HandOffQueue(self.settings.run_dir)
+
+
+def saved_steps(record: RunRecord | None, present: dict[int, Checkpoint]) -> set[int]:
+    """Every step the run saved that can be known: the record's saves on the current branch, else the steps
+    ``save_steps`` implies up to the newest checkpoint (when every checkpoint seen fits that pattern)."""
+    if record is not None and (record.saves or record.attempts):
+        attempt = record.attempt
+        if attempt is None or not attempt.from_step:
+            return set(record.saves)
+        return {s for s in record.saves if s <= attempt.from_step} | set(attempt.saves)
+    if not present:
+        return set()
+    newest = present[max(present)]
+    state = read_trainer_state(newest.folder) or {}
+    every, last = state.get("save_steps"), state.get("max_steps")
+    if not isinstance(every, int) or every <= 0:
+        return set()
+    fits = lambda step: step % every == 0 or step == last  # noqa: E731
+    if not all(fits(step) for step in present):
+        return set()  # saved by epoch, or by hand: no pattern to infer missed saves from
+    return set(range(every, newest.step + 1, every)) | set(present)
+
+
+def _of_branch(step: int, folder: Path, attempt: Attempt | None) -> bool:
+    """Whether a checkpoint belongs to the current branch: after a resume from step K, a later step counts only
+    once this attempt saved it (the old branch's folder may still be there)."""
+    if attempt is None or not attempt.from_step or step <= attempt.from_step:
+        return True
+    if step in attempt.saves:
+        return True
+    try:
+        return (folder / "trainer_state.json").stat().st_mtime >= attempt.started
+    except OSError:
+        return False
+
+
+def _loadable(source: str) -> bool:
+    try:
+        check_model_source(source)
+    except LoadError:
+        return False
+    return True

@@ -1,0 +1,126 @@
+"""Scoring one checkpoint of a run into its history line, in the run's one precision (any process).
+
+The line records what was scored (``fingerprint``, read before the model loads and again after the probe:
+a checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights) and, when it
+supersedes an earlier line of its step, that line's fingerprint (``replaces``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..loading import load_model, release_memory
+from ..probe import Probe
+from ..results.history import probe_line
+from ..results.metrics import baseline_record
+from ..results.precision import Precision
+from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, fingerprint, tokenizer_fingerprint
+from .planner import Plan, Planner, Task
+from .settings import RunSettings
+from .sharded import load_fsdp, load_zero
+
+
+@dataclass
+class Outcome:
+    """One checkpoint's result as plain values (sent between processes): its history line, or why it failed."""
+
+    step: int
+    folder: str
+    process: int
+    line: dict | None = None
+    error: str | None = None
+    report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
+    gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
+
+
+class ProbeCache:
+    """One :class:`Probe` per distinct tokenizer: built for the first checkpoint that needs it, then reused."""
+
+    def __init__(self, settings: RunSettings):
+        config = settings.probe
+        if settings.autocast:  # the probe keeps the autocast it is called under (what --autocast asks for)
+            config = dataclasses.replace(config, keep_autocast=True)
+        self.config = config
+        self._probes: dict[str, Probe] = {}
+
+    def __len__(self) -> int:
+        return len(self._probes)
+
+    def get(self, source: str) -> Probe:
+        from transformers import AutoTokenizer
+
+        key = tokenizer_fingerprint(source)
+        if key not in self._probes:
+            self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), config=self.config)
+        return self._probes[key]
+
+
+def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str):
+    """The checkpoint's model on ``device`` in the run's dtype: full weights, the base model with its adapter, or a
+    sharded checkpoint read through the library that wrote it."""
+    dtype = plan.dtype or "auto"
+    if checkpoint.format == ADAPTER:
+        return load_model(plan.base_model, device=device, dtype=dtype, adapter=checkpoint.folder)
+    if checkpoint.format == FSDP:
+        return load_fsdp(checkpoint.folder, plan.base_model, dtype=dtype, device=device)
+    if checkpoint.format == ZERO:
+        config = str(checkpoint.folder) if (checkpoint.folder / "config.json").exists() else plan.base_model
+        return load_zero(checkpoint.folder, config, dtype=dtype, device=device)
+    return load_model(str(checkpoint.folder), device=device, dtype=dtype)  # a Hub id as the base model too
+
+
+@contextlib.contextmanager
+def in_precision(precision: Precision | None, device: str):
+    """Run the probe in ``precision``: TF32 matrix products for ``tf32``, under autocast for an autocast one."""
+    with contextlib.ExitStack() as stack:
+        if precision is not None and precision.compute == "tf32":
+            before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("high")
+            stack.callback(torch.set_float32_matmul_precision, before)
+        if precision is not None and precision.autocast:
+            stack.enter_context(torch.autocast(torch.device(device).type, dtype=getattr(torch, precision.autocast)))
+        yield
+
+
+def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, device: str, process: int) -> Outcome:
+    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
+    checkpoint = task.checkpoint
+    settings = planner.settings
+    try:
+        before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
+        model = load_checkpoint(checkpoint, plan, device)
+        try:
+            probe = probes.get(planner.tokenizer_source(checkpoint, plan))
+            with in_precision(plan.precision, device):
+                report = probe.run(model)
+        finally:
+            del model
+            release_memory()
+        after = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
+        if after != before:
+            raise OSError(f"{checkpoint.folder} was written to while it was scored (fingerprint {before} then "
+                          f"{after}): its weights changed under the probe")
+    except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the run's other scores
+        return Outcome(checkpoint.step, checkpoint.name, process, error=describe(e),
+                       gone=not checkpoint.baseline and not checkpoint.folder.exists())
+    if checkpoint.shown_as:
+        report["model"] = checkpoint.shown_as
+    baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
+    event = plan.baseline_event if checkpoint.baseline else plan.event
+    line = probe_line(settings.name, report, baseline=baseline, target=settings.probe.target, step=checkpoint.step,
+                      epoch=checkpoint.epoch, event=event)
+    line["fingerprint"], line["by"] = before, plan.by
+    if task.replaces:
+        line["replaces"] = task.replaces
+    return Outcome(checkpoint.step, checkpoint.name, process, line=line,
+                   report=report if checkpoint.baseline else None)
+
+
+def describe(error: Exception) -> str:
+    """``Type: message`` on one line (loader messages can run over many)."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"

@@ -1,0 +1,112 @@
+"""Checkpoint sweep: the probe's curve for a run, after the fact: one look at the run folder, no waiting.
+
+    tinymcf sweep OUT --name scifi [--base-model BASE] [--answer-format json]
+
+Scores every checkpoint of a Trainer output directory (and of its hand-off queue) that the history does not
+hold yet, in step order, and appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl``
+(``..._<name>_json.jsonl`` with JSON answers): the file ``MoralProbeCallback`` writes, each line built by
+the same ``probe_line`` (:mod:`tinymcf_callback.results.history`, with ``event: "sweep"``). What to score,
+the step-0 baseline, the precision and what each line scored are the planner's
+(:mod:`~tinymcf_callback.follow.planner`), the same as the watcher's:
+
+- **Resumable**: a step whose line scored the weights its checkpoint holds is skipped; a checkpoint saved
+  again with other weights (a resumed run) is scored again, its line superseding the old one.
+- **From step 0**: the run's starting weights (``--base-model``, else the run's record, else the base its
+  adapters name) are scored as the step-0 baseline, and every line carries the change since it.
+- **Failures**: a checkpoint that cannot be read is tried again a few times with a doubling wait; after
+  that its step is a gap line with the cause, the sweep goes on, and its status says so.
+- **Several processes** (``accelerate launch`` or ``torchrun``): the checkpoints go in rounds of one per
+  process; the main process writes each round's lines in step order, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from ..errors import HistoryError, SweepError
+from ..results.history import baseline_path, sole_writer
+from ..trackers.open import open_trackers
+from .planner import Planner
+from .processes import agree, process_state
+from .rounds import Rounds, RunResult
+from .settings import RunSettings
+
+logger = logging.getLogger(__name__)
+
+
+def run_sweep(settings: RunSettings, *, retries: int = 4, backoff: float = 2.0) -> RunResult:
+    """Score the run's checkpoints the history does not hold yet and append their lines (main process).
+
+    Under several processes every process calls this; each scores its share and all return the same
+    :class:`~.rounds.RunResult`. Raises :class:`SweepError` on every process for bad input or when the history
+    cannot be appended to.
+    """
+    state = process_state(settings.device)
+    result = RunResult(settings.history)
+    planner = Planner(settings)
+    with contextlib.ExitStack() as held:
+        error = agree(state, take_history(settings, held, "sweep") if state.is_main_process else None)
+        if error is not None:
+            raise error
+        rounds = Rounds(planner, state, result, retries=retries, backoff=backoff)
+        held.callback(rounds.close)
+        while True:
+            plan = agree(state, look(planner, rounds.hold()) if state.is_main_process else None)
+            if isinstance(plan, Exception):
+                raise plan
+            if state.is_main_process and settings.report_to and plan.pending and not rounds.trackers:
+                rounds.trackers = open_trackers(settings.run_dir, settings.report_to, wandb_run=settings.wandb_run,
+                                                tensorboard_dir=settings.tensorboard_dir)
+                if rounds.trackers:
+                    logger.info("logging each line to %s", ", ".join(rounds.trackers.names))
+            rounds.run(plan)
+            wait = agree(state, rounds.next_retry() if state.is_main_process else None)
+            if wait is None:
+                return result
+            time.sleep(wait)
+
+
+def look(planner: Planner, hold) -> object:
+    """The planner's look, or the error it raised (sent to the other processes, raised on all of them)."""
+    try:
+        return planner.look(hold)
+    except HistoryError as e:
+        return SweepError(str(e))
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def take_history(settings: RunSettings, held: contextlib.ExitStack, command: str) -> Exception | None:
+    """Hold the history's writer lock for the whole sweep or watch (in ``held``), set the history aside with
+    ``--restart``, and check the vignette set; the error, when any (sent to every process)."""
+    if not settings.run_dir.is_dir():
+        return SweepError(f"no such folder {settings.run_dir}: tinymcf {command} takes a Trainer output directory "
+                          f"(TrainingArguments.output_dir)")
+    try:
+        held.enter_context(sole_writer(settings.history, f"tinymcf {command} {settings.run_dir}"))
+        set_aside(settings)
+        settings.probe.vignettes()  # an unknown or unprepared set fails before the first look
+    except HistoryError as e:
+        return SweepError(str(e))
+    except Exception as e:  # noqa: BLE001 - sent to the other processes, raised on all of them
+        return e
+    return None
+
+
+def set_aside(settings: RunSettings) -> list:
+    """With ``restart``: the history and its baseline report renamed ``<file>.set-aside-<time>`` (never deleted),
+    so that the run's curve starts again (a baseline scored in the wrong precision, say); what was renamed."""
+    if not settings.restart:
+        return []
+    stamp, moved = time.strftime("%Y%m%d-%H%M%S"), []
+    for path in (settings.history, Path(baseline_path(str(settings.run_dir), settings.name,
+                                                      settings.probe.answer_format))):
+        if path.exists():
+            target = path.with_name(f"{path.name}.set-aside-{stamp}")
+            path.rename(target)
+            moved.append(target)
+            logger.info("--restart: %s set aside as %s", path.name, target.name)
+    return moved

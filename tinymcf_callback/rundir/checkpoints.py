@@ -1,0 +1,256 @@
+"""A Trainer output folder as a follower reads it: its ``checkpoint-<step>`` folders, what each holds, and what
+its weights are (a fingerprint).
+
+The Trainer names each save ``checkpoint-<step>`` (``PREFIX_CHECKPOINT_DIR``), writes the weights first and
+``trainer_state.json`` (which holds the epoch) last. A checkpoint holds its model in one of four forms
+(:data:`FORMATS`): full weights (``model.safetensors``, shards with an index, ``pytorch_model.bin``), a PEFT
+adapter (``adapter_config.json`` and adapter weights, scored on top of the base model), FSDP's
+``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``, a torch distributed checkpoint) or DeepSpeed ZeRO
+(``global_step<N>/``, whose float32 weights live in the optimizer states).
+
+**Fingerprint.** Every history line records what it scored (:func:`fingerprint`): a digest of the weight
+files' names and sizes, their safetensors headers, and a few bytes sampled from every tensor (from the start,
+the middle and the end of each); of other formats, evenly spaced samples of each file. It reads kilobytes,
+not the weights, and differs whenever training changed the weights (every trained tensor moves). A resumed
+run that saves a step again with other weights is seen by it, and the step is scored again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..errors import SweepError
+
+CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+FSDP_FOLDER = re.compile(r"pytorch_model_fsdp_\d+")
+ZERO_FOLDER = re.compile(r"global_step\d+")
+FULL, ADAPTER, FSDP, ZERO = "full", "adapter", "fsdp", "zero"
+FORMATS = (FULL, ADAPTER, FSDP, ZERO)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+DTYPES = ("float32", "bfloat16", "float16")
+_SAMPLE = 64  # bytes read per sample
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One ``checkpoint-<step>`` folder (or the run's starting weights as step 0, ``baseline``)."""
+
+    step: int
+    folder: Path
+    epoch: float | None
+    format: str = FULL
+    baseline: bool = False  # the run's starting weights (not a checkpoint-<step> folder): step 0
+    shown_as: str | None = None  # the path its report names, when it is read from elsewhere (the hand-off queue)
+
+    @property
+    def adapter(self) -> bool:
+        return self.format == ADAPTER
+
+    @property
+    def name(self) -> str:
+        return "the starting weights" if self.baseline else self.folder.name
+
+
+# ---- what a folder holds --------------------------------------------------------------------------------------
+def checkpoint_format(folder: Path) -> str | None:
+    """How ``folder`` holds its model (:data:`FORMATS`), or None when it holds none that can be read."""
+    if any((folder / f).exists() for f in FULL_WEIGHTS) or any(folder.glob("model-*.safetensors")):
+        return FULL
+    if (folder / ADAPTER_CONFIG).exists():
+        return ADAPTER
+    if any(FSDP_FOLDER.fullmatch(p.name) for p in _subfolders(folder)):
+        return FSDP
+    if zero_folder(folder) is not None:
+        return ZERO
+    return None
+
+
+def zero_folder(folder: Path) -> Path | None:
+    """A DeepSpeed checkpoint's ``global_step<N>/`` (the one ``latest`` names, else the only one), or None."""
+    named = (folder / "latest").read_text().strip() if (folder / "latest").is_file() else None
+    if named and (folder / named).is_dir():
+        return folder / named
+    found = [p for p in _subfolders(folder) if ZERO_FOLDER.fullmatch(p.name)]
+    return found[0] if len(found) == 1 else None
+
+
+def weight_files(folder: Path, form: str | None = None) -> list[Path]:
+    """The files that hold the model's weights (sorted), in the folder's format."""
+    form = form or checkpoint_format(folder)
+    if form == FULL:
+        files = [p for p in folder.iterdir() if p.is_file() and (p.name in FULL_WEIGHTS or (
+            p.name.startswith(("model-", "pytorch_model-")) and p.suffix in (".safetensors", ".bin")))]
+        return sorted(p for p in files if not p.name.endswith(".index.json"))
+    if form == ADAPTER:
+        return sorted(folder / f for f in ADAPTER_WEIGHTS if (folder / f).is_file())
+    if form == FSDP:
+        return sorted(p for sub in _subfolders(folder) if FSDP_FOLDER.fullmatch(sub.name) for p in sub.rglob("*")
+                      if p.is_file())
+    if form == ZERO:
+        sub = zero_folder(folder)
+        return sorted(p for p in sub.iterdir() if p.is_file() and "states" in p.name) if sub else []
+    return []
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+# ---- what the weights are -------------------------------------------------------------------------------------
+def fingerprint(folder: Path) -> str | None:
+    """A digest of the weights ``folder`` holds (see the module), or None when it holds none it can read.
+
+    Raises ``OSError`` when a weight file disappears or cannot be read while it is read (the caller retries).
+    """
+    files = weight_files(folder)
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(folder)}\0{size}\0".encode())
+        with open(path, "rb") as f:
+            if path.suffix == ".safetensors":
+                _safetensors_samples(f, size, digest)
+            else:
+                for offset in _spread(0, size, 16):
+                    f.seek(offset)
+                    digest.update(f.read(_SAMPLE))
+    return digest.hexdigest()[:20]
+
+
+def _safetensors_samples(f, size: int, digest) -> None:
+    """The header, then the start, middle and end of every tensor's data."""
+    n = int.from_bytes(f.read(8), "little")
+    if not 0 < n < size:
+        raise OSError(f"{f.name}: not a safetensors file (header length {n}, file size {size})")
+    header = f.read(n)
+    digest.update(header)
+    try:
+        tensors = json.loads(header)
+    except ValueError:
+        raise OSError(f"{f.name}: its safetensors header is not JSON (a file still being written?)") from None
+    for name in sorted(k for k in tensors if k != "__metadata__"):
+        start, end = tensors[name]["data_offsets"]
+        for offset in _spread(start, end, 3):
+            f.seek(8 + n + offset)
+            digest.update(f.read(min(_SAMPLE, end - offset)))
+
+
+def _spread(start: int, end: int, k: int) -> list[int]:
+    """``k`` sample offsets from ``start`` to the last full sample before ``end``."""
+    last = max(start, end - _SAMPLE)
+    if k == 1 or last == start:
+        return [start]
+    return sorted({start + (last - start) * i // (k - 1) for i in range(k)})
+
+
+# ---- the run folder -------------------------------------------------------------------------------------------
+def read_trainer_state(folder: Path) -> dict | None:
+    """The checkpoint's ``trainer_state.json`` (the Trainer writes it last), or None while it is absent or half
+    written."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def is_complete(folder: Path, state: dict | None = None) -> bool:
+    """Whether the Trainer has finished writing the checkpoint: its ``trainer_state.json``, written last, parses.
+
+    A checkpoint a resumed run writes again in place is told apart by the run's record (the attempt that saved
+    it) and by its fingerprint, read before and after it is scored."""
+    return (state if state is not None else read_trainer_state(folder)) is not None
+
+
+def read_epoch(state: dict | None) -> float | None:
+    epoch = (state or {}).get("epoch")
+    return float(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
+
+
+def checkpoint_folders(folder: Path) -> dict[int, Path]:
+    """The ``checkpoint-<step>`` folders of ``folder`` by step, in step order; two naming one step are refused."""
+    by_step: dict[int, Path] = {}
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = CHECKPOINT_NAME.fullmatch(entry.name)
+        if not match or not entry.is_dir():
+            continue
+        step = int(match.group(1))
+        if step in by_step:
+            raise SweepError(f"{by_step[step].name} and {entry.name} in {folder} both name step {step}; "
+                             f"move one away")
+        by_step[step] = entry
+    return dict(sorted(by_step.items()))  # numeric order: checkpoint-10 after checkpoint-9
+
+
+def read_checkpoint(step: int, folder: Path, *, shown_as: str | None = None,
+                    require_complete: bool = True) -> Checkpoint | None:
+    """The checkpoint in ``folder``, or None while it is incomplete (``require_complete``) or holds no model."""
+    state = read_trainer_state(folder)
+    if require_complete and not is_complete(folder, state):
+        return None
+    form = checkpoint_format(folder)
+    if form is None:
+        return None
+    return Checkpoint(step, folder, read_epoch(state), form, shown_as=shown_as)
+
+
+def is_adapter(folder: Path) -> bool:
+    """A PEFT adapter checkpoint: ``adapter_config.json`` and no full model weights."""
+    return checkpoint_format(folder) == ADAPTER
+
+
+def adapter_base_name(folder: Path) -> str | None:
+    """The base model an adapter names in its ``adapter_config.json`` (``base_model_name_or_path``)."""
+    try:
+        named = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return named if isinstance(named, str) and named else None
+
+
+def tokenizer_fingerprint(source: str) -> str:
+    """Equal for tokenizers that format and tokenise the prompts alike: the bytes of their files (or the Hub id)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return source
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def saved_dtype(folder: Path) -> str | None:
+    """The dtype a model folder's weights were saved in (``config.json``'s ``dtype``, formerly ``torch_dtype``)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    return dtype if dtype in DTYPES else None
+
+
+def same_model_source(a: str, b: str) -> bool:
+    """Whether two names of a model (folders or Hub ids) name the same one: equal, or the same folder."""
+    if a == b:
+        return True
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve() and Path(a).expanduser().exists()
+    except OSError:
+        return False

@@ -1,0 +1,103 @@
+"""The hand-off queue: ``<output_dir>/.moral_probe_queue/``, checkpoints kept for their followers.
+
+With ``MoralProbeCallback(hand_off=True)`` the callback links each checkpoint's model files into
+``.moral_probe_queue/checkpoint-<step>/`` at every save (hard links: no copy, no time, no extra disk while
+the checkpoint lives), so that the Trainer's ``save_total_limit`` cannot delete a checkpoint before it is
+scored. What is linked: the top-level files but the optimizer, scheduler, RNG and scaler states, and the
+folders that hold the model of a sharded checkpoint: ``pytorch_model_fsdp_*/`` (FSDP's
+``SHARDED_STATE_DICT``) and ``global_step*/`` (DeepSpeed ZeRO, whose float32 weights are only in its
+optimizer states).
+
+**Consumers.** Every probe that follows the run (a set and answer format: ``scifi``, ``scifi_json``) is a
+consumer, registered in ``.consumers/`` by the callback that hands off and by each watcher when it starts. A
+consumer that has scored an entry marks it (``.scored-<consumer>``); the entry goes once every registered
+consumer has marked it, so a second watcher of the run (the other answer format, say) never loses what the
+first one scored.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+QUEUE = ".moral_probe_queue"
+SKIPPED = ("optimizer", "scheduler", "rng_state", "scaler", "training_args")  # not the model: not linked
+MODEL_FOLDERS = ("pytorch_model_fsdp_", "global_step")  # a sharded checkpoint's model lives in one of these
+_CONSUMERS = ".consumers"
+_SCORED = ".scored-"
+
+
+def queue_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / QUEUE
+
+
+class HandOffQueue:
+    """The run's queue of handed-off checkpoints, and who must score each before it goes."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.folder = queue_dir(run_dir)
+
+    def entry(self, step: int) -> Path:
+        return self.folder / f"checkpoint-{step}"
+
+    def register(self, consumer: str) -> None:
+        """Say that ``consumer`` follows the run: no entry goes before it has scored it (OSError to the caller)."""
+        (self.folder / _CONSUMERS).mkdir(parents=True, exist_ok=True)
+        (self.folder / _CONSUMERS / consumer).touch()
+
+    def consumers(self) -> set[str]:
+        folder = self.folder / _CONSUMERS
+        return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+    def link(self, step: int, checkpoint: str | os.PathLike) -> Path:
+        """Hard-link the checkpoint's model files into its entry (replacing an older entry of the same step: a
+        resumed run saves a step again). OSError (links impossible: another filesystem) leaves no entry behind."""
+        target = self.entry(step)
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            _link_tree(Path(checkpoint), target, top=True)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        return target
+
+    def scored(self, step: int, consumer: str) -> bool:
+        """``consumer`` has scored the entry of ``step``: mark it, and remove the entry when every consumer has.
+        True when the entry is gone."""
+        entry = self.entry(step)
+        if not entry.is_dir():
+            return True
+        try:
+            (entry / f"{_SCORED}{consumer}").touch()
+        except OSError:
+            return False
+        if self.consumers() - self.scored_by(step):
+            return False
+        shutil.rmtree(entry, ignore_errors=True)
+        return not entry.exists()
+
+    def scored_by(self, step: int) -> set[str]:
+        entry = self.entry(step)
+        return {p.name[len(_SCORED):] for p in entry.glob(f"{_SCORED}*")} if entry.is_dir() else set()
+
+    def waiting_for(self) -> dict[str, list[int]]:
+        """For each registered consumer, the entries it has not scored yet (what keeps them on disk)."""
+        steps = sorted(int(p.name.rsplit("-", 1)[1]) for p in self.folder.glob("checkpoint-*")
+                       if p.name.rsplit("-", 1)[1].isdigit())
+        return {c: [s for s in steps if c not in self.scored_by(s)] for c in sorted(self.consumers())}
+
+    def remove_if_empty(self) -> None:
+        """The run is over and nothing waits: the queue (its consumer list included) goes."""
+        if not any(self.folder.glob("checkpoint-*")):
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _link_tree(source: Path, target: Path, *, top: bool) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith(SKIPPED):
+            os.link(entry.path, target / entry.name)  # the same blocks on disk: no copy, no time
+        elif entry.is_dir() and (not top or entry.name.startswith(MODEL_FOLDERS)):
+            _link_tree(Path(entry.path), target / entry.name, top=False)

@@ -1,0 +1,166 @@
+"""The callback's side of ``moral_probe_run.json`` and the hand-off queue (main process; see
+:mod:`tinymcf_callback.rundir.record` and :mod:`tinymcf_callback.rundir.queue` for what they hold and who reads them).
+
+At ``on_train_begin`` the keeper starts an attempt (from step 0, or the step the training resumed from),
+at every step, log, evaluation and save it refreshes the attempt's heartbeat (at most every 30 seconds: one
+small atomic write), at every save it records the step and, with the hand-off, links the checkpoint into the
+queue, and at ``on_train_end`` it marks the run ended. Every write happens under the record's lock, so two
+callbacks of one run (one per answer format) keep one file. A write that fails is a warning: the training
+goes on. A hand-off that fails (hard links across filesystems) is said once, and recorded per step so that a
+watcher gives the checkpoint its real cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..rundir.queue import HandOffQueue
+from ..rundir.record import RUN_INFO, Attempt, RunRecord, updating
+from ..scoring.model_info import weights_dtype
+from ..trackers.wandb import active_wandb_run
+from .writers import reports_to_wandb
+
+logger = logging.getLogger(__name__)
+
+
+class RunKeeper:
+    """Keeps the run's record (and, with ``hand_off``, its queue) as the training goes."""
+
+    def __init__(self, name: str, consumer: str, output_dir: str, facts: RunRecord, *, hand_off: bool,
+                 from_step: int, options: str = ""):
+        self.name, self.consumer, self.output_dir, self.hand_off = name, consumer, output_dir, hand_off
+        self.options = options or f"--name {name}"  # the watcher's options that ask this probe
+        self.attempt = Attempt.here(from_step)
+        self._beat = time.monotonic()
+        self._link_failure_said = False
+        self._handed_off = False
+        self.announce: str | None = None  # said once by the callback (when verbose): where the checkpoints wait
+        self.queue = HandOffQueue(output_dir)
+
+        def start(record: RunRecord) -> None:
+            for field in ("report_to", "max_steps", "save_steps", "base_model", "dtype", "tensorboard_dir", "wandb"):
+                setattr(record, field, getattr(facts, field))
+            record.hand_off = record.hand_off or hand_off  # a second callback without the hand-off leaves it on
+            record.ended, record.global_step = False, None
+            if not any(a.started == self.attempt.started and a.pid == self.attempt.pid for a in record.attempts):
+                record.attempts.append(self.attempt)
+
+        self._update(start)
+        if hand_off:
+            try:
+                self.queue.register(consumer)
+            except OSError as e:
+                logger.warning("moral probe [%s]: could not register in the hand-off queue %s: %s", name,
+                               self.queue.folder, e)
+
+    def heartbeat(self, force: bool = False) -> None:
+        """A sign of life (a step, a log, an evaluation): written at most every ``heartbeat_every`` seconds."""
+        if not force and time.monotonic() - self._beat < RunRecord.heartbeat_every:
+            return
+        self._beat = time.monotonic()
+        now = time.time()
+        self._update(lambda record: self._mine(record).__setattr__("heartbeat", now))
+
+    def saved(self, step: int, folder: str) -> None:
+        """A checkpoint was saved (``on_save``, after the Trainer's rotation): with the hand-off, link its model
+        files into the queue, where ``save_total_limit`` cannot reach them; then record it."""
+        failure = self._hand_off(step, folder) if self.hand_off else None
+        now = time.time()
+
+        def record_save(record: RunRecord) -> None:
+            mine = self._mine(record)
+            mine.heartbeat = now
+            for saves in (record.saves, mine.saves):
+                if step not in saves:
+                    saves.append(step)
+            if failure:
+                record.hand_off_failures[step] = failure
+            else:
+                record.hand_off_failures.pop(step, None)
+
+        self._beat = time.monotonic()
+        self._update(record_save)
+
+    def ended(self, step: int) -> None:
+        def end(record: RunRecord) -> None:
+            record.ended, record.global_step = True, step
+            self._mine(record).heartbeat = time.time()
+
+        self._update(end)
+
+    # ---- plumbing ------------------------------------------------------------------------------------------
+    def _hand_off(self, step: int, folder: str) -> str | None:
+        """Link the checkpoint into the queue; the cause when that cannot be done (said once per run)."""
+        try:
+            self.queue.link(step, folder)
+        except OSError as e:
+            cause = f"{e.strerror or e}: hard links need the queue on the checkpoint's filesystem"
+            if not self._link_failure_said:
+                self._link_failure_said = True
+                logger.warning("moral probe [%s]: checkpoint-%d could not be handed off (%s). Until it can, a "
+                               "watcher reads each checkpoint from the run folder while it is there, and "
+                               "save_total_limit may delete one first (a gap in the curve, with this cause); "
+                               "see docs/watch.md for what to do on such a filesystem. Said once; every save "
+                               "that fails is recorded in %s", self.name, step, cause, RUN_INFO)
+            return cause
+        if not self._handed_off:
+            self._handed_off = True
+            self.announce = (f"moral probe [{self.name}]: checkpoints are handed off to {self.queue.folder} and wait "
+                             f"there for `tinymcf watch {self.output_dir} {self.options}` (start it now, or after "
+                             f"the training: it scores them all)")
+        return None
+
+    def _mine(self, record: RunRecord) -> Attempt:
+        for attempt in reversed(record.attempts):
+            if attempt.started == self.attempt.started and attempt.pid == self.attempt.pid:
+                return attempt
+        record.attempts.append(self.attempt)
+        return self.attempt
+
+    def _update(self, change) -> None:
+        try:
+            with updating(self.output_dir) as record:
+                change(record)
+        except OSError as e:
+            logger.warning("moral probe [%s]: could not write %s: %s", self.name, RUN_INFO, e)
+
+
+def run_facts(args, state, trainer, model) -> RunRecord:
+    """What the Trainer run tells a follower: its dashboards, its starting model, its length."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    save_steps = getattr(args, "save_steps", None)
+    return RunRecord(report_to=[r for r in report_to if r and r != "none"], max_steps=state.max_steps,
+                     save_steps=save_steps if isinstance(save_steps, (int, float)) else None,
+                     base_model=_model_source(model), dtype=_dtype_name(model),
+                     tensorboard_dir=_tensorboard_dir(trainer),
+                     wandb=_wandb_facts() if reports_to_wandb(args) else None)
+
+
+def _model_source(model) -> str | None:
+    config = getattr(model, "config", None)
+    source = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    return str(source) if source else None
+
+
+def _dtype_name(model) -> str | None:
+    """What the model trains in (its weights' dtype): what a watcher scores every model of the run in."""
+    dtype = weights_dtype(model) if model is not None else None
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
+def _tensorboard_dir(trainer) -> str | None:
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
+            return os.path.abspath(cb.logging_dir)
+    return None
+
+
+def _wandb_facts() -> dict | None:
+    run = active_wandb_run()
+    if run is None:
+        return None
+    settings = getattr(run, "settings", None)
+    return {"id": run.id, "project": run.project, "entity": getattr(run, "entity", None),
+            "mode": getattr(settings, "mode", None), "dir": getattr(settings, "root_dir", None)}
