@@ -109,8 +109,8 @@ def main(argv=None) -> int:
 
     from tinymcf_callback import Probe, ResidualSteering, dose_response, residual_direction
     from tinymcf_callback import testing as offline_assets
-    from tinymcf_callback.steering.hooks import decoder_layers
     from tinymcf_callback.figures.plot import plot_histories
+    from tinymcf_callback.steering.hooks import decoder_layers
 
     out = Path(args.output_dir).resolve()
     dose = out / "moral_probe_scifi_dose.jsonl"

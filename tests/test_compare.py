@@ -189,3 +189,14 @@ def test_a_target_adds_selectivity_in_the_result_and_the_text(probe, before, cap
     assert main(["compare", str(a), str(b), "--target", "Care"]) == 0
     assert "on - off target" in capsys.readouterr().out
 
+
+
+def test_a_report_of_near_zero_scores_against_itself_has_a_defined_interval_and_p(tiny_qwen, qwen_tok):
+    """A random tiny model scores every vignette near 0: the paired change's variance is rounding noise that cancels
+    (and its Welch-Satterthwaite df with it); the change is known exactly: 0, its interval [0, 0], p 1."""
+    report = Probe(qwen_tok, "scifi", per_foundation=2).run(tiny_qwen)
+    assert abs(report["score"]) < 1e-2
+    result = compare(report, as_json(report))
+    for name in HEADLINE:
+        row = result["headline"][name]
+        assert row["change"] == 0.0 and row["lo"] == row["hi"] == 0.0 and row["p"] == 1.0, (name, row)

@@ -334,3 +334,58 @@ def test_cli_gguf_file_scores_like_the_safetensors_copy(tmp_path, smollm2):
         zip(reference["id"], reference["condition"], reference["frame"], strict=True))
     diff = np.abs(p_yes(gguf) - reference["p_yes"].to_numpy()).max()
     assert diff < 1e-2, diff  # measured 2.5e-3: the copy holds the GGUF's weights rounded to bf16
+
+
+_HUB = """
+import http.server, sys, threading
+class Hub(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # the Hub's answer for a repository that does not exist
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "Repository not found"}')
+    do_HEAD = do_GET
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hub", ["not found", "unreachable"])
+def test_a_hub_id_typo_is_one_line_within_seconds(tmp_path, hub):
+    """Without HF_HUB_OFFLINE, a name that is neither a folder nor a Hub model costs one quick question to the Hub
+    (a local stand-in that answers as the Hub does for a missing repository, or nothing listening), not half a
+    minute of retries in many lines."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers.ports import free_port
+
+    server = None
+    if hub == "not found":
+        server = subprocess.Popen([sys.executable, "-c", _HUB], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        endpoint = f"http://127.0.0.1:{server.stdout.readline().strip()}"
+    else:
+        endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"))
+    try:
+        start = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "tinymcf_callback", "eval", "--model", "HuggingFaceTB/SmolLM2-135M-"
+                            "Instruc", "--device", "cpu", "--out", str(tmp_path)], env=env, capture_output=True,
+                           text=True, timeout=120)
+        took = time.monotonic() - start
+    finally:
+        if server is not None:
+            server.kill()
+    needle = ("no model HuggingFaceTB/SmolLM2-135M-Instruc on the Hugging Face Hub (a typo?" if hub == "not found"
+              else "cannot reach the Hugging Face Hub to fetch HuggingFaceTB/SmolLM2-135M-Instruc")
+    one_error_line(p.returncode, p.stderr, needle)
+    assert took < 25, took  # transformers alone: ~30 s of retries before its own error

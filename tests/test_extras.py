@@ -17,11 +17,11 @@ from helpers.cli_checks import one_error_line
 from helpers.fake_llm_server import FakeLLM
 from helpers.prepare import KEY, my_csv
 from helpers.reports import made_up_scores
-from tinymcf_callback.follow import sweep  # noqa: F401 - see below
 
 from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.extras import EXTRAS, install_hint, require
+from tinymcf_callback.follow import sweep  # noqa: F401 - see below
 from tinymcf_callback.prepare import rules
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.results.report import write_report

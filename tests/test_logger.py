@@ -197,3 +197,23 @@ def test_metrics_reach_a_wandb_run(tmp_path, qwen_tok, monkeypatch):
     assert len(ours) == 1 and ours[0].step_metric == "train/global_step"  # curves against the loop's step
     assert config["moral_scifi/dtype"] == "float32"
     assert any("eval/moral_scifi/table/path" in r for r in rows)  # the per-foundation table at each probe
+
+
+def test_a_loop_resumed_from_an_earlier_step_sets_its_abandoned_lines_aside(tmp_path, qwen_tok):
+    from tinymcf_callback.results.curves import load_history
+
+    probe_logger = ProbeLogger(Probe(qwen_tok, "scifi", limit=2, n_resamples=0), tmp_path)
+    for step, seed in ((0, 0), (2, 1), (4, 2), (6, 3)):
+        probe_logger.log(tiny_model(seed=seed).eval(), step=step)
+    resumed = ProbeLogger(Probe(qwen_tok, "scifi", limit=2, n_resamples=0), tmp_path)
+    assert resumed.resumed_from(2, started=123.0) == [4, 6]
+    again = resumed.log(tiny_model(seed=5).eval(), step=4)  # the new branch's step 4
+    lines = [line for _, line in read_lines(tmp_path / "moral_probe_scifi.jsonl")]
+    assert [(line["step"], line["event"]) for line in lines] == [(0, "train_begin"), (2, "log"), (4, "log"),
+                                                                 (6, "log"), (2, "resumed"), (4, "log")]
+    assert lines[4]["info"]["resumed"] == {"from_step": 2, "attempt_started": 123.0, "superseded": [4, 6]}
+    curve = load_history(tmp_path / "moral_probe_scifi.jsonl")
+    assert list(curve.steps) == [0, 2, 4]  # step 6 of the abandoned branch is gone, step 4 is the new one
+    assert curve.series("score").est[2] == pytest.approx(again["eval/moral_scifi/score"], abs=1e-12)
+    assert "eval/moral_scifi/score_change" in again  # the baseline was read back from its report
+    assert resumed.resumed_from(4) == []  # nothing after step 4 on the current branch: nothing written

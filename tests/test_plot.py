@@ -628,3 +628,20 @@ def test_a_malformed_dose_line_names_file_and_line(tmp_path, field, value, messa
     with pytest.raises(HistoryError, match=f"moral_probe_scifi_dose.jsonl:2: a dose-response history line: "
                                            f"{message}"):
         load_history(path, x="coefficient")
+
+
+def test_the_figure_says_which_vignettes_and_precision_and_what_two_per_foundation_mean(tmp_path):
+    subset = {"limit": None, "per_foundation": 2, "subset_seed": 0, "vignettes": "abc"}
+    lines = [probe_line(s, 0.1 * s, 0.0, 0.0, bounds={"care.align_other_lo": -0.5, "care.align_other_hi": 0.9,
+                                                      "score_lo": -0.2, "score_hi": 0.6}) for s in (0, 10)]
+    for line in lines:
+        line["info"].update(subset=subset, n_vignettes=14)
+        line.update(dtype="bfloat16", compute="bfloat16", autocast=None)
+    fig = plot_histories(write_history(tmp_path / "quick", lines))
+    assert "per_foundation=2 (14 vignettes), bfloat16" in fig.get_suptitle()
+    notes = [sf._suptitle.get_text() for sf in fig.subfigs if sf._suptitle is not None]
+    assert any("per_foundation=2: each foundation's band is a t interval over 2 vignettes (df = 1)" in n and
+               "per_foundation=4" in n for n in notes), notes
+    whole = [probe_line(0, 0.1, 0.0, 0.0)]  # an older line: no subset, no precision on record
+    fig = plot_histories(write_history(tmp_path / "old", whole))
+    assert "vignettes not recorded, precision not recorded" in fig.get_suptitle()

@@ -443,10 +443,10 @@ def test_a_tf32_history_is_extended_in_tf32_and_the_advice_of_a_refusal_works(tm
     cut = run / HISTORY
     cut.write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))  # steps 2 and 3 left to the sweep
     capsys.readouterr()
-    rc = sweep(run, "--dtype", "float32")
-    error = one_error_line(rc, capsys.readouterr().err, "holds probes scored in tf32", "--dtype float32 asks for "
-                           "float32", "Pass --dtype tf32")
-    advice = re.search(r"Pass (--dtype \S+)", error).group(1)
+    rc = sweep(run)  # the run trains in float32 (its record); its history was scored in TF32
+    error = one_error_line(rc, capsys.readouterr().err, "holds probes scored in tf32", "this run is scored in "
+                           "float32 (the dtype the run trained in", "pass --dtype tf32 to extend it", "--restart")
+    advice = re.search(r"pass (--dtype \S+) to extend", error).group(1)
     assert sweep(run, *advice.split()) == 0  # the advice, run as printed
     swept = history(run)
     assert steps_events(swept) == [(0, "train_begin"), (1, "save"), (2, "sweep"), (3, "sweep")]
@@ -454,7 +454,7 @@ def test_a_tf32_history_is_extended_in_tf32_and_the_advice_of_a_refusal_works(tm
     # the other way out it names: start the curve again in the precision asked for
     assert sweep(run, "--dtype", "float32", "--restart") == 0  # every step again, step 0 from the run's record
     assert {line["compute"] for line in history(run)} == {"float32"} and len(history(run)) == 4
-    assert sweep(run) == 0  # no --dtype: the history's own precision (float32 now), nothing left to do
+    assert sweep(run) == 0  # no --dtype: the run's float32, the history's too now; nothing left to do
 
 
 @pytest.mark.slow
@@ -480,7 +480,7 @@ def test_every_refusal_of_a_sweep_names_options_that_work(tmp_path, qwen_tok, in
     refused_then_advised(["--per-foundation", "1"], r"pass (--limit 2) to extend its curve like with like",
                          lambda options: options.split())
     leave_step(3)
-    refused_then_advised(["--limit", "2", "--autocast", "bfloat16"], r"Pass (--dtype float32) \(or no --dtype\)",
+    refused_then_advised(["--limit", "2", "--autocast", "bfloat16"], r"pass (--dtype float32) to extend it",
                          lambda options: ["--limit", "2", *options.split()])
     leave_step(3)
     refused_then_advised(["--limit", "2", "--base-model", str(other)], r"(leave --base-model out) to use",
@@ -490,7 +490,7 @@ def test_every_refusal_of_a_sweep_names_options_that_work(tmp_path, qwen_tok, in
     assert tinymcf([*base, "--limit", "2", "--autocast", "bfloat16", "--restart"]) == 0
     assert {(line["compute"], line["autocast"]) for line in history(run)} == {("bfloat16", "bfloat16")}
     leave_step(3)
-    refused_then_advised(["--limit", "2", "--dtype", "float32"], r"Pass (--dtype float32 --autocast bfloat16) ",
+    refused_then_advised(["--limit", "2", "--dtype", "float32"], r"pass (--dtype float32 --autocast bfloat16) to",
                          lambda options: ["--limit", "2", *options.split()])
     assert {(line["compute"], line["autocast"]) for line in history(run)} == {("bfloat16", "bfloat16")}
     assert len(history(run)) == 4

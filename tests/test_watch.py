@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cli_checks import one_error_line
+from helpers.runs import clone
 from helpers.trackers import read_wandb_records
 
 from tinymcf_callback.cli.main import main as tinymcf
@@ -152,14 +153,22 @@ def _metrics(run_folder: str):
     return [r.metric for r in _records(run_folder) if r.WhichOneof("record_type") == "metric"]
 
 
+@pytest.fixture(scope="module")
+def handed_off_run(tmp_path_factory) -> Path:
+    """One hand-off run (save_total_limit=2, steps 1-6, TensorBoard and offline wandb), trained once for the tests
+    below; each works on a copy of it (``clone``)."""
+    folder = tmp_path_factory.mktemp("handed_off")
+    run = folder / "run"
+    subprocess.run([sys.executable, str(RUN), str(run), str(folder / "init"), "watch"], env=env_for(folder),
+                   cwd=folder, check=True, capture_output=True, timeout=600)
+    return run
+
+
 @pytest.mark.slow
-def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path):
+def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path, handed_off_run):
     """No hand-off: a watcher started after save_total_limit deleted checkpoints 1-4 records them as gaps (from
     the run's record of its saves), scores the two left and the baseline, and a second watch adds nothing."""
-    init, env = tmp_path / "init", env_for(tmp_path)
-    run = tmp_path / "run"
-    subprocess.run([sys.executable, str(RUN), str(run), str(init), "watch"], env=env, cwd=tmp_path, check=True,
-                   capture_output=True, timeout=600)
+    run = clone(handed_off_run, tmp_path / "run")
     shutil.rmtree(run / ".moral_probe_queue")  # as if the hand-off had been off
     p = watcher(run, tmp_path, "--report-to", "none")
     out, _ = p.communicate(timeout=600)
@@ -267,11 +276,9 @@ def test_idle_timeout_and_stop_at_end_a_watch_with_nothing_to_score(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path):
-    init, env = tmp_path / "init", env_for(tmp_path)
-    run = tmp_path / "run"
-    subprocess.run([sys.executable, str(RUN), str(run), str(init), "watch"], env=env, cwd=tmp_path, check=True,
-                   capture_output=True, timeout=600)
+def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path, handed_off_run):
+    init, env = handed_off_run.parent / "init", env_for(tmp_path)
+    run = clone(handed_off_run, tmp_path / "run")
     p = subprocess.run([sys.executable, "-m", "tinymcf_callback", "sweep", str(run), *PROBE, "--device", "cpu",
                         "--report-to", "auto", "--no-progress"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)

@@ -43,6 +43,30 @@ def check_model_source(path: str, gguf_file: str | None = None) -> None:
                         f"HF_HUB_OFFLINE with the Hub reachable")
 
 
+def hub_options(path: str) -> dict:
+    """How to load ``path`` when it is a Hub id: asked of the Hub once, quickly, so that a typo or an unreachable Hub
+    is one line within seconds (transformers alone retries for half a minute, in many lines). ``{}``: load as
+    usual; ``{"local_files_only": True}``: the Hub is unreachable and the local cache has the model. Raises
+    :class:`LoadError` for a name the Hub does not know, or an unreachable Hub without a cached copy."""
+    if Path(path).expanduser().exists() or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in (
+            "1", "true", "yes", "on"):
+        return {}
+    import huggingface_hub
+
+    try:
+        huggingface_hub.model_info(path, timeout=10)
+    except huggingface_hub.errors.RepositoryNotFoundError:
+        raise LoadError(f"no model {path} on the Hugging Face Hub (a typo? a private or gated model needs `hf auth "
+                        f"login` first), and no such folder here") from None
+    except Exception as e:  # noqa: BLE001 - no connection, a timeout, a proxy refusing: the Hub cannot be asked
+        if _in_hub_cache(path):
+            return {"local_files_only": True}
+        why = f"{type(e).__name__}: {_one_line(e)[:160]}"
+        raise LoadError(f"cannot reach the Hugging Face Hub to fetch {path} ({why}), and the local Hub cache has no "
+                        f"copy of it: pass a local model folder, or try again with the Hub reachable") from None
+    return {}
+
+
 def _in_hub_cache(repo_id: str) -> bool:
     """Whether the local Hub cache holds ``repo_id``'s config.json (what an offline load needs first)."""
     from huggingface_hub import try_to_load_from_cache
@@ -61,8 +85,9 @@ def load_tokenizer(path: str, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
     check_model_source(path, gguf_file)
+    options = hub_options(path)
     try:
-        return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        return AutoTokenizer.from_pretrained(path, **options, **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError) as e:
         raise LoadError(f"cannot load the tokenizer of {path}: {_one_line(e)}") from None
 
@@ -74,8 +99,9 @@ def load_model(path: str, *, device: str, dtype: str = "auto", gguf_file: str | 
     from transformers import AutoModelForCausalLM
 
     check_model_source(path, gguf_file)
+    options = hub_options(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **options,
                                                      **({"gguf_file": gguf_file} if gguf_file else {}))
         if adapter is not None:
             model = require("peft").PeftModel.from_pretrained(model, str(adapter))

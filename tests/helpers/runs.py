@@ -39,9 +39,9 @@ def train_run(out: Path, tok, init: Path, *, max_steps: int = 4, hand_off: bool 
               callbacks=(), resume: str | bool | None = None, learning_rate: float = 1e-3, peft: bool = False,
               answer_formats=("yesno",), seed: int = 0, **kw):
     """Train ``max_steps`` steps from ``init``, a checkpoint at every step; returns the Trainer."""
-    from helpers.trainer_utils import make_trainer
     from transformers import AutoModelForCausalLM
 
+    from helpers.trainer_utils import make_trainer
     from tinymcf_callback import MoralProbeCallback
 
     model = AutoModelForCausalLM.from_pretrained(init).train()  # its config names INIT: the run's starting model

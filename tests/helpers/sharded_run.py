@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from helpers.runs import start_model, train_run  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from helpers.runs import start_model, train_run  # noqa: E402
 from tinymcf_callback import testing  # noqa: E402
 
 
@@ -41,15 +41,36 @@ def allow_fsdp_on_cpu() -> None:
     state.AcceleratorState.__init__ = init
 
 
+def processes_known_on_cpu() -> None:
+    """accelerate sees one process per rank on a machine without an accelerator unless told ``cpu``, which turns
+    DeepSpeed off; here it is told the processes are several CPU ones (gloo), as on GPUs it would find them, so
+    that only rank 0 is the Trainer's main process (DeepSpeed runs in the group it finds)."""
+    import os
+
+    import accelerate.state as state
+
+    original = state.PartialState._prepare_backend
+
+    def prepare(self, cpu=False, sagemaker_dp=False, backend=None):
+        found_backend, found_type = original(self, cpu, sagemaker_dp, backend)
+        if found_type == state.DistributedType.NO and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return "gloo", state.DistributedType.MULTI_CPU
+        return found_backend, found_type
+
+    state.PartialState._prepare_backend = prepare
+
+
 def main(out: str, init: str, kind: str) -> None:
     tok = AutoTokenizer.from_pretrained(testing.qwen3_tokenizer_dir())
     start_model(Path(init), tok)
     if kind == "fsdp":
         allow_fsdp_on_cpu()
         kw = {"use_cpu": True, "fsdp": True, "fsdp_config": {
-            "version": 2, "state_dict_type": "SHARDED_STATE_DICT", "transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"],
-            "sync_module_states": False, "cpu_ram_efficient_loading": False}}
+            "version": 2, "state_dict_type": "SHARDED_STATE_DICT",
+            "transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"], "sync_module_states": False,
+            "cpu_ram_efficient_loading": False}}
     else:
+        processes_known_on_cpu()
         kw = {"use_cpu": False, "deepspeed": {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 2,
                                               "gradient_accumulation_steps": 1}}
     train_run(Path(out), tok, Path(init), max_steps=3, hand_off=True, save_total_limit=1, save_only_model=False,

@@ -46,8 +46,8 @@ def add_run_arguments(p, *, dashboards: str) -> None:
                    help="score float32 weights under torch.autocast in this dtype (as the callback does inside a "
                         "bf16=True Trainer with keep_autocast=True)")
     p.add_argument("--retries", type=int, default=4, metavar="N",
-                   help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N times, "
-                        "after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
+                   help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N "
+                        "times, after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
     add_dashboards(p, default=dashboards)
     add_home(p)
     add_progress(p)

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import FOUNDATION_METRICS, History, Series
+from ..results.curves import FOUNDATION_METRICS, History, Series, subset_label
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .drawing import (
     BAND_ALPHA,
@@ -158,8 +158,8 @@ def draw_dashboard(histories: list[History], *, title: str | None = None):
     top, middle, bottom = fig.subfigures(3, 1, height_ratios=[1, found_rows, 1])
     top.suptitle("Headline: score = mean align_other over the real foundations probed; Social Norms is the "
                  "negative control", fontsize=11, x=0.01, ha="left")
-    middle.suptitle("Per foundation: align_other (someone else acts, solid) and align_self (the reader acts, dashed)",
-                    fontsize=11, x=0.01, ha="left")
+    middle.suptitle("Per foundation: align_other (someone else acts, solid) and align_self (the reader acts, dashed)"
+                    + few_vignettes_note(histories), fontsize=11, x=0.01, ha="left")
     fmt = answer_format_of(histories[0].answer_format)
     pos = fmt.shown[0]
     bottom.suptitle(f"Sanity: is P({pos}) read off most of the model's belief, and do the two questions agree?",
@@ -175,6 +175,28 @@ def draw_dashboard(histories: list[History], *, title: str | None = None):
     runs = f"{len(histories)} runs" if len(histories) > 1 else histories[0].label
     answers = "" if fmt.name == DEFAULT_ANSWER_FORMAT else f" ({'/'.join(fmt.shown)} answers)"  # json: true/false
     dose = ", dose response along the steering direction" if histories[0].x == "coefficient" else ""
-    fig.suptitle(title or f"Moral-foundations probe on the {histories[0].name!r} vignettes{answers}: {runs}{dose}",
-                 fontsize=13, fontweight="bold")
+    fig.suptitle((title or f"Moral-foundations probe on the {histories[0].name!r} vignettes{answers}: {runs}{dose}")
+                 + "\n" + what_was_probed(histories), fontsize=13, fontweight="bold")
     return fig
+
+
+def what_was_probed(histories: list[History]) -> str:
+    """The vignettes and the precision each run's curve was scored with, for the figure's title."""
+    parts = []
+    for h in histories:
+        precision = str(h.precision) if h.precision is not None else "precision not recorded"
+        who = f"{h.label}: " if len(histories) > 1 else ""
+        parts.append(f"{who}{subset_label(h.subset)}, {precision}")
+    return "; ".join(parts)
+
+
+def few_vignettes_note(histories: list[History]) -> str:
+    """With two vignettes or fewer per foundation: what a foundation's band is, and what per_foundation=4 is for."""
+    few = [h for h in histories if h.subset and isinstance(h.subset.get("per_foundation"), int)
+           and h.subset["per_foundation"] <= 2]
+    if not few or not any(s.lo is not None for h in few for c in h.foundations.values() for s in c.values()):
+        return ""
+    k = min(h.subset["per_foundation"] for h in few)
+    return (f"\nper_foundation={k}: each foundation's band is a t interval over {k} vignette{'s' * (k != 1)} "
+            f"(df = {max(k - 1, 0)}), wide and jumping between steps; per_foundation=4 (or the whole set) for "
+            f"per-foundation intervals, the headline's holds over all foundations")

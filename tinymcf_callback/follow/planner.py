@@ -14,8 +14,9 @@ model and the precision it settled on). Every decision about a run is made here,
 - **the starting model** (step 0, and the base of adapters and of sharded checkpoints without a config):
   ``--base-model``, else the one the run's record names, else the one the adapters name; a ``--base-model``
   that disagrees with the record or an adapter is refused before anything is scored;
-- **the precision**: ``--dtype``/``--autocast``, else the history's own, else what the run trains in,
-  else what its checkpoints were saved in; one for every line;
+- **the precision**: ``--dtype``/``--autocast``, else what the run trains in, else what its checkpoints
+  were saved in, else the history's own; one for every line, and a history scored in another one refused
+  with the options that extend it as it is;
 - **what is missing**: saved steps no longer there, each with its cause (rotated away, not handed off, gone
   from the queue before this probe registered), and whether the run is over or its training is gone.
 """
@@ -311,42 +312,45 @@ class Planner:
     # ---- the precision -------------------------------------------------------------------------------------
     def _settle_precision(self, plan: Plan, view: HistoryView, record: RunRecord | None,
                           present: dict[int, Checkpoint]) -> None:
-        """One precision for every line of the run, decided before any model loads (see the module); a requested
-        one that differs from the history's is refused now, with the commands that work."""
+        """One precision for every line of the run, decided before any model loads (see the module); a history
+        scored in another precision is refused now, with the options that work, not after the first checkpoint."""
         s = self.settings
         history = view.precision()
-        requested = s.requested
-        if requested is not None and history is not None and not history.same_curve(requested) and plan.pending:
-            raise SweepError(f"{s.history} holds probes scored in {history}, and {requested.options()} asks for "
-                             f"{requested}: one curve holds one precision (the change between them would be the "
-                             f"precision's). Pass {history.options()} (or no --dtype) to extend it as it is, or "
-                             f"--restart to start it again in {requested} (the old lines are kept aside)")
         if self.precision is None:
-            found = self._precision_of_run(requested, history, record, present)
+            found = self._precision_of_run(history, record, present)
             if found is not None:
                 self.precision, self._why_precision = found
+        if self.precision is not None and not self.precision.same_curve(history) and plan.pending:
+            raise SweepError(f"{s.history} holds probes scored in {history}, and this run is scored in "
+                             f"{self.precision} ({self._why_precision}): one curve holds one precision (the change "
+                             f"between them would be the precision's): pass {history.options()} to extend it as it "
+                             f"is, or --restart to start it again in {self.precision} (the old lines and baseline "
+                             f"report are kept aside, renamed)")
         plan.precision = self.precision
         plan.dtype = self.precision.dtype if self.precision else None
         base = next((t.checkpoint for t in plan.pending if t.checkpoint.baseline), None)
         if self.precision is None:
-            if self.following and base is not None and s.dtype == "auto":
+            if self.following and base is not None:
                 plan.pending = [t for t in plan.pending if not t.checkpoint.baseline]  # wait: the run says later
             return
         if base is not None and saved_dtype(base.folder) not in (None, plan.dtype):
             plan.notes.append(f"every model is loaded in {plan.dtype} ({self._why_precision}), the step-0 baseline "
                               f"included")
 
-    def _precision_of_run(self, requested, history, record, present) -> tuple[Precision, str] | None:
-        if requested is not None:
-            return requested, "--dtype" if not self.settings.autocast else "--autocast"
-        if history is not None:
-            return history, "the precision of the history's lines"
+    def _precision_of_run(self, history, record, present) -> tuple[Precision, str] | None:
+        """``--dtype``/``--autocast``; else what the run trains in; else what its checkpoints were saved in; else
+        the precision of the history's own lines (a run that records none of the others)."""
+        s = self.settings
+        if s.requested is not None:
+            return s.requested, "--autocast" if s.autocast else "--dtype"
         if record is not None and record.dtype in DTYPES:
             return Precision(record.dtype), "the dtype the run trained in (moral_probe_run.json)"
         for c in present.values():
             found = saved_dtype(c.folder) if c.format in (FULL, ZERO) else None
             if found:
                 return Precision(found), f"the dtype {c.folder.name} was saved in"
+        if history is not None:
+            return history, "the precision of the history's lines"
         return None
 
     # ---- what loading needs --------------------------------------------------------------------------------

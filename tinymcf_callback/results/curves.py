@@ -95,6 +95,7 @@ class History:
     level: float | None  # the intervals' level, when the lines say it
     answer_format: str = DEFAULT_ANSWER_FORMAT  # "yesno" or "json": which answers the probe read
     precision: Precision | None = None  # the precision of every line, when they agree
+    subset: dict | None = None  # which vignettes the newest point asked (info.subset, with n_vignettes)
     x: str = "step"  # "step" (a training history) or "coefficient" (a dose-response history)
     answering: np.ndarray | None = None  # dose-response: False where Yes+No mass fell below 0.5 ("answering": false)
     random: list[History] = field(default_factory=list)  # dose-response: one curve per random direction
@@ -364,7 +365,7 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
         _warn_subsets(path, kept)
         return History(path=path, label=label, name=name,
                        steps=np.array([line["step"] for _, line in kept], dtype=float), **_curves(path, kept),
-                       level=interval_level(kept), answer_format=fmt, precision=precision)
+                       level=interval_level(kept), answer_format=fmt, precision=precision, subset=_subset(kept))
     groups = dose_lines(path, current_run(path, lines))
     unsteered = groups.pop(("none", 0), [])
     real = _with_unsteered(unsteered, groups.pop(("real", 0), []))
@@ -380,6 +381,29 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     return History(path=path, label=label, name=name, steps=_coefficients(real), **_curves(path, real),
                    level=interval_level(real), answer_format=fmt, precision=_warn_precisions(path, everything), x=x,
                    answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
+
+
+def _subset(kept: list[tuple[int, dict]]) -> dict | None:
+    """The vignettes the newest point asked: its ``info.subset`` with ``n_vignettes`` (None when it does not say)."""
+    for _, line in reversed(kept):
+        subset = line["info"].get("subset")
+        if isinstance(subset, dict):
+            return {**subset, "n_vignettes": line["info"].get("n_vignettes")}
+    return None
+
+
+def subset_label(subset: dict | None) -> str:
+    """``per_foundation=2 (14 vignettes)``, ``limit=7 (7 vignettes)``, ``the whole set (51 vignettes)``."""
+    if not subset:
+        return "vignettes not recorded"
+    n = subset.get("n_vignettes")
+    count = f" ({n} vignettes)" if isinstance(n, int) else ""
+    if subset.get("per_foundation") is not None:
+        seed = subset.get("subset_seed") or 0
+        return f"per_foundation={subset['per_foundation']}{f', seed {seed}' if seed else ''}{count}"
+    if subset.get("limit") is not None:
+        return f"limit={subset['limit']}{count}"
+    return f"the whole set{count}"
 
 
 def _warn_subsets(path: Path, kept: list[tuple[int, dict]]) -> None:

@@ -17,7 +17,7 @@ from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .stats import VignetteScores, paired_change, selectivity, vignette_scores
 
 LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
-SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s")
+SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s", "self_check_fallbacks")
 CHANGE_KEYS = ("score_change", "score_change_p")  # since the step-0 baseline (logged when the run has one)
 # with a target foundation and a baseline: the target's change minus the other real foundations' mean change
 SELECTIVITY_KEYS = ("selectivity", "selectivity_lo", "selectivity_hi", "selectivity_p")
@@ -73,12 +73,22 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
         names["yn_mass"]: info["yn_mass_mean"], names["yn_mass_min"]: info["yn_mass_min"],
         names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
         names["elapsed_s"]: info["elapsed_s"],
+        # how many faster strategies the self-check left at this probe (0: the fast path held): a curve that leaves 0
+        # says the engine met a model it could not score the fast way (docs/engine.md says what to do)
+        names["self_check_fallbacks"]: _fallbacks(info),
     })
     prefix = f"eval_moral_{probe_key(name, _format(report))}"
     for foundation, row in report["table"].iterrows():
         for col in ("align_other", "align_self", "self_other_gap"):
             values[f"{prefix}/{_slug(foundation)}/{col}"] = row[col]
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+
+
+def _fallbacks(info: dict) -> float | None:
+    check = info.get("self_check")
+    if not isinstance(check, dict):
+        return None  # the self-check was off
+    return float(len(check.get("fallbacks") or []))
 
 
 # ---- the step-0 baseline: what the change since the start of training is measured from ---------------

@@ -295,15 +295,22 @@ def _combine(terms: list[tuple[float, _Foundation, int, int]]) -> tuple[float, f
     for w, fd, side, m in terms:
         col = weights.setdefault(id(fd), (fd, {}))[1]
         col[side * len(METRICS) + m] = col.get(side * len(METRICS) + m, 0.0) + w
-    var_total, denom = 0.0, 0.0
+    var_total, denom, scale, least_df = 0.0, 0.0, 0.0, math.inf
     for fd, col in weights.values():
         df = min(fd.df.ravel()[c] for c in col)
         if df < 1:
             return math.nan, 0.0
         idx, w = np.array(list(col)), np.array(list(col.values()))
-        v = float(w @ fd.cov[np.ix_(idx, idx)] @ w)
+        cov = fd.cov[np.ix_(idx, idx)]
+        v = max(float(w @ cov @ w), 0.0)
+        scale += float(np.abs(w) @ np.abs(cov) @ np.abs(w))
         var_total += v
         denom += v * v / df
+        least_df = min(least_df, df)
+    if var_total <= 1e-9 * scale:
+        # a paired change whose terms cancel (a report compared with itself): no spread but rounding noise, whose
+        # Welch-Satterthwaite df would be meaningless; the change is known exactly
+        return 0.0, least_df
     return var_total, (var_total * var_total / denom if denom > 0 else math.inf)
 
 

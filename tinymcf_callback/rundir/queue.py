@@ -21,6 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
+from filelock import FileLock
+
 QUEUE = ".moral_probe_queue"
 SKIPPED = ("optimizer", "scheduler", "rng_state", "scaler", "training_args")  # not the model: not linked
 MODEL_FOLDERS = ("pytorch_model_fsdp_", "global_step")  # a sharded checkpoint's model lives in one of these
@@ -51,16 +53,26 @@ class HandOffQueue:
         return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
     def link(self, step: int, checkpoint: str | os.PathLike) -> Path:
-        """Hard-link the checkpoint's model files into its entry (replacing an older entry of the same step: a
-        resumed run saves a step again). OSError (links impossible: another filesystem) leaves no entry behind."""
+        """Hard-link the checkpoint's model files into its entry, whole or not at all: built beside it, then put in
+        its place, under the entry's lock, so that two processes that both hand off one save (two callbacks, one per
+        answer format) leave one whole entry. An entry of the same files is kept as it is; one of other files (a
+        resumed run saves a step again) is replaced. OSError (links impossible: another filesystem) leaves no
+        entry behind."""
         target = self.entry(step)
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            _link_tree(Path(checkpoint), target, top=True)
-        except OSError:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.folder / f".{target.name}.lock"), timeout=300):
+            if target.is_dir() and _same_files(Path(checkpoint), target):
+                return target
+            building = self.folder / f".{target.name}.building-{os.getpid()}"
+            shutil.rmtree(building, ignore_errors=True)
+            try:
+                _link_tree(Path(checkpoint), building, top=True)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.rename(building, target)
+            except OSError:
+                shutil.rmtree(building, ignore_errors=True)
+                raise
         return target
 
     def scored(self, step: int, consumer: str) -> bool:
@@ -92,6 +104,24 @@ class HandOffQueue:
         """The run is over and nothing waits: the queue (its consumer list included) goes."""
         if not any(self.folder.glob("checkpoint-*")):
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _linked(source: Path, *, top: bool = True):
+    """``(relative path, inode)`` of every file the hand-off links from ``source``."""
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith(SKIPPED):
+            yield entry.name, entry.inode()
+        elif entry.is_dir() and (not top or entry.name.startswith(MODEL_FOLDERS)):
+            for name, inode in _linked(Path(entry.path), top=False):
+                yield f"{entry.name}/{name}", inode
+
+
+def _same_files(source: Path, entry: Path) -> bool:
+    """Whether ``entry`` already links every file the hand-off takes from ``source`` (the same inodes)."""
+    try:
+        return dict(_linked(source)) == {k: v for k, v in _linked(entry) if not k.startswith(_SCORED)}
+    except OSError:
+        return False
 
 
 def _link_tree(source: Path, target: Path, *, top: bool) -> None:

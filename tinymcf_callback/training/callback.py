@@ -94,11 +94,17 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         hand_off: probe nothing in this process: leave every probe, the step-0 baseline included, to
             ``tinymcf watch`` in another process or on another device. The callback then only links each
             checkpoint's model files into ``<output_dir>/.moral_probe_queue/`` (hard links: no copy), so
-            ``save_total_limit`` cannot delete a checkpoint before the watcher has scored it.
+            ``save_total_limit`` cannot delete a checkpoint before the watcher has scored it, registers its
+            probe as a consumer of that queue (an entry goes once every consumer has scored it: two callbacks,
+            one per answer format, can both hand off) and says once, at the first save, the ``tinymcf watch``
+            command that scores them. A link that cannot be made (another filesystem) is said once.
 
     Either way the callback keeps ``<output_dir>/moral_probe_run.json`` on the main process: the run's
-    dashboards (TensorBoard folder, wandb run), its starting model, its saves and whether it ended, so
-    that a watcher logs into the same dashboards and knows when the run is over.
+    dashboards (TensorBoard folder, wandb run), its starting model, its saves, each start of the training
+    (a resume from a checkpoint among them) with a heartbeat refreshed as it trains, and whether it ended,
+    so that a watcher logs into the same dashboards, knows when the run is over and tells a dead training
+    from a live one. A run resumed from a checkpoint before the newest probed step sets the history's
+    later lines aside (a resume line: the branch the training abandoned) and probes those steps again.
 
     With ``answer_format="json"`` a probe logs under ``eval/moral_<name>_json/`` and writes
     ``moral_probe_<name>_json.jsonl``, so both formats can watch one run. With the default

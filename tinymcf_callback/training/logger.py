@@ -187,6 +187,8 @@ class ProbeLogger:
 
         Returns the lost steps. The callback calls this at ``on_train_end``; a loop of your own may too.
         """
+        for missed in self.trackers.undelivered():
+            logger.warning("moral probe [%s]: %s; the history holds those lines", self.name, missed)
         if self.unwritten.flush(self.name):
             return []
         return self.unwritten.give_up(self.name)
