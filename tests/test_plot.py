@@ -632,7 +632,7 @@ def test_a_malformed_dose_line_names_file_and_line(tmp_path, field, value, messa
 
 def test_the_figure_says_which_vignettes_and_precision_and_what_two_per_foundation_mean(tmp_path):
     subset = {"limit": None, "per_foundation": 2, "subset_seed": 0, "vignettes": "abc"}
-    lines = [probe_line(s, 0.1 * s, 0.0, 0.0, bounds={"care.align_other_lo": -0.5, "care.align_other_hi": 0.9,
+    lines = [probe_line(s, 0.01 * s, 0.0, 0.0, bounds={"care.align_other_lo": -0.5, "care.align_other_hi": 0.9,
                                                       "score_lo": -0.2, "score_hi": 0.6}) for s in (0, 10)]
     for line in lines:
         line["info"].update(subset=subset, n_vignettes=14)
