@@ -120,7 +120,6 @@ def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monk
     assert not [m for m in metrics if "moral" in m.glob_name + m.name]
 
 
-@pytest.mark.slow
 def test_checkpoint_reports_and_history(tmp_path, qwen_tok):
     trainer = make_trainer(tmp_path, qwen_tok, learning_rate=1e-2)
     trainer.add_callback(MoralProbeCallback(name="scifi", limit=3, verbose=False, trainer=trainer))  # the first way
@@ -189,7 +188,6 @@ def test_training_is_bit_identical_with_and_without_probe(tmp_path, qwen_tok):
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
 
 
-@pytest.mark.slow
 def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, caplog):
     from tinymcf_callback.probe import Probe
 
@@ -203,7 +201,7 @@ def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, 
         trainer.train()
     assert trainer.state.global_step == 4
     assert not any("moral" in k for e in trainer.state.log_history for k in e)
-    msgs = [r.getMessage() for r in caplog.records if "moral probe" in r.getMessage()]
+    msgs = [r.getMessage() for r in caplog.records if "moral probe [scifi] failed" in r.getMessage()]
     assert len(msgs) == 3 and "OutOfMemoryError: simulated out of memory" in msgs[0]
 
     strict = MoralProbeCallback(name="scifi", limit=1, strict=True, verbose=False)
@@ -211,7 +209,6 @@ def test_failure_is_a_warning_and_logs_nothing(tmp_path, qwen_tok, monkeypatch, 
         make_trainer(tmp_path / "strict", qwen_tok, [strict]).train()
 
 
-@pytest.mark.slow
 def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     cb = MoralProbeCallback(name="scifi", limit=2, baseline=False, verbose=False)
     trainer = make_trainer(tmp_path, qwen_tok, [cb], max_steps=6, metric_for_best_model="moral_scifi/score",
@@ -223,7 +220,6 @@ def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
-@pytest.mark.slow
 def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     """EarlyStoppingCallback, placed after the probe, reads the probe's score from the evaluation metrics: with
     the weights frozen (learning rate 0) the score never improves, so patience 2 stops the run at step 3 of 8."""
@@ -242,7 +238,6 @@ def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
 
 
-@pytest.mark.slow
 def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
     from tinymcf_callback.cli.main import main as tinymcf
 
@@ -293,7 +288,6 @@ def assert_scores_like_plain(report_path, plain_model, tok, limit, tolerance) ->
     return difference
 
 
-@pytest.mark.slow
 def test_peft_lora_model_scores_like_the_merged_plain_model(tmp_path, qwen_tok):
     """A LoRA model (random adapter weights, so the adapter moves the scores) is probed like the plain model
     that has the adapter merged into its weights, within 1e-5 per prompt, at step 0 and after training."""
@@ -372,7 +366,6 @@ class Forwarder(TrainerCallback):
         return self.inner.on_save(*args, **kwargs)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("explicit", [True, False], ids=["trainer=", "stack walk"])
 def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path, qwen_tok, caplog, explicit):
     trainer = make_trainer(tmp_path, qwen_tok, max_steps=2, report_to=("tensorboard",))
