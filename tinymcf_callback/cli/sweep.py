@@ -134,8 +134,8 @@ def said_failures(result) -> int:
             print(f"  {o.folder}: {o.error}", file=sys.stderr)
         status = 1
     if result.undelivered:
-        print("error: some points did not reach a dashboard (they are in the history; run the same command with "
-              "--report-to naming it once it works again, and they are sent again):", file=sys.stderr)
+        print("error: some points did not reach a dashboard (they are in the history; once it works again, run the "
+              "same command with --report-to naming it: it sends the history's lines to it again):", file=sys.stderr)
         for line in result.undelivered:
             print(f"  {line}", file=sys.stderr)
         status = 1

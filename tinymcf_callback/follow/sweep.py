@@ -29,6 +29,8 @@ from pathlib import Path
 from ..errors import HistoryError, SweepError
 from ..results.history import baseline_path, sole_writer
 from ..trackers.open import open_trackers
+from ..trackers.sinks import Trackers
+from .guards import HistoryView
 from .planner import Planner
 from .processes import agree, process_state
 from .rounds import Rounds, RunResult
@@ -53,20 +55,36 @@ def run_sweep(settings: RunSettings, *, retries: int = 4, backoff: float = 2.0) 
             raise error
         rounds = Rounds(planner, state, result, retries=retries, backoff=backoff)
         held.callback(rounds.close)
+        if state.is_main_process:
+            rounds.trackers = open_run_trackers(settings)
         while True:
             plan = agree(state, look(planner, rounds.hold()) if state.is_main_process else None)
             if isinstance(plan, Exception):
                 raise plan
-            if state.is_main_process and settings.report_to and plan.pending and not rounds.trackers:
-                rounds.trackers = open_trackers(settings.run_dir, settings.report_to, wandb_run=settings.wandb_run,
-                                                tensorboard_dir=settings.tensorboard_dir)
-                if rounds.trackers:
-                    logger.info("logging each line to %s", ", ".join(rounds.trackers.names))
             rounds.run(plan)
             wait = agree(state, rounds.next_retry() if state.is_main_process else None)
             if wait is None:
                 return result
             time.sleep(wait)
+
+
+def open_run_trackers(settings: RunSettings) -> Trackers:
+    """The trackers ``--report-to`` names, opened on the main process, with the lines an earlier sweep or watch wrote
+    sent to them again first: a follower killed after writing a line may not have got it to its trackers (they
+    write from buffers), a tracker that failed then (a full disk) gets its points now, and the same point sent twice
+    draws one point."""
+    if not settings.report_to:
+        return Trackers()
+    trackers = open_trackers(settings.run_dir, settings.report_to, wandb_run=settings.wandb_run,
+                             tensorboard_dir=settings.tensorboard_dir)
+    if trackers:
+        logger.info("logging each line to %s", ", ".join(trackers.names))
+        lines = [line for line in HistoryView.read(settings.history).lines if line.get("by") in ("sweep", "watch")]
+        for line in lines:
+            trackers.send(line)
+        if lines:
+            logger.info("%d line(s) an earlier sweep or watch wrote sent to the dashboards again", len(lines))
+    return trackers
 
 
 def look(planner: Planner, hold) -> object:

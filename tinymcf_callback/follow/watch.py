@@ -38,13 +38,11 @@ from ..results.history import history_path
 from ..rundir.checkpoints import CHECKPOINT_NAME
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import RUN_INFO, RunRecord
-from ..trackers.open import open_trackers
-from .guards import HistoryView
 from .planner import Plan, Planner
 from .processes import agree, process_state
 from .rounds import Rounds, RunResult
 from .settings import WatchSettings
-from .sweep import look, take_history
+from .sweep import look, open_run_trackers, take_history
 
 logger = logging.getLogger(__name__)
 
@@ -113,18 +111,7 @@ class Follower:
             time.sleep(self.settings.poll)
 
     def _open_trackers(self) -> None:
-        run = self.settings.run
-        if not run.report_to:
-            return
-        self.rounds.trackers = open_trackers(run.run_dir, run.report_to, wandb_run=run.wandb_run,
-                                             tensorboard_dir=run.tensorboard_dir)
-        if self.rounds.trackers:
-            logger.info("logging each line to %s", ", ".join(self.rounds.trackers.names))
-            lines = [line for line in HistoryView.read(run.history).lines if line.get("by") == "watch"]
-            for line in lines:  # a watcher killed after writing a line may not have got it to its trackers
-                self.rounds.trackers.send(line)
-            if lines:
-                logger.info("%d line(s) an earlier watch wrote sent to the dashboards again", len(lines))
+        self.rounds.trackers = open_run_trackers(self.settings.run)
 
     # ---- one look ------------------------------------------------------------------------------------------
     def _step(self) -> bool:
