@@ -50,7 +50,8 @@ INFO_FIELDS = {
     "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT,
 }
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
-              "tolerance": NUM, "precision": STR, "reference": STR, "resolution": NUM, "scored_diff": NUM_OR_NULL,
+              "tolerance": NUM, "precision": STR, "reference": NAME_OR_NULL, "resolution": NUM_OR_NULL,
+              "waiting": "boolean", "coverage": DICT, "copy_bytes": INT, "scored_diff": NUM_OR_NULL,
               "scored_mass_diff": NUM_OR_NULL, "scored_tolerance": NUM_OR_NULL, "replay_note": NAME_OR_NULL,
               "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
 PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
@@ -89,6 +90,8 @@ def _is(value, kind: str) -> bool:
         return isinstance(value, str)
     if kind in (NUM, NUM_OR_NULL):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "boolean":
+        return isinstance(value, bool)
     return isinstance(value, {INT: int, STR: str, LIST: list, DICT: dict}[kind]) and not isinstance(value, bool)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from helpers.defects import HELD_OUT, TABLE, answer_moved_on_padded_rows
+from helpers.defects import HELD_OUT, OUTSIDE, TABLE, added_at_absolute_position, answer_moved_on_padded_rows
 
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring import engine, selfcheck
@@ -170,16 +170,17 @@ def _assert_untouched(model, before):
     assert after["hooks"] == before["hooks"] and after["training"] == before["training"]
 
 
-@pytest.mark.parametrize("keep_copies", [True, False])
-def test_the_replay_leaves_the_model_exactly_as_it_was(keep_copies, qwen_tok):
+@pytest.mark.parametrize("blocks", [True, False])
+def test_the_replay_leaves_the_model_exactly_as_it_was(blocks, qwen_tok):
     model = llama("bfloat16").train()
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untie: both kinds of weight
     before = _snapshot(model)
     ids = torch.tensor([qwen_tok("a moral question")["input_ids"]])
-    with torch.inference_mode(), Float32Replay(model, keep_copies=keep_copies) as replay:
+    with torch.inference_mode(), Float32Replay(model, blocks=blocks) as replay:
         logits = model(input_ids=ids).logits
     assert logits.dtype == torch.float32 and replay.impure is None and replay.upcast > 0
     _assert_untouched(model, before)
+    assert "forward" not in vars(model.lm_head)  # the chunked output layer was the instance's own, and is gone
 
 
 def test_the_replay_leaves_the_model_as_it_was_when_the_forward_raises(qwen_tok):
@@ -199,3 +200,79 @@ def test_a_reduced_precision_probe_scores_as_before_its_check(probe):
     checked = probe.score(model)
     unchecked = Probe(probe.tok, "scifi", limit=3, token_budget=600, self_check=False).score(model)
     assert np.array_equal(checked.p_yes, unchecked.p_yes) and checked.strategy == unchecked.strategy
+
+
+def test_a_defect_on_a_few_prompts_is_caught_over_a_runs_probes(qwen_tok):
+    """The issue's case: a small hook at absolute position 5 moves a few prompts just above the resolution, none of
+    them among the riskiest that a first probe checks. Each probe checks other prompts, as its time pays for them
+    (the rotation): the defect is found within one cycle of the prompts, and the report says what was covered."""
+    model = llama("float32")
+    with injected(model, added_at_absolute_position, position=5, scale=0.0002):
+        unchecked = Probe(qwen_tok, "scifi", limit=3, token_budget=600, self_check=False)
+        with torch.inference_mode():
+            alone, _ = engine.score_alone(model, unchecked.encoded, list(range(len(unchecked))), qwen_tok,
+                                          unchecked.answer_format)
+        scored = unchecked.score(model)
+        moved = np.maximum(np.abs(scored.p_yes - alone.p_yes), np.abs(np.log(scored.yn_mass / alone.yn_mass)))
+        affected = set(np.flatnonzero(moved > TOLERANCES["float32"]).tolist())
+        assert 0 < len(affected) <= len(unchecked) // 4  # a few prompts, just above the resolution
+        probe = Probe(qwen_tok, "scifi", limit=3, token_budget=600)
+        first = probe.score(model).check
+        assert first["fallbacks"] == [] and not affected & set(first["checked"])  # missed by the riskiest prompts
+        seen, checks = set(first["checked"]), [first]
+        while not checks[-1]["fallbacks"] and len(checks) < 400:
+            checks.append(probe.score(model).check)
+            seen |= set(checks[-1]["checked"])
+    caught, before = checks[-1], checks[-2]["coverage"]
+    assert caught["fallbacks"] and "shared prefixes gave" in caught["fallbacks"][0], f"not caught in {len(checks)}"
+    assert 1 < len(checks) and before["cycles_completed"] == 0  # by a later probe, within the first cycle
+    assert len(affected & seen) == 0 or caught["strategy"] != "shared"
+    assert any(c["waiting"] for c in checks)  # at the budget's price: not every probe checked a prompt
+    assert caught["coverage"]["checked_this_cycle"] == len(caught["checked"])  # the new strategy's cycle starts
+
+
+@pytest.mark.parametrize("dtype", PRECISIONS)
+@pytest.mark.parametrize("defect", list(OUTSIDE))
+def test_an_outside_testers_defects_are_caught_at_the_first_probe(defect, dtype, probe, models, qwen_tok):
+    """Defects an outside tester held out (a pad key leak, a rotary offset on short rows only, a hook at absolute
+    position 5, a cache that drops the last shared-prefix token): each moves the unchecked scores, and the first
+    probe of the model so hooked checks the riskiest prompts, leaves the path it breaks and keeps a right one."""
+    inject, _ = OUTSIDE[defect]
+    with injected(models[dtype], inject) as model:
+        unchecked = Probe(qwen_tok, "scifi", limit=3, token_budget=600, self_check=False).score(model)
+        res = probe.score(model)
+        with torch.inference_mode():
+            alone, _ = engine.score_alone(model, probe.encoded, list(range(len(probe))), qwen_tok, probe.answer_format)
+    check = res.check
+    assert check["fallbacks"] and not check["waiting"], check
+    if dtype == "float32":  # the defect is real; the path kept gives each prompt its own number
+        assert np.abs(unchecked.p_yes - alone.p_yes).max() > 10 * TOLERANCES["float32"]
+        assert np.abs(res.p_yes - alone.p_yes).max() < 1e-5
+    assert check["max_diff"] < 1e-5 and check["resolution"] == TOLERANCES["float32"]
+
+
+def test_the_precision_on_record_is_the_lowest_of_the_products_that_make_the_answer(probe):
+    """A float32 body with a bfloat16 output layer computes the answer's logits in bfloat16: that is the precision
+    on record and the one the check's tolerance is chosen by, with both products named."""
+    model = llama("float32")
+    model.lm_head.to(torch.bfloat16)
+    model.lm_head.register_forward_pre_hook(lambda module, args: (args[0].to(torch.bfloat16),))
+    report = probe.run(model)
+    precision = report["info"]["precision"]
+    assert precision["compute"] == "bfloat16" and precision["dtype"] == "float32"
+    assert precision["products"] == {"first": "float32", "output": "bfloat16"}
+    assert report["info"]["self_check"]["precision"] == "bfloat16"
+    same = probe.run(llama("float32"))["info"]["precision"]  # one precision throughout: nothing more on record
+    assert same["compute"] == "float32" and "products" not in same
+
+
+def test_the_replay_holds_a_block_of_float32_copies_never_the_model(probe):
+    """The float32 copies the replay holds at once are a block's (a decoder layer's or less) and one slice of the
+    output layer: within a tenth of the weights, where a copy of the whole model would be twice their size."""
+    model = llama("bfloat16")
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    check = Probe(probe.tok, "scifi", limit=3, token_budget=600).score(model).check
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    layer = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    assert check["reference"] == "float32 replay" and check["checked"]
+    assert 0 < check["copy_bytes"] <= 2 * layer + 4096 * model.config.hidden_size * 4 <= 0.1 * weights

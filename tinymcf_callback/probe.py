@@ -29,7 +29,7 @@ from .scoring.mode import probe_mode
 from .scoring.model_info import check_causal_lm, check_context, check_vocabulary, model_name
 from .scoring.prompts import answer_token_ids, format_prompts, prompt_digest
 from .scoring.ranks import Ranks
-from .scoring.selfcheck import score_checked
+from .scoring.selfcheck import Rotation, score_checked
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -83,6 +83,7 @@ class Probe:
             self.prefix_plan = None
             self.batches = plan_batches([len(e) for e in self.encoded], config.token_budget, config.max_batch_size)
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
+        self.rotation = Rotation(seed=config.seed)  # which prompts the self-check compares, probe after probe
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)

@@ -130,6 +130,52 @@ def answer_moved_on_padded_rows(model, shift: float, yes_ids: list[int]):
             model.get_output_embeddings().register_forward_hook(move)]
 
 
+def pad_key_leak(model):
+    """On rows with padding, the last pad slot (next to the real tokens after it) is left visible as a key."""
+    def leak(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        rows = _padded_rows(mask)
+        if rows is not None and bool(rows.any()):
+            columns = torch.arange(mask.shape[-1], device=mask.device)
+            last = torch.where(mask == 0, columns, -1).max(-1).values
+            mask = mask.clone()
+            mask[rows, last[rows]] = 1
+            kwargs["attention_mask"] = mask
+        return args, kwargs
+
+    return [model.register_forward_pre_hook(leak, with_kwargs=True)]
+
+
+def positions_shifted_on_short_rows(model, pads: int = 4):
+    """Position ids +1 only on rows with at least ``pads`` padding slots (the short prompts of a batch)."""
+    def shift(module, args, kwargs):
+        mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+        if mask is not None and positions is not None:
+            short = (mask == 0).sum(-1) >= pads
+            kwargs["position_ids"] = positions + short[:, None].to(positions.dtype)
+        return args, kwargs
+
+    return [model.register_forward_pre_hook(shift, with_kwargs=True)]
+
+
+def last_cached_token_dropped(model):
+    """With a filled cache, its last token is masked out: a cache that loses the last shared-prefix token."""
+    def drop(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        mask = kwargs.get("attention_mask")
+        if cache is not None and mask is not None and cache.get_seq_length() > 0:
+            mask = mask.clone()
+            mask[:, cache.get_seq_length() - 1] = 0
+            kwargs["attention_mask"] = mask
+        return args, kwargs
+
+    return [model.register_forward_pre_hook(drop, with_kwargs=True)]
+
+
+def added_at_position_5(model):
+    return added_at_absolute_position(model, position=5)
+
+
 # name: (defect, the strategy the checked probe must end on for a RoPE model such as Llama or SmolLM2)
 TABLE = {  # the issue's table
     "positions +1 on padded rows": (positions_shifted_on_padded_rows, "full"),  # RoPE: a whole row's shift is harmless
@@ -140,4 +186,12 @@ HELD_OUT = {
     "positions +1 on cached calls": (positions_shifted_with_a_cache, "full"),
     "padded rows scaled by 1.05": (padded_rows_scaled, "unpadded"),
     "4v at the last position (steering)": (added_at_last_position, "full"),
+}
+
+# an outside tester's defects (issue 26), caught in bfloat16 and float16 by the replay: name -> (defect, where it lands)
+OUTSIDE = {
+    "pad key leak": (pad_key_leak, None),
+    "positions +1 on short rows only": (positions_shifted_on_short_rows, None),
+    "4v at absolute position 5": (added_at_position_5, None),
+    "last shared-prefix token dropped": (last_cached_token_dropped, None),
 }

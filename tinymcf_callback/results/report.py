@@ -24,8 +24,8 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
 PRECISION_FIELDS = ("model", "device", "dtype", "autocast", "compute")  # what was scored, on what, in what
 
-NUM, NUM_OR_NULL, INT, STR, STR_OR_NULL, LIST, OBJECT = ("number", "number or null", "integer", "string",
-                                                        "string or null", "list", "object")
+NUM, NUM_OR_NULL, INT, STR, STR_OR_NULL, LIST, OBJECT, BOOL = ("number", "number or null", "integer", "string",
+                                                              "string or null", "list", "object", "boolean")
 _BOUNDED = {"score": "mean align_other over the six real foundations", "gap": "mean self_other_gap over them",
             "sn": "Social Norms align_other, the control", "score_minus_sn": "score - sn"}
 # The JSON report, field by field: (type, meaning). The docs' schema tables are made from these.
@@ -37,7 +37,8 @@ REPORT_FIELDS = {
     "device": (STR, "where it ran"),
     "dtype": (STR, "the dtype the weights are stored in"),
     "autocast": (STR_OR_NULL, "the autocast dtype the forward calls ran under, or null"),
-    "compute": (STR, "what the matrix products ran in, read at the first one (float32, tf32, bfloat16, float16)"),
+    "compute": (STR, "what the matrix products that make the answer ran in, the lowest of the first one and the "
+                     "output layer's (float32, tf32, bfloat16, float16)"),
     **{f"{name}{end}": (NUM_OR_NULL, meaning if not end else f"{end[1:]} bound of {name}'s interval")
        for name, meaning in _BOUNDED.items() for end in ("", "_lo", "_hi")},
     "level": (NUM_OR_NULL, "the intervals' confidence level (null: no intervals)"),
@@ -67,7 +68,8 @@ INFO_FIELDS = {
     "warnings": (LIST, "what the reader should know (strings)"),
     "strategy": (STR, "the engine's strategy: shared, full or unpadded"),
     "self_check": (OBJECT, "the comparison with each prompt scored alone (SELF_CHECK_FIELDS)"),
-    "precision": (OBJECT, "dtype, autocast, device, and compute (the precision the tolerance is for)"),
+    "precision": (OBJECT, "dtype, autocast, device, compute (the precision the tolerance is for), and products "
+                          "(the first product's and the output layer's, when they differ)"),
     "subset": (OBJECT, "which vignettes: limit, per_foundation, subset_seed, and a digest of their ids"),
 }
 SELF_CHECK_FIELDS = {
@@ -77,9 +79,15 @@ SELF_CHECK_FIELDS = {
     "max_mass_diff": (NUM, "largest |log mass difference|, the same"),
     "tolerance": (NUM, "the largest difference allowed there"),
     "precision": (STR, "the compute precision of the probe's scores"),
-    "reference": (STR, "where the comparison ran: float32 replay (a reduced-precision probe's checked prompts "
-                       "recomputed in float32), or the probe's own precision"),
-    "resolution": (NUM, "the smallest |P(Yes) difference| on a checked prompt that the check flags"),
+    "reference": (STR_OR_NULL, "where the comparison ran: float32 replay (a reduced-precision probe's checked "
+                               "prompts recomputed in float32), or the probe's own precision; null when waiting"),
+    "resolution": (NUM_OR_NULL, "the smallest |P(Yes) difference| the check flags, on the prompts it checked (this "
+                                "probe's: checked; the cycle's so far: coverage); null when waiting"),
+    "waiting": (BOOL, "no prompt checked at this probe: the budget had not yet paid for one (the structure was "
+                      "checked at an earlier probe)"),
+    "coverage": (OBJECT, "the rotation's cycle for this model structure: checked_this_cycle of prompts, probes, "
+                         "cycles_completed"),
+    "copy_bytes": (INT, "the most bytes of float32 weight copies the replay held at once"),
     "scored_diff": (NUM_OR_NULL, "with a replay: the probe's own scores against the float32 reference"),
     "scored_mass_diff": (NUM_OR_NULL, "the same, log mass"),
     "scored_tolerance": (NUM_OR_NULL, "what scored_diff is held to (the probe's precision's tolerance)"),
@@ -203,7 +211,7 @@ def check_report(report, label: str) -> dict:
 
 
 _KINDS = {NUM: (int, float), NUM_OR_NULL: (int, float, type(None)), INT: (int,), STR: (str,),
-          STR_OR_NULL: (str, type(None)), LIST: (list,), OBJECT: (dict,)}
+          STR_OR_NULL: (str, type(None)), LIST: (list,), OBJECT: (dict,), BOOL: (bool,)}
 
 
 def _check_types(record: dict, fields: dict, label: str) -> None:
@@ -212,7 +220,7 @@ def _check_types(record: dict, fields: dict, label: str) -> None:
         if name not in record:
             continue
         value = record[name]
-        ok = isinstance(value, _KINDS[kind]) and not isinstance(value, bool)
+        ok = isinstance(value, _KINDS[kind]) and (kind == BOOL or not isinstance(value, bool))
         if ok and kind in (NUM, NUM_OR_NULL) and value is not None:
             ok = math.isfinite(value) or kind == NUM_OR_NULL  # NaN stands for "undefined" in evaluate's dict
         if not ok:

@@ -126,6 +126,18 @@ def padding_per_prompt(encoded: list[list[int]], batches: list[list[int]], strat
     return out
 
 
+def batch_layout(encoded: list[list[int]], batch: list[int], strategy: str,
+                 plan: PrefixPlan | None = None) -> tuple[int, ...] | None:
+    """The widths a strategy pads ``batch``'s rows to: ``(width,)`` on the full path, ``(scenario width, question
+    width)`` on the shared path, None unpadded. Given to a strategy, a few of the batch's rows are padded exactly as
+    the whole batch padded them."""
+    if strategy == "full":
+        return (max(len(encoded[i]) for i in batch),)
+    if strategy == "shared" and plan is not None:
+        return (max(len(plan.mid[plan.group_of[i]]) for i in batch), max(len(plan.tail(encoded, i)) for i in batch))
+    return None
+
+
 def layout_setters(encoded: list[list[int]], batch: list[int], strategy: str,
                    plan: PrefixPlan | None = None) -> list[int]:
     """The prompts of ``batch`` that set its padding: with them, a smaller batch pads every other row as ``batch`` did.

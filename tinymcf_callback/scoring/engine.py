@@ -112,8 +112,9 @@ class ModelCall:
         self(**kwargs)
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(q) for q in seqs)
+def _left_pad(seqs: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows padded on the left to ``width`` (default: the longest row)."""
+    width = max([len(q) for q in seqs] + [width or 0])
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for row, q in enumerate(seqs):
@@ -179,9 +180,11 @@ class FullPrompts:
             return len(batches)
         return sum(len({len(self.encoded[i]) for i in b}) for b in batches)
 
-    def logits(self, idx: list[int]) -> torch.Tensor:
+    def logits(self, idx: list[int], layout: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The answer position's logits of ``idx``; ``layout``: ``(width,)``, pad the rows to that width as the batch
+        they were scored in did (the self-check's replay of a few of its rows)."""
         if self.padded:
-            return self._forward(idx)
+            return self._forward(idx, layout[0] if layout else None)
         by_length: dict[int, list[int]] = {}
         for row, i in enumerate(idx):
             by_length.setdefault(len(self.encoded[i]), []).append(row)
@@ -195,8 +198,8 @@ class FullPrompts:
             out[rows] = part
         return out
 
-    def _forward(self, idx: list[int]) -> torch.Tensor:
-        ids, mask = _left_pad([self.encoded[i] for i in idx], self.pad_id)
+    def _forward(self, idx: list[int], width: int | None = None) -> torch.Tensor:
+        ids, mask = _left_pad([self.encoded[i] for i in idx], self.pad_id, width)
         kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "use_cache": False}
         if self.args.position_ids:
             kwargs["position_ids"] = _positions(mask, self.args.position_base).to(self.device)
@@ -250,12 +253,15 @@ class SharedPrefixes:
             self.root_cache = cache
         return self.root_cache
 
-    def logits(self, idx: list[int]) -> torch.Tensor:
+    def logits(self, idx: list[int], layout: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The answer position's logits of ``idx``; ``layout``: ``(scenario width, question width)``, pad the two
+        seams to those widths as the batch they were scored in did (the self-check's replay of a few rows)."""
         plan, r, dev, base = self.plan, len(self.plan.root), self.device, self.args.position_base
+        mid_width, tail_width = layout or (None, None)
         gids = list(dict.fromkeys(plan.group_of[i] for i in idx))
         cache = copy.deepcopy(self._root())
         cache.batch_repeat_interleave(len(gids))
-        mid_ids, mid_mask = _left_pad([plan.mid[g] for g in gids], self.pad_id)
+        mid_ids, mid_mask = _left_pad([plan.mid[g] for g in gids], self.pad_id, mid_width)
         ones = torch.ones((len(gids), r), dtype=torch.long)
         if mid_ids.shape[1]:  # each group's scenario, once for its two frames
             self.call(input_ids=mid_ids.to(dev), attention_mask=torch.cat([ones, mid_mask], 1).to(dev),
@@ -263,7 +269,7 @@ class SharedPrefixes:
                       **{self.args.cache_kw: cache})
         rows = torch.tensor([gids.index(plan.group_of[i]) for i in idx])
         cache.batch_select_indices(rows.to(dev))
-        tail_ids, tail_mask = _left_pad([plan.tail(self.encoded, i) for i in idx], self.pad_id)
+        tail_ids, tail_mask = _left_pad([plan.tail(self.encoded, i) for i in idx], self.pad_id, tail_width)
         mid_len = mid_mask.sum(-1)[rows][:, None]
         mask = torch.cat([torch.ones((len(idx), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
         logits = self.call(input_ids=tail_ids.to(dev), attention_mask=mask.to(dev),

@@ -88,46 +88,65 @@ def autocast_off(device: torch.device):
         yield
 
 
+LOWEST_FIRST = ("bfloat16", "float16", "tf32", "float32", "float64")  # by mantissa bits: what limits an answer
+
+
 class Precision:
-    """What the probe's forward calls compute in: read inside the model, at its first matrix product, when it runs.
+    """What the probe's forward calls compute in: read inside the model, at the matrix products that make the answer.
 
     ``dtype`` is the dtype most parameters are stored in; what the matrix products run in can
     differ: a mixed-precision wrapper (FSDP's ``MixedPrecisionPolicy`` or ``MixedPrecision``)
     stores float32 shards and gathers them in bfloat16 for the forward, autocast casts float32
-    weights on the fly. So a forward pre-hook on the first module that multiplies by a weight
-    matrix reads, the first time it runs, the autocast state and the dtype of the weight it is
-    about to use (:attr:`seen`); :attr:`compute` is what the self-check's tolerance is chosen by.
+    weights on the fly, and a model can keep its body in float32 and its output layer in bfloat16
+    (the answer's logits are then computed in bfloat16). So forward pre-hooks on the first module
+    that multiplies by a weight matrix and on the output layer read, the first time each runs, the
+    autocast state and the dtype of the weight it is about to use; :attr:`seen` is the lowest of the
+    two (by mantissa bits), and :attr:`compute` is what the self-check's tolerance is chosen by.
     """
 
     def __init__(self, model, device: torch.device):
         self.model, self.device = model, device
         self.dtype = _dtype_name(weights_dtype(model))
         self.autocast: str | None = None
-        self.seen: str | None = None  # the dtype the first matrix product ran in, once one has run
+        self.products: dict[str, str | None] = {}  # "first", "output": the dtype each ran in, once it has run
+
+    @property
+    def seen(self) -> str | None:
+        """The lowest precision among the products read so far (None before any has run)."""
+        found = [p for p in self.products.values() if p]
+        return min(found, key=lambda p: LOWEST_FIRST.index(p) if p in LOWEST_FIRST else len(LOWEST_FIRST),
+                   default=None)
 
     @contextlib.contextmanager
-    def watch(self):
-        target = first_matmul(self.model)
-        handle = target.register_forward_pre_hook(self._look) if target is not None else None
+    def watch(self, output: bool = True):
+        """Read the precision while the block runs; ``output=False``: the first product only (the self-check's
+        float32 replay, whose output layer multiplies in float32 slices of its reduced-precision weight)."""
+        first, output = first_matmul(self.model), _output_layer(self.model) if output else None
+        handles = []
+        for where, target in (("first", first), ("output", output)):
+            if target is not None and (where == "first" or target is not first):
+                handles.append(target.register_forward_pre_hook(self._looker(where)))
         try:
             yield self
         finally:
-            if handle is not None:
+            for handle in handles:
                 handle.remove()
 
-    def _look(self, module, args):
-        if self.seen is not None:
-            return
+    def _looker(self, where: str):
+        def look(module, args):
+            if where not in self.products:
+                self.products[where] = self._read(module, args)
+        return look
+
+    def _read(self, module, args) -> str | None:
         if torch.is_autocast_enabled(self.device.type):
             self.autocast = _dtype_name(torch.get_autocast_dtype(self.device.type))
-            self.seen = self.autocast
-            return
+            return self.autocast
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.is_floating_point():
-            self.seen = _dtype_name(weight.dtype)
-        else:  # a quantised weight: the activations' dtype is what it computes in
-            self.seen = next((_dtype_name(a.dtype) for a in args if isinstance(a, torch.Tensor)
-                              and a.is_floating_point()), None)
+            return _dtype_name(weight.dtype)
+        # a quantised weight: the activations' dtype is what it computes in
+        return next((_dtype_name(a.dtype) for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
 
     @property
     def compute(self) -> str | None:
@@ -138,7 +157,10 @@ class Precision:
         return seen
 
     def as_dict(self) -> dict:
-        return {"dtype": self.dtype, "autocast": self.autocast, "device": str(self.device), "compute": self.compute}
+        out = {"dtype": self.dtype, "autocast": self.autocast, "device": str(self.device), "compute": self.compute}
+        if len({p for p in self.products.values() if p}) > 1:  # the body and the output layer computed apart
+            out["products"] = dict(self.products)
+        return out
 
 
 def _dtype_name(dtype) -> str | None:

@@ -17,9 +17,12 @@ its parameters keep their identity, storage, dtype and values, so an optimizer o
 wrapper that holds them never notices. Doing it per module at call time is what works under
 sharding: ZeRO-3 and FSDP2 gather a module's parameters just before it runs (their hooks were
 registered earlier, so they run first) and release them after (the restore runs first, before
-theirs). Without sharding the float32 copies are kept for the whole replay (one copy, not one per
-forward call) when they fit in memory; ``nn.Embedding`` lookups are cast after the lookup instead
-(the same numbers, without a float32 copy of the vocabulary table).
+theirs). Without sharding the copies are made a block at a time: a module whose whole subtree is small
+(a decoder layer: at most :data:`BLOCK_SHARE` of the model's reduced-precision bytes) puts float32 copies
+of all of it in place while it runs, so a module that reads a child's weight (Mamba's mixer reads its
+``dt_proj.weight``) computes in float32 too, and the extra memory is one block's copy, never the model's.
+The vocabulary table is never copied: ``nn.Embedding`` lookups are cast after the lookup, and the output
+layer multiplies in float32 a slice of its rows at a time (:data:`HEAD_ROWS`).
 
 The replay checks itself too: a module that receives a reduced-precision floating input (a wrapper
 that casts activations, FSDP's mixed-precision input cast, code that casts to another module's
@@ -30,15 +33,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import torch
 
 from .mode import Precision, autocast_off, lifted_mixed_precision
-from .model_info import wrapper_chain
+from .model_info import unwrap_model, wrapper_chain
 
 REDUCED = (torch.bfloat16, torch.float16)
 REPLAY_DTYPE = torch.float32
+BLOCK_SHARE = 0.04  # a block may hold this share of the model's reduced-precision bytes (its float32 copy: twice that)
+HEAD_ROWS = 4096  # rows of the output layer multiplied in float32 at a time
 
 
 def _is_reduced(t) -> bool:
@@ -62,35 +66,55 @@ def _holds_reduced(value) -> bool:
     return False
 
 
-def reduced_bytes(model) -> int:
-    """Bytes the float32 copies of ``model``'s reduced-precision parameters and buffers would take."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * 4 for t in tensors if _is_reduced(t))
-
-
 class Float32Replay:
     """A context in which ``model``'s forward calls compute in float32; the model itself is left exactly as it was.
 
     Args:
         model: the model the probe calls (wrappers included; ``torch.compile`` peeled off by the caller).
-        keep_copies: keep each float32 copy for the whole replay (unsharded models with the memory for it);
-            otherwise each module's copies live only while it runs.
+        blocks: put a small module's whole subtree in float32 while it runs (unsharded models); otherwise (sharded
+            parameters, gathered module by module) each module's own tensors, while it runs.
 
     After the block: :attr:`impure` is None when every module computed in float32, else where a
-    reduced-precision input arrived; :attr:`upcast` counts the tensors put in float32.
+    reduced-precision input arrived; :attr:`upcast` counts the tensors put in float32, :attr:`largest_copy` the
+    most bytes of float32 copies held at once.
     """
 
-    def __init__(self, model, *, keep_copies: bool = True):
-        self.model, self.keep_copies = model, keep_copies
+    def __init__(self, model, *, blocks: bool = True):
+        self.model, self.blocks = model, blocks
         self.impure: str | None = None
         self.upcast = 0
-        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, its float32 copy)
+        self.held = 0  # bytes of float32 copies in place now
+        self.largest_copy = 0
         self._marks: dict[int, list[int]] = {}  # id(module) -> where its swaps start, per call in progress
-        self._swapped: list[tuple[dict, str, torch.Tensor]] = []  # (store, name, original) not yet put back
+        self._swapped: list[tuple[dict, str, torch.Tensor, int]] = []  # (store, name, original, bytes) to put back
         self._handles: list = []
+        self._whole: set[int] = set()  # modules that put their whole subtree in float32
+        self._inside_block = 0  # blocks running now (their subtrees are in float32 already)
+        self._store_lists: dict[int, list] = {}  # id(module) -> the stores it puts in float32 (blocks only)
+        self._arena: torch.Tensor | None = None  # the float32 workspace the copies are views of (blocks only)
+        self._capacity = 0  # its elements: the largest block's reduced-precision elements and a module's own
+        self._top = 0  # elements of it in use
+        self._head = _output_layer(model)
+        self._head_patched, self._head_before = False, None  # the head's own forward attribute, if it had one
+        self._head_chunk = 0
+        self._head_weight = None
 
     def __enter__(self) -> Float32Replay:
         try:
+            if self.blocks:
+                self._whole = _blocks(self.model, self._head)
+                self._capacity = _workspace(self.model, self._head, self._whole)
+                if isinstance(self._head, torch.nn.Linear) and _is_reduced(self._head.weight):
+                    self._head_before = self._head.__dict__.get("forward")
+                    weight, bias = self._head.weight, self._head.bias
+                    self._head.forward = _chunked_head(weight, bias)  # the instance's own, undone on exit
+                    # code that casts the head's input to its weight's dtype (Mamba) reads float32: a stand-in with
+                    # no storage (device "meta") is in its place while the replay runs, the real one multiplies
+                    self._head_weight = weight
+                    self._head._parameters["weight"] = torch.empty(weight.shape, dtype=REPLAY_DTYPE, device="meta")
+                    self._head_patched = True
+                    rows, cols = self._head.weight.shape
+                    self._head_chunk = min(rows, HEAD_ROWS) * cols * 4  # one slice of it in float32
             for module in self.model.modules():
                 self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._after, prepend=True, always_call=True))
@@ -104,23 +128,55 @@ class Float32Replay:
             handle.remove()
         self._handles.clear()
         self._put_back(0)
-        self._copies.clear()
         self._marks.clear()
+        self._inside_block = 0
+        self._store_lists.clear()
+        self._arena, self._top = None, 0
+        if self._head_patched:
+            self.largest_copy += self._head_chunk  # held beside the workspace while the output layer runs
+            self._head._parameters["weight"] = self._head_weight
+            if self._head_before is None:
+                del self._head.forward
+            else:
+                self._head.forward = self._head_before
+            self._head_patched = False
 
     # ---- the hooks -------------------------------------------------------------------------------
+    def _stores(self, module):
+        """The stores whose reduced-precision tensors ``module`` puts in float32 when it runs: with blocks, a block's
+        whole subtree (found once: an unsharded model's tensors stay where they are); else its own, looked at each
+        call (FSDP1 puts a module's gathered weights in as plain tensor attributes while it runs: ``__dict__``)."""
+        if not self.blocks:
+            return (module._parameters, module._buffers, module.__dict__)
+        found = self._store_lists.get(id(module))
+        if found is None:
+            owners = module.modules() if id(module) in self._whole else (module,)
+            found = [store for owner in owners
+                     if not (type(owner) is torch.nn.Embedding or (owner is self._head and self._head_patched))
+                     # a lookup is cast after it (see _after); the head multiplies in slices (_chunked_head)
+                     for store in (owner._parameters, owner._buffers)
+                     if any(_is_reduced(t) for t in store.values())]
+            self._store_lists[id(module)] = found
+        return found
+
     def _before(self, module, args, kwargs):
         self._marks.setdefault(id(module), []).append(len(self._swapped))
-        # With the copies kept, the model's first module puts every one in place for the whole call: a module may
-        # use a child's weight itself (Mamba's mixer multiplies by dt_proj.weight). Otherwise each module its own.
-        for owner in (module.modules() if self.keep_copies and module is self.model else (module,)):
-            if type(owner) is torch.nn.Embedding:
-                continue  # a lookup is cast after it instead (see _after)
-            # FSDP1 puts a module's gathered weights in as plain tensor attributes while it runs (__dict__)
-            for store in (owner._parameters, owner._buffers, owner.__dict__):
-                for name, tensor in list(store.items()):
-                    if _is_reduced(tensor):
-                        store[name] = self._copy_of(tensor)
-                        self._swapped.append((store, name, tensor))
+        if self.blocks and self._inside_block:
+            stores = ()  # a block around this module already put its tensors in float32
+        else:
+            stores = self._stores(module)
+        if id(module) in self._whole:
+            self._inside_block += 1
+        for store in stores:
+            for name, tensor in list(store.items()):
+                if _is_reduced(tensor):
+                    copy, taken = self._copy(tensor)
+                    size = copy.numel() * copy.element_size()
+                    self.upcast += 1
+                    self.held += size
+                    self.largest_copy = max(self.largest_copy, self.held, self._capacity * 4 if taken else 0)
+                    store[name] = copy
+                    self._swapped.append((store, name, tensor, size, taken))
         inputs = [*args, *kwargs.values()]
         if not any(_holds_reduced(v) for v in inputs):
             return None
@@ -129,27 +185,110 @@ class Float32Replay:
             self.impure = f"{type(module).__name__} received a {str(dtype).replace('torch.', '')} input"
         return tuple(_upcast_value(a) for a in args), {k: _upcast_value(v) for k, v in kwargs.items()}
 
+    def _copy(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A float32 copy of ``tensor``: a view of the workspace when it fits there (its pages are reused from call to
+        call: a fresh allocation of a block's size costs the kernel a page fault per 4 KiB each time), else a new
+        tensor. Also the workspace's elements it took (0 for a new tensor)."""
+        n = tensor.numel()
+        taken = -(-n // 16) * 16  # 64-byte aligned slices
+        if self._capacity and self._top + taken <= self._capacity:
+            if self._arena is None or self._arena.device != tensor.device:
+                self._arena = torch.empty(self._capacity, dtype=REPLAY_DTYPE, device=tensor.device)
+            view = self._arena[self._top:self._top + n].view(tensor.shape)
+            view.copy_(tensor.detach())
+            self._top += taken
+            return view, taken
+        return tensor.detach().to(REPLAY_DTYPE), 0
+
     def _after(self, module, args, output):
         marks = self._marks.get(id(module))
         if marks:
             self._put_back(marks.pop())
+        if id(module) in self._whole and self._inside_block:
+            self._inside_block -= 1
         if type(module) is torch.nn.Embedding and _is_reduced(output):
             return output.to(REPLAY_DTYPE)
         return None
 
-    def _copy_of(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.upcast += 1
-        if not self.keep_copies:
-            return tensor.detach().to(REPLAY_DTYPE)
-        kept = self._copies.get(id(tensor))
-        if kept is None:
-            kept = self._copies[id(tensor)] = (tensor, tensor.detach().to(REPLAY_DTYPE))
-        return kept[1]
-
     def _put_back(self, mark: int) -> None:
         while len(self._swapped) > mark:
-            store, name, original = self._swapped.pop()
+            store, name, original, size, taken = self._swapped.pop()
             store[name] = original
+            self.held -= size
+            self._top -= taken
+
+
+def _output_layer(model):
+    base = unwrap_model(model)
+    try:
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    except (NotImplementedError, AttributeError):
+        head = None
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def _chunked_head(weight: torch.Tensor, bias: torch.Tensor | None):
+    """The output layer's forward in float32, :data:`HEAD_ROWS` rows of its weight converted at a time (the
+    vocabulary table is never copied whole)."""
+
+    def forward(x):
+        x = x.to(REPLAY_DTYPE)
+        out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+        for start in range(0, weight.shape[0], HEAD_ROWS):
+            rows = slice(start, start + HEAD_ROWS)
+            out[..., rows] = torch.nn.functional.linear(
+                x, weight[rows].to(REPLAY_DTYPE), None if bias is None else bias[rows].to(REPLAY_DTYPE))
+        return out
+
+    return forward
+
+
+def _blocks(model, head) -> set[int]:
+    """The modules that put their whole subtree in float32 while they run: from the top down, the first ones whose
+    subtree's reduced-precision tensors fit a block (:data:`BLOCK_SHARE` of the model's, or one repeated layer's if
+    that is more), the vocabulary tables (embedding, output layer) left out."""
+    def own(module) -> int:
+        if type(module) is torch.nn.Embedding or module is head:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (*module._parameters.values(), *module._buffers.values())
+                   if _is_reduced(t))
+
+    sizes: dict[int, int] = {}
+
+    def subtree(module) -> int:
+        sizes[id(module)] = own(module) + sum(subtree(child) for child in module.children())
+        return sizes[id(module)]
+
+    total = subtree(model)
+    # a repeated layer (a child of a ModuleList: a decoder layer) may always be one block: a layer can read its
+    # children's weights itself (Mamba's mixer reads dt_proj.weight), and splitting it would leave those unconverted
+    layers = max((sizes[id(child)] for m in model.modules() if isinstance(m, torch.nn.ModuleList)
+                  for child in m.children()), default=0)
+    budget = max(BLOCK_SHARE * total, layers, max((own(m) for m in model.modules()), default=0))
+    chosen: set[int] = set()
+
+    def choose(module) -> None:
+        if sizes[id(module)] <= budget:
+            chosen.add(id(module))
+            return
+        for child in module.children():
+            choose(child)
+
+    choose(model)
+    return chosen
+
+
+def _workspace(model, head, whole: set[int]) -> int:
+    """Elements of float32 workspace the copies need at once, 64-byte aligned: the largest block's, and the largest
+    of the other modules' own (a module outside the blocks may be running around one)."""
+    def elements(modules) -> int:
+        return sum(-(-t.numel() // 16) * 16 for m in modules
+                   if not (type(m) is torch.nn.Embedding or m is head)
+                   for t in (*m._parameters.values(), *m._buffers.values()) if _is_reduced(t))
+
+    blocks = [elements(m.modules()) for m in model.modules() if id(m) in whole]
+    others = [elements([m]) for m in model.modules() if id(m) not in whole]
+    return max(blocks, default=0) + max(others, default=0)
 
 
 def _first_reduced_dtype(inputs) -> torch.dtype | None:
@@ -201,26 +340,6 @@ def unsharded(model) -> bool:
     return not any(hasattr(p, "ds_id") or type(p).__name__ in ("DTensor", "FlatParameter") for p in model.parameters())
 
 
-def free_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device`` (CUDA: the driver's figure; CPU: available physical memory), or None when unknown."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0])
-        if device.type == "cpu":
-            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (RuntimeError, ValueError, OSError, AttributeError):
-        return None
-    return None
-
-
-def keeps_copies(model, device: torch.device) -> bool:
-    """Keep the float32 copies for the whole replay: an unsharded model whose copies take under half the free memory."""
-    if not unsharded(model):
-        return False
-    free = free_memory(device)
-    return free is not None and reduced_bytes(model) < free // 2
-
-
 def without_compile(model):
     """The module ``torch.compile`` wrapped (the replay runs it eagerly: new dtypes would recompile the graph)."""
     inner = getattr(model, "_orig_mod", None)
@@ -263,6 +382,6 @@ def float32_replay(model, device: torch.device):
         stack.enter_context(autocast_off(device))
         stack.enter_context(strict_float32())
         stack.enter_context(fsdp2_inputs_kept(model))
-        replay = stack.enter_context(Float32Replay(model, keep_copies=keeps_copies(model, device)))
-        precision = stack.enter_context(Precision(model, device).watch())  # after the replay's hooks: sees the copies
+        replay = stack.enter_context(Float32Replay(model, blocks=unsharded(model)))
+        precision = stack.enter_context(Precision(model, device).watch(output=False))  # after the replay's hooks
         yield replay, precision

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ..errors import EngineMismatchError, UnsupportedModelError
-from .batching import layout_setters, padding_per_prompt, seam_padding
+from .batching import batch_layout, padding_per_prompt, seam_padding
 from .engine import (
     STRATEGIES,
     STRATEGY_WORDS,
@@ -85,7 +85,9 @@ TOLERANCES = {"float64": 1e-9, "float32": 2e-5, "tf32": 3e-2, "float16": 3e-2, "
 UNKNOWN_PRECISION_TOLERANCE = 2e-1
 REDUCED_PRECISIONS = ("bfloat16", "float16", "tf32")  # what the float32 replay is for
 REPLAY_PRECISION = "float32"
-N_CHECKED = 4
+N_CHECKED = 4  # at most this many prompts per probe
+CHECK_BUDGET = 0.045  # the check takes about this share of a run's probe time (see Rotation)
+REPLAY_COST = 2.0  # a float32 token against a reduced-precision one (measured on CPU: 1.9-2.2x; a GPU's is larger)
 
 
 @dataclass
@@ -105,6 +107,9 @@ class SelfCheck:
     scored_tolerance: float | None = None  # what scored_diff is held to (the probe's precision's tolerance)
     replay_note: str | None = None  # why a reduced-precision probe was not replayed in float32
     fallbacks: list[str] = field(default_factory=list)  # why each faster strategy was left, in order
+    coverage: dict = field(default_factory=dict)  # what the checks of this Probe's probes have covered so far
+    waiting: bool = False  # no prompt checked at this probe: the budget had not paid for one (see Rotation)
+    copy_bytes: int = 0  # the most bytes of float32 weight copies the replay held at once (per process)
     n_forward: int = 0  # forward calls of the reference and the replay (per process)
     seconds: float = 0.0  # time spent on them
 
@@ -154,21 +159,130 @@ def check_prompts(encoded: list[list[int]], batches: list[list[int]], strategy: 
     return list(dict.fromkeys(int(i) for i in picks))[:k]
 
 
-def replay_batches(encoded: list[list[int]], batches: list[list[int]], strategy: str, plan,
-                   idx: list[int]) -> list[list[int]]:
-    """For each batch holding checked prompts: those prompts and the ones that set the batch's padding, in batch order.
-
-    Scored together, they pad each checked prompt exactly as the whole batch did, with far fewer rows.
-    """
-    wanted = set(idx)
-    out = []
+def replay_rows(encoded: list[list[int]], batches: list[list[int]], strategy: str, plan,
+                idx: list[int]) -> list[tuple[list[int], tuple[int, ...] | None]]:
+    """The checked prompts grouped by the batch they were scored in, each group with that batch's layout (the widths
+    its rows were padded to): scored alone as a group with that layout, each checked prompt is padded exactly as the
+    whole batch padded it, at the cost of its own row only."""
+    wanted, out = set(idx), []
     for batch in batches:
         here = [i for i in batch if i in wanted]
         if here:
-            keep = set(here) | set(layout_setters(encoded, batch, strategy, plan))
-            out.append([i for i in batch if i in keep])
+            out.append((here, batch_layout(encoded, batch, strategy, plan)))
             wanted -= set(here)
     return out
+
+
+@dataclass
+class Rotation:
+    """Which prompts a :class:`~tinymcf_callback.probe.Probe`'s self-check compares, probe after probe, and when.
+
+    Which: the next ones of one order, the prompts a strategy treats most differently from each prompt alone first
+    (:func:`check_prompts`), then every other prompt in a seeded order; so over a run of probes the check covers
+    every prompt, the riskiest first, and then starts the cycle again. A model of another structure
+    (:func:`structure`: its class, precision, module and hook counts, and the strategy scoring it) starts a new
+    cycle: a steering hook added between probes, or a strategy the check fell back to, is checked where a defect
+    shows most. ``coverage()`` says how far the cycle has come.
+
+    When: the first probe of a structure always checks (at least one prompt: it decides the strategy). After that
+    each probe earns :data:`CHECK_BUDGET` of its own scoring time, and the check spends what has been earned: as
+    many prompts as it pays for (at the last check's measured time per prompt, at most :data:`N_CHECKED`), none
+    when it cannot pay for one yet. So leaving the check on costs a run about :data:`CHECK_BUDGET` of its probe
+    time, whatever a checked prompt costs on the hardware (a float32 replay of a bfloat16 model on a GPU costs
+    many times its tokens' share), and the coverage grows by what that buys.
+    """
+
+    seed: int = 0
+    checked: set[int] = field(default_factory=set)  # checked in the current cycle
+    probes: int = 0  # probes that checked prompts in the current cycle
+    cycles: int = 0  # full cycles completed
+    signature: tuple | None = None  # the structure the current cycle checks
+    credit: float = 0.0  # seconds of checking the probes have earned and the checks not yet spent (may be < 0)
+    per_prompt: float | None = None  # the last check's seconds per checked prompt
+    last_probe: float = 0.0  # the last probe's scoring time (its check's not included)
+    _orders: dict = field(default_factory=dict)
+
+    def how_many(self, probe_seconds: float, estimate: float) -> int:
+        """Prompts to check at this probe, which took ``probe_seconds`` to score. ``estimate``: the prompts the
+        budget allows by the tokens they run (used before any check of this structure has been timed)."""
+        per = self.per_prompt or CHECK_BUDGET * probe_seconds / max(estimate, 1e-9)
+        self.credit = min(self.credit + CHECK_BUDGET * probe_seconds, N_CHECKED * per)  # no burst after a long wait
+        if self.probes == 0:  # a new structure: checked now, whatever it costs
+            return int(min(N_CHECKED, max(1, math.floor(self.credit / per))))
+        return int(min(N_CHECKED, max(0, math.floor(self.credit / per))))
+
+    def spent(self, seconds: float, n_checked: int) -> None:
+        """A check of ``n_checked`` prompts took ``seconds``."""
+        self.credit -= seconds
+        if n_checked:
+            self.per_prompt = seconds / n_checked
+
+    def start(self, signature: tuple) -> None:
+        """The next probe checks a model of ``signature``: another structure than the cycle's starts a new cycle."""
+        if signature != self.signature:
+            self.signature, self.checked, self.probes, self.cycles = signature, set(), 0, 0
+            self.credit, self.per_prompt = 0.0, None
+
+    def order(self, encoded, batches, strategy: str, plan) -> list[int]:
+        key = (strategy, len(encoded))
+        if key not in self._orders:
+            risky = check_prompts(encoded, batches, strategy, plan, k=2 * N_CHECKED)
+            rest = [int(i) for i in np.random.default_rng(self.seed).permutation(len(encoded)) if int(i) not in risky]
+            self._orders[key] = risky + rest
+        return self._orders[key]
+
+    def pick(self, encoded, batches, strategy: str, plan, k: int) -> list[int]:
+        order = self.order(encoded, batches, strategy, plan)
+        fresh = [i for i in order if i not in self.checked]
+        if len(fresh) < k:  # the cycle is done: start it again, after the ones it still had
+            self.checked.clear()
+            self.cycles += 1
+            fresh += [i for i in order if i not in fresh]
+        return fresh[:k]
+
+    def note(self, idx) -> None:
+        """These prompts were checked at this probe."""
+        if len(idx):
+            self.checked |= {int(i) for i in idx}
+            self.probes += 1
+
+    def coverage(self, n_prompts: int) -> dict:
+        """How far the cycle has come: prompts checked in it (of ``n_prompts``), its probes, the cycles before it."""
+        return {"checked_this_cycle": len(self.checked), "prompts": n_prompts, "cycles_completed": self.cycles,
+                "probes": self.probes}
+
+
+def structure(model, strategy: str, compute: str | None) -> tuple:
+    """What a defect of the probe's paths depends on, cheaply: the model's class, the precision it computed in, how
+    many modules and forward hooks it has, and the strategy (weights change over training; this does not)."""
+    modules = list(model.modules())
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+    return (class_name(model), compute, len(modules), hooks, strategy)
+
+
+def check_cost(encoded, batches, strategy: str, plan, idx: list[int], replayed: bool) -> float:
+    """Tokens a check of ``idx`` runs (each alone, and with a replay the row in its batch's layout, in float32)."""
+    alone = sum(len(encoded[i]) for i in idx)
+    if not replayed:
+        return alone
+    layout = {i: batch_layout(encoded, b, strategy, plan) for b in batches for i in b if i in idx}
+    root = len(plan.root) if strategy == "shared" and plan is not None else 0
+    rows = sum(sum(layout[i]) if layout[i] else len(encoded[i]) for i in idx)
+    return REPLAY_COST * (alone + rows + root)
+
+
+def probe_cost(encoded, batches, strategy: str, plan) -> float:
+    """Tokens a probe's forward calls run on ``strategy`` (padding included)."""
+    total = len(plan.root) if strategy == "shared" and plan is not None else 0
+    for batch in batches:
+        layout = batch_layout(encoded, batch, strategy, plan)
+        if strategy == "shared" and plan is not None:
+            total += layout[0] * len({plan.group_of[i] for i in batch}) + layout[1] * len(batch)
+        elif layout:
+            total += layout[0] * len(batch)
+        else:
+            total += sum(len(encoded[i]) for i in batch)
+    return total
 
 
 # ---- the checked scoring loop ---------------------------------------------------------------------
@@ -224,6 +338,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
             planned = make_strategy(strategy, model, encoded, pad_id, model_device(model), shared_plan)
             calls = max(ranks.gather(planned.planned_calls(mine)))
         error = None
+        started = time.perf_counter()
         try:
             share = run_batches(model, encoded, mine, job.tok, pad_id=pad_id, sample_index=job.sample_index,
                                 progress=progress and ranks.is_main, desc=f"moral probe [{job.name}]",
@@ -250,6 +365,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
         res.strategy = strategy
         if not check:
             return res
+        job.rotation.last_probe = time.perf_counter() - started
         compute = precision.compute if precision is not None else None  # known once a forward call has run
         found = _check(job, model, res, strategy, shared_plan, ranks, compute, tolerance, pad_id, fallbacks)
         if found.passed():
@@ -295,47 +411,74 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
     """Compare the checked prompts with each prompt alone: in a float32 replay when the probe computed in a reduced
     precision and the replay can run on every rank, else in the probe's own precision. The same verdict on every rank.
     """
-    idx = check_prompts(job.encoded, job.batches, strategy, plan)
+    idx = _picked(job, model, strategy, plan, ranks, compute)
     allowed = tolerance_for(compute, override)
+    if not idx:  # this probe has not earned a checked prompt yet (see Rotation): the structure was checked before
+        return _done(job, SelfCheck(strategy, [], 0.0, 0.0, allowed, compute, reference=None, resolution=None,
+                                    fallbacks=list(fallbacks), waiting=True))
     start = time.perf_counter()
-    replay, note, n_forward = None, None, 0
+    replay, note, n_forward, copy_bytes = None, None, 0, 0
     if compute in REDUCED_PRECISIONS:
-        replay, note, n_forward = _replayed(job, model, idx, strategy, plan, pad_id)
+        replay, note, n_forward, copy_bytes = _replayed(job, model, idx, strategy, plan, pad_id)
         notes = ranks.gather(note)
         note = next((n for n in notes if n), None)  # a replay that failed on any rank is used on none
     if replay is None or note is not None:
         alone, calls = score_alone(model, job.encoded, idx, job.tok, job.answer_format)
         n_forward += calls
         d_p, d_m = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
-        return SelfCheck(strategy, [int(i) for i in idx], d_p, d_m, allowed, compute, reference=compute,
-                         resolution=allowed, replay_note=note, fallbacks=list(fallbacks), n_forward=n_forward,
-                         seconds=time.perf_counter() - start)
+        return _done(job, SelfCheck(strategy, [int(i) for i in idx], d_p, d_m, allowed, compute, reference=compute,
+                                    resolution=allowed, replay_note=note, fallbacks=list(fallbacks),
+                                    n_forward=n_forward, seconds=time.perf_counter() - start))
     fast, alone = replay
     structural = ranks_largest(ranks, _diffs(fast.p_yes, fast.yn_mass, alone))
     scored = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
     replay_tolerance = tolerance_for(REPLAY_PRECISION, override)
-    return SelfCheck(strategy, [int(i) for i in idx], *structural, replay_tolerance, compute,
-                     reference=f"{REPLAY_PRECISION} replay", resolution=replay_tolerance, scored_diff=scored[0],
-                     scored_mass_diff=scored[1], scored_tolerance=allowed, fallbacks=list(fallbacks),
-                     n_forward=n_forward, seconds=time.perf_counter() - start)
+    return _done(job, SelfCheck(strategy, [int(i) for i in idx], *structural, replay_tolerance, compute,
+                                reference=f"{REPLAY_PRECISION} replay", resolution=replay_tolerance,
+                                scored_diff=scored[0], scored_mass_diff=scored[1], scored_tolerance=allowed,
+                                fallbacks=list(fallbacks), copy_bytes=copy_bytes, n_forward=n_forward,
+                                seconds=time.perf_counter() - start))
+
+
+def _picked(job, model, strategy: str, plan, ranks: Ranks, compute: str | None) -> list[int]:
+    """This probe's checked prompts: the rotation's next ones, as many as the budget allows; rank 0's on every rank."""
+    rotation = job.rotation
+    rotation.start(ranks.gather(structure(model, strategy, compute))[0])
+    order = rotation.order(job.encoded, job.batches, strategy, plan)
+    first = order[:1]
+    estimate = CHECK_BUDGET * probe_cost(job.encoded, job.batches, strategy, plan) / max(
+        1.0, check_cost(job.encoded, job.batches, strategy, plan, first, compute in REDUCED_PRECISIONS))
+    k = rotation.how_many(rotation.last_probe, estimate)
+    idx = rotation.pick(job.encoded, job.batches, strategy, plan, k) if k else []
+    return [int(i) for i in ranks.gather(idx)[0]]
+
+
+def _done(job, check: SelfCheck) -> SelfCheck:
+    """Record what this check covered and what it cost (the next probe's budget reads it)."""
+    rotation = job.rotation
+    rotation.note(check.checked)
+    rotation.spent(check.seconds, len(check.checked))
+    check.coverage = rotation.coverage(len(job.encoded))
+    return check
 
 
 def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int):
-    """The checked prompts in float32: ``((strategy's scores, each alone), None, forward calls)``, or
-    ``(None, why not, forward calls)``. Makes the same number of forward calls whatever happens (sharding needs it)."""
+    """The checked prompts in float32: ``((strategy's scores, each alone), None, forward calls, copy bytes)``, or
+    ``(None, why not, forward calls, copy bytes)``. Makes the same number of forward calls whatever happens (sharding
+    needs it)."""
     target = without_compile(model)
     device = model_device(model)
     runner = make_strategy(strategy, target, job.encoded, pad_id, device, plan)
-    subs = replay_batches(job.encoded, job.batches, strategy, plan, idx)
-    planned = runner.planned_calls(subs) + len(idx)
+    subs = replay_rows(job.encoded, job.batches, strategy, plan, idx)
+    planned = runner.planned_calls([rows for rows, _ in subs]) + len(idx)
     call: ModelCall = runner.call
-    note = None
+    note, replay = None, None
     fast_p, fast_m = {}, {}
     try:
         with float32_replay(target, device) as (replay, seen):
-            for sub in subs:
-                scored = score_prompts(runner.logits(sub), job.tok, job.answer_format)
-                for row, i in enumerate(sub):
+            for rows, layout in subs:
+                scored = score_prompts(runner.logits(rows, layout), job.tok, job.answer_format)
+                for row, i in enumerate(rows):
                     fast_p[i], fast_m[i] = scored.p_yes[row], scored.yn_mass[row]
             alone, _ = score_alone(target, job.encoded, idx, job.tok, job.answer_format, call=call)
         if replay.impure is not None:
@@ -349,10 +492,11 @@ def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int):
     finally:
         if call.n_forward < planned:
             pad_calls(call, planned, job.encoded, device)
+    copy_bytes = replay.largest_copy if replay is not None else 0
     if note is not None:
-        return None, note, call.n_forward
+        return None, note, call.n_forward, copy_bytes
     fast = AnswerScores(np.array([fast_p[i] for i in idx]), np.array([fast_m[i] for i in idx]))
-    return (fast, alone), None, call.n_forward
+    return (fast, alone), None, call.n_forward, copy_bytes
 
 
 def _diffs(p_yes: np.ndarray, yn_mass: np.ndarray, reference: AnswerScores) -> tuple[float, float]:
