@@ -46,6 +46,7 @@ docs: install
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_scoring.py
+	$(BIN)/python benchmarks/self_check_cost.py
 
 clean:
 	rm -rf $(VENV) dist build site

@@ -5,19 +5,21 @@ a ``per_foundation=2`` probe (112 prompts) and the whole scifi set (408 prompts)
 self-check on and off, alternating the order every round, so both modes see the same machine.
 It prints, per precision and probe size:
 
-- the check's share: the checked probe's time over the unchecked one's (best of the rounds and the
-  median of the per-round ratios), and the check's own seconds as the probe records them;
+- the check's share: its own seconds (as each probe records them) over the checked probes' time, for the
+  run and for the model's first probe (the one whose check decides the path); the checked probes' time
+  over the unchecked ones' as a second, noisier measure;
 - its peak memory: the process's peak resident memory during a checked probe and during an unchecked
-  one, each above the resident memory before it (the kernel's peak mark is reset in between), and the
-  largest float32 copy of the weights the replay held, against the size of the weights;
-- the prompts each probe checked and how far the check's rotation had come.
+  one, each above the resident memory before it (the kernel's peak mark is reset in between); the same
+  for a model's first ``per_foundation=2`` probe, each in a fresh process (memory an earlier probe freed
+  is not there to reuse); and the most float32 the replay held at once, against the size of the weights;
+- the prompts the probes checked and how far the check's rotation had come.
 
 In the float32 worker it also measures the engine against its floor: the floating-point operations of
 an unchecked probe's forward calls (``torch.utils.flop_counter``) at the rate of one large matrix
 product on this machine, and where the rest of the time goes (matrix products, attention, the other
 tensor operations, and the time outside them: Python, the prefix plan, scoring), from the profiler.
 
-    python benchmarks/self_check_cost.py             # both precisions, both sizes, 3 rounds (~10 min on 2 cores)
+    python benchmarks/self_check_cost.py             # both precisions, both sizes, 1 + 4 rounds (~20 min, 2 cores)
     python benchmarks/self_check_cost.py --quick     # per_foundation=2 only, 2 rounds
     python benchmarks/self_check_cost.py --device cuda  # the same on a GPU (memory read from torch.cuda)
 
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,12 +149,11 @@ def worker(precision: str, sizes: list[str], rounds: int, device: str, out: str)
               "weights_mb": weights_mb, "sizes": {}}
     for size in sizes:
         probes = {on: Probe(tok, "scifi", self_check=on, **SIZES[size]) for on in (True, False)}
-        for on in (True, False):  # warm both paths (first calls allocate, and the check picks its budget)
-            probes[on].score(model, batches=[probes[on].batches[0]])
+        probes[False].score(model, batches=[probes[False].batches[0]])  # warm the kernels, unchecked
         times = {True: [], False: []}
         peaks = {True: [], False: []}
         checks = []
-        for r in range(rounds):
+        for r in range(rounds + 1):  # round 0: the checked probe is the model's first (its check decides the path)
             for on in ((True, False) if r % 2 == 0 else (False, True)):
                 with Peak(device) as peak:
                     start = time.perf_counter()
@@ -168,10 +168,12 @@ def worker(precision: str, sizes: list[str], rounds: int, device: str, out: str)
         ratios = [c / u for c, u in zip(times[True], times[False], strict=True)]
         result["sizes"][size] = {
             "prompts": len(probes[True]), "checked_s": times[True], "unchecked_s": times[False],
-            "ratio_best": min(times[True]) / min(times[False]), "ratio_median": statistics.median(ratios),
+            "ratio_first": ratios[0], "ratio_later": sum(times[True][1:]) / sum(times[False][1:]),
+            "ratio_run": sum(times[True]) / sum(times[False]), "ratios": ratios,
             "check_s": [c["seconds"] for c in checks], "checks": checks,
             "peak_checked_mb": max(peaks[True]), "peak_unchecked_mb": max(peaks[False]),
         }
+        result["sizes"][size]["unchecked_best_s"] = min(times[False])
         if precision == "float32":
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -182,34 +184,64 @@ def worker(precision: str, sizes: list[str], rounds: int, device: str, out: str)
             floor = counter.get_total_flops() / rate
             result["sizes"][size]["floor"] = {
                 "flops": counter.get_total_flops(), "matmul_flops_per_s": rate, "floor_s": floor,
-                "ratio": min(times[False]) / floor, **time_split(lambda: probe.score(model), device)}
+                "ratio": min(times[False]) / floor, **time_split(lambda p=probe: p.score(model), device)}
     Path(out).write_text(json.dumps(result))
+
+
+def memory_worker(precision: str, check: bool, device: str, out: str) -> None:
+    """One probe (``per_foundation=2``, the model's first) in a fresh process: its peak memory above the loaded
+    model's, the way a user sees it (separate processes: nothing freed earlier is reused)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from tinymcf_callback import testing as offline_assets
+    from tinymcf_callback.probe import Probe
+
+    hf_logging.disable_progress_bar()
+    path = offline_assets.smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, precision)).to(device).eval()
+    probe = Probe(tok, "scifi", self_check=check, **SIZES["per_foundation=2"])
+    with Peak(device) as peak:
+        probe.score(model)
+    Path(out).write_text(json.dumps({"extra_mb": peak.extra_mb}))
 
 
 # ---------------------------------------------------------------------------------------------- driver side
 def report(results: list[dict]) -> None:
-    print("\nThe self-check's price (SmolLM2-135M, scifi; checked against unchecked probes in one process, "
-          "alternating)")
-    print(f"{'precision':<10} {'probe':<17} {'prompts':>7} {'checked':>8} {'ratio best':>10} {'median':>7} "
-          f"{'check s':>8} {'share':>6} {'extra MB on':>11} {'off':>6} {'copy MB':>8} {'of weights':>10}")
+    print("\nThe self-check's price (SmolLM2-135M, scifi; checked and unchecked probes of one process, alternating)")
+    print(f"{'precision':<10} {'probe':<17} {'prompts':>7} {'share':>6} {'first':>6} {'ratio':>7} {'first':>7} "
+          f"{'checks':>7} {'extra MB on':>11} {'off':>6} {'copy MB':>8} {'of weights':>10}")
     for res in results:
         for size, s in res["sizes"].items():
-            share = statistics.median(s["check_s"]) / min(s["checked_s"])
+            done = [c for c in s["checks"] if c["checked"]]
             copy_mb = max(c["copy_bytes"] for c in s["checks"]) / 2**20
-            n_checked = statistics.median(len(c["checked"]) for c in s["checks"])
-            print(f"{res['precision']:<10} {size:<17} {s['prompts']:>7} {n_checked:>8g} {s['ratio_best']:>9.3f}x "
-                  f"{s['ratio_median']:>6.3f}x {statistics.median(s['check_s']):>8.2f} {share:>6.1%} "
+            share = sum(s["check_s"]) / sum(s["checked_s"])
+            first = s["check_s"][0] / s["checked_s"][0]
+            print(f"{res['precision']:<10} {size:<17} {s['prompts']:>7} {share:>6.1%} {first:>6.1%} "
+                  f"{s['ratio_run']:>6.3f}x {s['ratio_first']:>6.3f}x {len(done):>3}/{len(s['checks']):<3} "
                   f"{s['peak_checked_mb']:>11.1f} {s['peak_unchecked_mb']:>6.1f} {copy_mb:>8.1f} "
-                  f"{max(0.0, s['peak_checked_mb'] - s['peak_unchecked_mb']) / res['weights_mb']:>10.1%}")
-    print("  ratio: checked over unchecked probe time; share: the check's own seconds in a checked probe; extra MB: "
-          "peak resident memory above the start of a probe; of weights: the check's extra peak over the weights' "
-          "size")
+                  f"{copy_mb / res['weights_mb']:>10.1%}")
+    print("  share: the check's own seconds over the checked probes' time, over the run (first: in the model's first "
+          "probe, whose check decides the path whatever it costs); ratio: the checked probes' time over the unchecked "
+          "ones' (the run, and the first pair: noisier, the two differ by more than the check on a shared machine); "
+          "checks: probes that checked a prompt; extra MB: peak resident memory above the start of a probe (checked, "
+          "unchecked); copy MB: the most float32 the replay held at once (a block and a slice of the output layer); "
+          "of weights: that over the weights' size")
+    for res in results:
+        if "fresh_extra_mb_on" in res:
+            on, off = res["fresh_extra_mb_on"], res["fresh_extra_mb_off"]
+            print(f"  {res['precision']}: a model's first per_foundation=2 probe in a fresh process peaks {on:.1f} MB "
+                  f"above the loaded model with the check, {off:.1f} MB without: the check's extra peak is "
+                  f"{on - off:+.1f} MB, {(on - off) / res['weights_mb']:.1%} of the weights "
+                  f"({res['weights_mb']:.0f} MB)")
     for res in results:
         for size, s in res["sizes"].items():
-            last = s["checks"][-1]["coverage"]
-            print(f"  {res['precision']} {size}: after {last['probes']} checked probes the rotation has checked "
-                  f"{last['checked_this_cycle']} of {last['prompts']} prompts ({s['checks'][-1]['reference']}, "
-                  f"resolution {s['checks'][-1]['resolution']:.0e})")
+            last = s["checks"][-1]
+            print(f"  {res['precision']} {size}: the check compared {sum(len(c['checked']) for c in s['checks'])} "
+                  f"prompts over {len(s['checks'])} probes, {last['coverage']['checked_this_cycle']} of "
+                  f"{last['coverage']['prompts']} so far in this cycle")
     for res in results:
         for size, s in res["sizes"].items():
             floor = s.get("floor")
@@ -217,8 +249,10 @@ def report(results: list[dict]) -> None:
                 continue
             print(f"\nThe engine against its floor ({res['precision']}, {size}, {res['threads']} threads): "
                   f"{floor['flops'] / 1e9:.1f} GFLOP at {floor['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s (one "
-                  f"2048x2048 product) = {floor['floor_s']:.2f} s; the unchecked probe took "
-                  f"{min(s['unchecked_s']):.2f} s: {floor['ratio']:.2f}x the floor")
+                  f"2048x2048 product) = {floor['floor_s']:.2f} s; the best unchecked probe took "
+                  f"{s['unchecked_best_s']:.2f} s: {floor['ratio']:.2f}x the floor, "
+                  f"{floor['ratio'] / (1 - sum(s['check_s']) / sum(s['checked_s'])):.2f}x with the check at its "
+                  f"share of the run")
             total = sum(floor["split_s"].values())
             print("  where a profiled probe's time went: " + ", ".join(
                 f"{kind} {sec:.2f} s ({sec / total:.0%})" for kind, sec in floor["split_s"].items()))
@@ -227,16 +261,21 @@ def report(results: list[dict]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="per_foundation=2 only, 2 rounds")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4, help="rounds after the first checked probe")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "self_check_cost.json"))
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
+    ap.add_argument("--_memory", help=argparse.SUPPRESS)
     ap.add_argument("--_sizes", help=argparse.SUPPRESS)
     ap.add_argument("--_result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._worker:
         worker(args._worker, args._sizes.split("|"), args.rounds, args.device, args._result)
+        return 0
+    if args._memory:
+        precision, on = args._memory.split(":")
+        memory_worker(precision, on == "on", args.device, args._result)
         return 0
     sizes = ["per_foundation=2"] if args.quick else list(SIZES)
     rounds = 2 if args.quick else args.rounds
@@ -250,6 +289,10 @@ def main(argv=None) -> int:
                             "--rounds", str(rounds), "--device", args.device, "--_result", str(out)],
                            check=True, env=env)
             results.append(json.loads(out.read_text()))
+            for on in ("on", "off"):  # the first probe's peak, each in a fresh process
+                subprocess.run([sys.executable, __file__, "--_memory", f"{precision}:{on}", "--device", args.device,
+                                "--_result", str(out)], check=True, env=env)
+                results[-1][f"fresh_extra_mb_{on}"] = json.loads(out.read_text())["extra_mb"]
     Path(args.out).write_text(json.dumps(results, indent=1))
     report(results)
     print(f"\nfull results: {args.out}")

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers as T
 
-from tinymcf_callback.errors import EngineMismatchError
+from tinymcf_callback.errors import ConfigError, EngineMismatchError
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.scoring import batching, engine, model_info
 from tinymcf_callback.scoring.engine import score_alone
@@ -320,7 +320,8 @@ def test_the_check_is_recorded_and_cheap(qwen_tok, tiny_qwen):
     assert 1 <= check["n_forward"] == len(check["checked"]) <= N_CHECKED and check["max_diff"] < AGREE
     assert check["tolerance"] == check["resolution"] == TOLERANCES["float32"] and check["precision"] == "float32"
     assert check["reference"] == "float32" and check["replay_note"] is None and check["scored_diff"] is None
-    assert len(check["checked_prompts"]) == len(check["checked"]) and check["checked_prompts"][0].startswith("vignette ")
+    assert len(check["checked_prompts"]) == len(check["checked"])
+    assert check["checked_prompts"][0].startswith("vignette ")
     assert check["coverage"]["checked_this_cycle"] >= len(check["checked"])
     assert 0 < check["seconds"] < report["info"]["elapsed_s"] and check["waiting"] is False
     # the next probes of the same model check prompts only as their time pays for them (a checked prompt costs this
@@ -370,3 +371,13 @@ def test_low_precision_is_replayed_in_float32_and_a_tolerance_can_be_set(qwen_to
 def test_the_check_can_be_switched_off(qwen_tok, tiny_qwen):
     res = Probe(qwen_tok, "scifi", limit=1, self_check=False).score(tiny_qwen)
     assert res.check is None and res.strategy == "shared"
+
+
+def test_the_budget_is_a_setting(qwen_tok, tiny_qwen):
+    """self_check_budget: the share of a run's probe time the check spends. All of it: every probe checks."""
+    generous = Probe(qwen_tok, "scifi", limit=3, token_budget=600, self_check_budget=1.0)
+    checks = [generous.score(tiny_qwen).check for _ in range(3)]
+    assert all(c["checked"] and not c["waiting"] for c in checks)
+    assert checks[-1]["coverage"]["checked_this_cycle"] == len({i for c in checks for i in c["checked"]})
+    with pytest.raises(ConfigError, match="self_check_budget must be a number above 0"):
+        Probe(qwen_tok, "scifi", self_check_budget=0)

@@ -17,7 +17,7 @@ import transformers as T
 from helpers.defects import HELD_OUT, OUTSIDE, TABLE, added_at_absolute_position, answer_moved_on_padded_rows
 
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring import engine, selfcheck
+from tinymcf_callback.scoring import engine, replay, selfcheck
 from tinymcf_callback.scoring.prompts import answer_token_ids
 from tinymcf_callback.scoring.replay import Float32Replay
 from tinymcf_callback.scoring.selfcheck import TOLERANCES
@@ -219,14 +219,12 @@ def test_a_defect_on_a_few_prompts_is_caught_over_a_runs_probes(qwen_tok):
         probe = Probe(qwen_tok, "scifi", limit=3, token_budget=600)
         first = probe.score(model).check
         assert first["fallbacks"] == [] and not affected & set(first["checked"])  # missed by the riskiest prompts
-        seen, checks = set(first["checked"]), [first]
+        checks = [first]
         while not checks[-1]["fallbacks"] and len(checks) < 400:
             checks.append(probe.score(model).check)
-            seen |= set(checks[-1]["checked"])
     caught, before = checks[-1], checks[-2]["coverage"]
     assert caught["fallbacks"] and "shared prefixes gave" in caught["fallbacks"][0], f"not caught in {len(checks)}"
-    assert 1 < len(checks) and before["cycles_completed"] == 0  # by a later probe, within the first cycle
-    assert len(affected & seen) == 0 or caught["strategy"] != "shared"
+    assert len(checks) > 1 and before["cycles_completed"] == 0  # by a later probe, within the first cycle
     assert any(c["waiting"] for c in checks)  # at the budget's price: not every probe checked a prompt
     assert caught["coverage"]["checked_this_cycle"] == len(caught["checked"])  # the new strategy's cycle starts
 
@@ -275,4 +273,4 @@ def test_the_replay_holds_a_block_of_float32_copies_never_the_model(probe):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     layer = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
     assert check["reference"] == "float32 replay" and check["checked"]
-    assert 0 < check["copy_bytes"] <= 2 * layer + 4096 * model.config.hidden_size * 4 <= 0.1 * weights
+    assert 0 < check["copy_bytes"] <= layer + replay.HEAD_ROWS * model.config.hidden_size * 4 <= 0.1 * weights

@@ -101,6 +101,13 @@ def _check_tolerance(value, what):
     return float(value)
 
 
+def _check_budget(value, what):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+        raise ConfigError(f"{what} must be a number above 0 and at most 1 (the share of a run's probe time the "
+                          f"self-check may spend; 0.045 by default); got {value!r}")
+    return float(value)
+
+
 def setting(default, help: str, check, **cli):
     """A :class:`ProbeConfig` field: its default, help text, check and command-line details (``metavar``, ...)."""
     return field(default=default, metadata={"help": help, "check": check, **cli})
@@ -148,12 +155,15 @@ class ProbeConfig:
     seed: int = setting(0, "the bootstrap's seed (the same seed gives the same intervals)", _check_seed)
     keep_autocast: bool = setting(False, "score under the autocast the model's forward was given (a bf16 Trainer's "
                                   "mixed precision) instead of the weights' own dtype", _check_flag)
-    self_check: bool = setting(True, "compare two prompts with each prompt scored alone on every probe and fall "
-                               "back to a safer strategy when they differ", _check_flag,
+    self_check: bool = setting(True, "compare checked prompts with each prompt scored alone (other ones at each "
+                               "probe, as the budget allows) and fall back to a safer strategy when they differ",
+                               _check_flag,
                                off="skip the self-check (the fast path is not compared with prompts scored alone)")
     self_check_tolerance: float | None = setting(None, "the largest difference the self-check allows",
                                                  _check_tolerance, metavar="X",
                                                  shown_default="by the compute precision")
+    self_check_budget: float = setting(0.045, "the share of a run's probe time the self-check spends (a model's "
+                                       "first probe is checked whatever it costs)", _check_budget, metavar="X")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)

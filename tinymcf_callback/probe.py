@@ -83,7 +83,8 @@ class Probe:
             self.prefix_plan = None
             self.batches = plan_batches([len(e) for e in self.encoded], config.token_budget, config.max_batch_size)
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
-        self.rotation = Rotation(seed=config.seed)  # which prompts the self-check compares, probe after probe
+        # which prompts the self-check compares, probe after probe, and when
+        self.rotation = Rotation(seed=config.seed, budget=config.self_check_budget)
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)

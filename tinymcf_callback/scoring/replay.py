@@ -42,7 +42,7 @@ from .model_info import unwrap_model, wrapper_chain
 REDUCED = (torch.bfloat16, torch.float16)
 REPLAY_DTYPE = torch.float32
 BLOCK_SHARE = 0.04  # a block may hold this share of the model's reduced-precision bytes (its float32 copy: twice that)
-HEAD_ROWS = 4096  # rows of the output layer multiplied in float32 at a time
+HEAD_ROWS = 2048  # rows of the output layer multiplied in float32 at a time
 
 
 def _is_reduced(t) -> bool:
@@ -280,14 +280,15 @@ def _blocks(model, head) -> set[int]:
 
 def _workspace(model, head, whole: set[int]) -> int:
     """Elements of float32 workspace the copies need at once, 64-byte aligned: the largest block's, and the largest
-    of the other modules' own (a module outside the blocks may be running around one)."""
+    of the own of the modules outside every block (one may be running around a block)."""
     def elements(modules) -> int:
         return sum(-(-t.numel() // 16) * 16 for m in modules
                    if not (type(m) is torch.nn.Embedding or m is head)
                    for t in (*m._parameters.values(), *m._buffers.values()) if _is_reduced(t))
 
     blocks = [elements(m.modules()) for m in model.modules() if id(m) in whole]
-    others = [elements([m]) for m in model.modules() if id(m) not in whole]
+    inside = {id(sub) for m in model.modules() if id(m) in whole for sub in m.modules()}
+    others = [elements([m]) for m in model.modules() if id(m) not in inside]
     return max(blocks, default=0) + max(others, default=0)
 
 

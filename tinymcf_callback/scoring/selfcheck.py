@@ -86,7 +86,7 @@ UNKNOWN_PRECISION_TOLERANCE = 2e-1
 REDUCED_PRECISIONS = ("bfloat16", "float16", "tf32")  # what the float32 replay is for
 REPLAY_PRECISION = "float32"
 N_CHECKED = 4  # at most this many prompts per probe
-CHECK_BUDGET = 0.045  # the check takes about this share of a run's probe time (see Rotation)
+CHECK_BUDGET = 0.045  # the check takes about this share of a run's probe time (see Rotation; self_check_budget)
 REPLAY_COST = 2.0  # a float32 token against a reduced-precision one (measured on CPU: 1.9-2.2x; a GPU's is larger)
 
 
@@ -185,7 +185,8 @@ class Rotation:
     shows most. ``coverage()`` says how far the cycle has come.
 
     When: the first probe of a structure always checks (at least one prompt: it decides the strategy). After that
-    each probe earns :data:`CHECK_BUDGET` of its own scoring time, and the check spends what has been earned: as
+    each probe earns ``budget`` (:data:`CHECK_BUDGET` unless ``self_check_budget`` says otherwise) of its own
+    scoring time, and the check spends what has been earned: as
     many prompts as it pays for (at the last check's measured time per prompt, at most :data:`N_CHECKED`), none
     when it cannot pay for one yet. So leaving the check on costs a run about :data:`CHECK_BUDGET` of its probe
     time, whatever a checked prompt costs on the hardware (a float32 replay of a bfloat16 model on a GPU costs
@@ -193,6 +194,7 @@ class Rotation:
     """
 
     seed: int = 0
+    budget: float = CHECK_BUDGET  # the share of its probes' time the check spends
     checked: set[int] = field(default_factory=set)  # checked in the current cycle
     probes: int = 0  # probes that checked prompts in the current cycle
     cycles: int = 0  # full cycles completed
@@ -205,8 +207,8 @@ class Rotation:
     def how_many(self, probe_seconds: float, estimate: float) -> int:
         """Prompts to check at this probe, which took ``probe_seconds`` to score. ``estimate``: the prompts the
         budget allows by the tokens they run (used before any check of this structure has been timed)."""
-        per = self.per_prompt or CHECK_BUDGET * probe_seconds / max(estimate, 1e-9)
-        self.credit = min(self.credit + CHECK_BUDGET * probe_seconds, N_CHECKED * per)  # no burst after a long wait
+        per = self.per_prompt or self.budget * probe_seconds / max(estimate, 1e-9)
+        self.credit = min(self.credit + self.budget * probe_seconds, N_CHECKED * per)  # no burst after a long wait
         if self.probes == 0:  # a new structure: checked now, whatever it costs
             return int(min(N_CHECKED, max(1, math.floor(self.credit / per))))
         return int(min(N_CHECKED, max(0, math.floor(self.credit / per))))
@@ -446,7 +448,7 @@ def _picked(job, model, strategy: str, plan, ranks: Ranks, compute: str | None) 
     rotation.start(ranks.gather(structure(model, strategy, compute))[0])
     order = rotation.order(job.encoded, job.batches, strategy, plan)
     first = order[:1]
-    estimate = CHECK_BUDGET * probe_cost(job.encoded, job.batches, strategy, plan) / max(
+    estimate = rotation.budget * probe_cost(job.encoded, job.batches, strategy, plan) / max(
         1.0, check_cost(job.encoded, job.batches, strategy, plan, first, compute in REDUCED_PRECISIONS))
     k = rotation.how_many(rotation.last_probe, estimate)
     idx = rotation.pick(job.encoded, job.batches, strategy, plan, k) if k else []
