@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.cli_checks import one_error_line
 from helpers.ports import torchrun
+from helpers.runs import budget_free
 from helpers.trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -100,6 +101,7 @@ def same_line(a: dict, b: dict) -> None:
     """Two history lines of one step agree in every number (whatever event wrote them, and whatever the model was
     called: a live model and a checkpoint loaded from its folder have other names)."""
     other = ("event", "model")
+    a, b = budget_free(a), budget_free(b)
     assert_same_numbers({k: v for k, v in a.items() if k not in other}, {k: v for k, v in b.items() if k not in other})
 
 

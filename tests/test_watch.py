@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cli_checks import one_error_line
-from helpers.runs import clone
+from helpers.runs import budget_free, clone
 from helpers.trackers import read_wandb_records
 
 from tinymcf_callback.cli.main import main as tinymcf
@@ -53,6 +53,7 @@ def history(run: Path) -> list[dict]:
 
 def without_timing(value):
     """A history line with the fields that time the probe (and the event that triggered it) left out."""
+    value = budget_free(value)
     if isinstance(value, dict):
         return {k: without_timing(v) for k, v in value.items() if k not in APART and not k.endswith(TIMING)}
     if isinstance(value, list):

@@ -84,8 +84,24 @@ def steps_events(lines: list[dict]) -> list[tuple[int, str]]:
     return [(line["step"], line["event"]) for line in lines]
 
 
+# What a self-check record says whatever its budget allowed: which prompts a probe checks depends on how long the
+# probes before it took (selfcheck.Rotation), so two writers of the same numbers check other prompts
+CHECK_KEPT = ("strategy", "fallbacks", "tolerance", "precision")
+
+
+def budget_free(value):
+    """``value`` with each ``self_check`` record cut to what does not depend on the check's time budget."""
+    if isinstance(value, dict):
+        return {k: ({c: v[c] for c in CHECK_KEPT if c in v} if k == "self_check" and isinstance(v, dict)
+                    else budget_free(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [budget_free(v) for v in value]
+    return value
+
+
 def without(value, apart=("event", "model", "by", *TIMING)):
     """A history line with what legitimately differs between two writers of the same numbers left out."""
+    value = budget_free(value)
     if isinstance(value, dict):
         return {k: without(v, apart) for k, v in value.items() if k not in apart and not k.endswith(TIMING)}
     if isinstance(value, list):
