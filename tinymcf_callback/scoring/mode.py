@@ -121,7 +121,7 @@ class Precision:
     def watch(self, output: bool = True):
         """Read the precision while the block runs; ``output=False``: the first product only (the self-check's
         float32 replay, whose output layer multiplies in float32 slices of its reduced-precision weight)."""
-        first, output = first_matmul(self.model), _output_layer(self.model) if output else None
+        first, output = first_matmul(self.model), output_layer(self.model) if output else None
         handles = []
         for where, target in (("first", first), ("output", output)):
             if target is not None and (where == "first" or target is not first):
@@ -180,18 +180,18 @@ def first_matmul(model):
         shape = getattr(weight, "ds_shape", getattr(weight, "shape", ()))  # a ZeRO-3 partition keeps its full shape
         if weight is not None and weight.is_floating_point() and len(shape) == 2:
             return module
-    return _output_layer(model)
+    return output_layer(model) or next((m for m in unwrap_model(model).modules() if isinstance(m, torch.nn.Linear)),
+                                       None)
 
 
-def _output_layer(model):
+def output_layer(model):
+    """The model's output layer (``get_output_embeddings``), or None when it declares none."""
     base = unwrap_model(model)
     try:
         head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     except (NotImplementedError, AttributeError):
         head = None
-    if isinstance(head, torch.nn.Module):
-        return head
-    return next((m for m in base.modules() if isinstance(m, torch.nn.Linear)), None)
+    return head if isinstance(head, torch.nn.Module) else None
 
 
 def _reduced_fp32_matmul(device: torch.device) -> bool:

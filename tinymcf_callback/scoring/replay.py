@@ -36,8 +36,8 @@ import dataclasses
 
 import torch
 
-from .mode import Precision, autocast_off, lifted_mixed_precision
-from .model_info import unwrap_model, wrapper_chain
+from .mode import Precision, autocast_off, lifted_mixed_precision, output_layer
+from .model_info import wrapper_chain
 
 REDUCED = (torch.bfloat16, torch.float16)
 REPLAY_DTYPE = torch.float32
@@ -94,7 +94,7 @@ class Float32Replay:
         self._arena: torch.Tensor | None = None  # the float32 workspace the copies are views of (blocks only)
         self._capacity = 0  # its elements: the largest block's reduced-precision elements and a module's own
         self._top = 0  # elements of it in use
-        self._head = _output_layer(model)
+        self._head = output_layer(model)
         self._head_patched, self._head_before = False, None  # the head's own forward attribute, if it had one
         self._head_chunk = 0
         self._head_weight = None
@@ -216,15 +216,6 @@ class Float32Replay:
             store[name] = original
             self.held -= size
             self._top -= taken
-
-
-def _output_layer(model):
-    base = unwrap_model(model)
-    try:
-        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    except (NotImplementedError, AttributeError):
-        head = None
-    return head if isinstance(head, torch.nn.Module) else None
 
 
 def _chunked_head(weight: torch.Tensor, bias: torch.Tensor | None):
