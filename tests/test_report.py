@@ -47,8 +47,11 @@ INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
     "n_forward": INT, "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST, "warnings": LIST,
-    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT,
+    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT, "backend": DICT,
 }
+BACKEND = {"kind": STR, "version": NAME_OR_NULL, "url": NAME_OR_NULL, "served_model": NAME_OR_NULL, "form": STR,
+           "exact": "boolean", "logprobs_mode": STR, "template": STR, "requests": INT, "concurrency": NUM_OR_NULL,
+           "p_yes_bound": NUM_OR_NULL, "mass_bound": NUM_OR_NULL}
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
               "tolerance": NUM, "precision": STR, "reference": NAME_OR_NULL, "resolution": NUM_OR_NULL,
               "waiting": "boolean", "coverage": DICT, "copy_bytes": INT, "scored_diff": NUM_OR_NULL,
@@ -78,7 +81,7 @@ def test_the_schema_written_in_the_code_is_the_one_documented_here():
     kinds = lambda part: {name: kind for name, (kind, _) in fmt.SCHEMA[part].items()}  # noqa: E731
     assert kinds("report") == REPORT_FIELDS
     assert kinds("extra") == {**EVAL_CLI_FIELDS, "step": INT, "epoch": NUM_OR_NULL}
-    assert kinds("info") == INFO_FIELDS and kinds("self_check") == SELF_CHECK
+    assert kinds("info") == INFO_FIELDS and kinds("self_check") == SELF_CHECK and kinds("backend") == BACKEND
     assert kinds("table") == TABLE_ROW and kinds("scenarios") == RATED_SCENARIO and kinds("prompts") == RATED_PROMPT
     assert "\\|" in fmt.schema_markdown("info")  # a | inside a cell is escaped, so the table stays a table
 
@@ -127,6 +130,7 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
     assert all(isinstance(w, str) for w in info["warnings"])
     check_fields(info["self_check"], SELF_CHECK, "info.self_check")
     check_fields(info["precision"], PRECISION, "info.precision")
+    check_fields(info["backend"], BACKEND, "info.backend")
     assert info["self_check"]["strategy"] == info["strategy"] and info["self_check"]["max_diff"] <= (
         info["self_check"]["tolerance"])
     assert [data[k] for k in ("dtype", "autocast", "compute")] == [info["precision"][k] for k in

@@ -60,3 +60,8 @@ class MissingExtraError(TinymcfError, ImportError):
 
 class LoadError(TinymcfError):
     """A model or tokenizer named on the command line cannot be loaded, or a folder cannot be written."""
+
+
+class ServedError(TinymcfError):
+    """A served model cannot be scored: the server is down, does not serve that model, refused a request,
+    or failed the served self-check (another template, processed log-probabilities, an order dependence)."""

@@ -81,10 +81,12 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def load_tokenizer(path: str, gguf_file: str | None = None):
+def load_tokenizer(path: str, gguf_file: str | None = None, *, alone: bool = False):
+    """The tokenizer of ``path``; ``alone``: a folder holding just a tokenizer will do (a served model's)."""
     from transformers import AutoTokenizer
 
-    check_model_source(path, gguf_file)
+    if not (alone and Path(path).is_dir()):
+        check_model_source(path, gguf_file)
     options = hub_options(path)
     try:
         return AutoTokenizer.from_pretrained(path, **options, **({"gguf_file": gguf_file} if gguf_file else {}))

@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 from .config import ProbeConfig, make_config
+from .errors import ConfigError
 from .results.analysis import analyse
 from .results.readout import HEADLINE_FIELDS, sanity_warnings
 from .results.text import sanity_lines
@@ -106,6 +107,10 @@ class Probe:
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`
         when a prompt exceeds its context.
         """
+        if is_served(model):  # the server scores every prompt (each process of a distributed run asks it alike)
+            if batches is not None:
+                raise ConfigError("a served model is scored whole by its server: batches= does not apply")
+            return model.score(self, progress=progress)
         check_causal_lm(model)
         answers = answer_token_ids(self.tok, self.answer_format)
         check_vocabulary(model, self.encoded, [*answers[0], *answers[1]])
@@ -136,7 +141,9 @@ class Probe:
         info["self_check"] = self.check_info(res.check)
         info["precision"] = res.precision
         info["subset"] = config.subset(self.vignettes)
-        info["warnings"] = self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
+        info["backend"] = res.backend or local_backend()
+        info["warnings"] = (self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
+                            + backend_warnings(info["backend"]))
         headline = {k: out[k] for k in HEADLINE_FIELDS}
         precision = res.precision or {}
         return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
@@ -158,6 +165,35 @@ class Probe:
         start = time.perf_counter()
         res = self.score(model, progress=progress, ranks=ranks)
         return self.report(res, elapsed=time.perf_counter() - start)
+
+
+def is_served(model) -> bool:
+    from .served import ServedModel
+
+    return isinstance(model, ServedModel)
+
+
+def local_backend() -> dict:
+    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s)."""
+    import transformers
+
+    return {"kind": "transformers", "version": transformers.__version__, "url": None, "served_model": None,
+            "form": "forward", "exact": True, "logprobs_mode": "raw", "template": "local", "requests": 0,
+            "concurrency": None, "p_yes_bound": None, "mass_bound": None}
+
+
+def backend_warnings(backend: dict) -> list[str]:
+    """What a served report must say: a top-k form's numbers are a bound; the template went unchecked."""
+    out = []
+    if not backend.get("exact", True):
+        out.append(f"served through {backend['form']} (top-k only): an answer token outside the top k was not "
+                   f"read, so P(Yes) is known within {backend['p_yes_bound']:.3g} and the Yes+No mass is a lower "
+                   f"bound (up to {backend['mass_bound']:.3g} unread); use an exact form (--form) where the server "
+                   "has one")
+    if str(backend.get("template", "")).startswith("not checked"):
+        out.append(f"the server's tokenizer and chat template were {backend['template']}: make sure it serves the "
+                   "model of the local tokenizer")
+    return out
 
 
 def prompt_notes(tok) -> list[str]:

@@ -15,18 +15,20 @@ from ..errors import LoadError
 from ..extras import require
 from ..loading import load_model, load_tokenizer
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .options import add_home, add_loading, add_probe_options, add_progress, probe_config
+from .options import add_home, add_loading, add_probe_options, add_progress, add_served, probe_config, served_model
 
 NAME = "eval"
 SUMMARY = "score one model and write its JSON report"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, help="a local model folder or a Hugging Face id")
+    p.add_argument("--model", required=True, help="a local model folder or a Hugging Face id (with --endpoint: the "
+                                                  "name the server serves)")
     p.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
     p.add_argument("--out", default=None, help="folder for the JSON report (default: the current folder)")
     p.add_argument("--gguf-file", default=None, help="a GGUF file inside --model, for GGUF checkpoints")
     add_loading(p)
+    add_served(p)
     add_home(p)
     add_progress(p)
     add_probe_options(p, skip=("target",))  # one model: no change to measure a target's selectivity by
@@ -55,8 +57,19 @@ def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.gguf_file:
         require("gguf")
-    probe = Probe(load_tokenizer(args.model, args.gguf_file), config=config)  # bad data fail before the weights load
-    model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
+    if args.endpoint:
+        try:
+            tok = load_tokenizer(args.tokenizer or args.model, alone=True)
+        except LoadError as e:
+            if args.tokenizer:
+                raise
+            raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
+                            "--tokenizer PATH") from None
+        probe = Probe(tok, config=config)
+        model = served_model(args, args.model, config)
+    else:
+        probe = Probe(load_tokenizer(args.model, args.gguf_file), config=config)  # bad data fail before the weights
+        model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
     report = probe.run(model, progress=not args.no_progress)
     print("\n".join(sanity_lines(report)))
     print(format_table(report["table"]))

@@ -98,6 +98,65 @@ def add_loading(parser, *, device_help: str | None = None, dtypes: tuple[str, ..
     parser.add_argument("--dtype", default="auto", choices=dtypes, help=dtype_help)
 
 
+def add_served(parser, *, run: bool = False) -> None:
+    """``--endpoint`` and what goes with it: score through an inference server instead of loading the weights.
+
+    ``run``: the sweep's and the watcher's form (``--served-model`` names the model and ``--reload`` loads each
+    checkpoint into the server); else ``tinymcf eval``'s (``--model`` names it, ``--tokenizer`` gives its tokenizer).
+    """
+    g = parser.add_argument_group("served model (--endpoint)")
+    if run:
+        g.add_argument("--endpoint", default=None, metavar="URL",
+                       help="score each checkpoint through this OpenAI-compatible server (vLLM, SGLang, llama.cpp) "
+                            "after --reload has loaded it there (API key, if any: $TINYMCF_API_KEY or $OPENAI_API_KEY)")
+        g.add_argument("--served-model", default=None, metavar="NAME",
+                       help="the name the server serves the model under (default: the one it lists)")
+        g.add_argument("--reload", default=None, metavar="CMD",
+                       help="a shell command that loads a checkpoint into the server and exits 0 once it serves it; "
+                            "{checkpoint} and {step} are replaced (also $TINYMCF_CHECKPOINT and $TINYMCF_STEP)")
+    else:
+        g.add_argument("--endpoint", default=None, metavar="URL",
+                       help="score the model through this OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...) "
+                            "instead of loading it; --model is then the name it serves (API key, if any: "
+                            "$TINYMCF_API_KEY or $OPENAI_API_KEY)")
+        g.add_argument("--tokenizer", default=None, metavar="PATH",
+                       help="the served model's tokenizer (a folder or Hub id; default: --model); the prompts go to "
+                            "the server as its token ids")
+    g.add_argument("--form", default="auto", metavar="FORM",
+                   help="how to ask for log-probabilities: auto (the server's exact form), logprob_token_ids (vLLM), "
+                        "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
+    g.add_argument("--concurrency", type=int, default=8, metavar="N", help="requests in flight at once (default 8)")
+    g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds per request before it is retried (default 60)")
+    g.add_argument("--request-retries", type=int, default=4, metavar="N",
+                   help="retries of a request on 429/5xx/timeouts, with backoff (default 4)")
+    if not run:
+        g.add_argument("--reference", default=None, metavar="PATH",
+                       help="the same weights as a local model: the self-check's prompts are also scored by its "
+                            "forward pass and the difference recorded")
+        g.add_argument("--reference-tolerance", type=float, default=None, metavar="P",
+                       help="refuse when the server and --reference differ by more than this in P(Yes) (default: "
+                            "record only)")
+
+
+def served_model(args: argparse.Namespace, model: str, config: ProbeConfig | None = None, *, name: str | None = None):
+    """The :class:`~tinymcf_callback.served.ServedModel` the ``--endpoint`` options describe (None without one)."""
+    if not getattr(args, "endpoint", None):
+        return None
+    from ..served import ServedModel
+
+    reference = None
+    if getattr(args, "reference", None):
+        from ..loading import load_model
+
+        reference = load_model(args.reference, device="cpu", dtype="float32")
+    tolerance = config.self_check_tolerance if config is not None else None
+    return ServedModel(args.endpoint, model, form=args.form, concurrency=args.concurrency,
+                       timeout=args.request_timeout, retries=args.request_retries, reference=reference,
+                       tolerance=tolerance, reference_tolerance=getattr(args, "reference_tolerance", None), name=name,
+                       seed=config.seed if config is not None else 0)
+
+
 def add_dashboards(parser, *, default: str) -> None:
     """``--report-to``, ``--wandb-run``, ``--tensorboard-dir``: the run's own dashboards for each line written."""
     parser.add_argument("--report-to", default=default, metavar="NAMES",

@@ -9,7 +9,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .options import add_dashboards, add_home, add_loading, add_probe_options, add_progress, probe_config, report_to
+from .options import (
+    add_dashboards,
+    add_home,
+    add_loading,
+    add_probe_options,
+    add_progress,
+    add_served,
+    probe_config,
+    report_to,
+)
 
 NAME = "sweep"
 SUMMARY = "score each checkpoint-<step> of a Trainer run into its history (the callback's curve)"
@@ -48,6 +57,7 @@ def add_run_arguments(p, *, dashboards: str) -> None:
     p.add_argument("--retries", type=int, default=4, metavar="N",
                    help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N "
                         "times, after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
+    add_served(p, run=True)
     add_dashboards(p, default=dashboards)
     add_home(p)
     add_progress(p)
@@ -56,13 +66,18 @@ def add_run_arguments(p, *, dashboards: str) -> None:
 
 def settings_of(args):
     """The run's settings from the command line (the sweep's and the watcher's)."""
-    from ..follow.settings import RunSettings
+    from ..follow.settings import RunSettings, ServedSettings
 
+    served = None
+    if args.endpoint:
+        served = ServedSettings(args.endpoint, args.served_model, args.reload, form=args.form,
+                                concurrency=args.concurrency, timeout=args.request_timeout,
+                                retries=args.request_retries)
     return RunSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
                        force_base_model=args.force_base_model, tokenizer=args.tokenizer, device=args.device,
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
                        baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                       tensorboard_dir=args.tensorboard_dir, restart=args.restart)
+                       tensorboard_dir=args.tensorboard_dir, restart=args.restart, served=served)
 
 
 def run(args) -> int:

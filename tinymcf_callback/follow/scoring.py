@@ -92,14 +92,18 @@ def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, dev
     settings = planner.settings
     try:
         before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
-        model = load_checkpoint(checkpoint, plan, device)
-        try:
+        if settings.served is not None:
             probe = probes.get(planner.tokenizer_source(checkpoint, plan))
-            with in_precision(plan.precision, device):
-                report = probe.run(model)
-        finally:
-            del model
-            release_memory()
+            report = probe.run(served_checkpoint(settings.served, checkpoint, plan))
+        else:
+            model = load_checkpoint(checkpoint, plan, device)
+            try:
+                probe = probes.get(planner.tokenizer_source(checkpoint, plan))
+                with in_precision(plan.precision, device):
+                    report = probe.run(model)
+            finally:
+                del model
+                release_memory()
         after = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
         if after != before:
             raise OSError(f"{checkpoint.folder} was written to while it was scored (fingerprint {before} then "
@@ -118,6 +122,20 @@ def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, dev
         line["replaces"] = task.replaces
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
                    report=report if checkpoint.baseline else None)
+
+
+def served_checkpoint(served, checkpoint: Checkpoint, plan: Plan):
+    """Load ``checkpoint`` into the server with the user's ``--reload`` command; the served model to score."""
+    from ..served import ServedModel
+    from ..served.reload import reload_into, served_name
+
+    where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
+    if served.reload:
+        reload_into(served.reload, where, checkpoint.step, timeout=served.reload_timeout)
+    model = ServedModel(served.endpoint, served.model or served_name(served.endpoint), form=served.form,
+                        concurrency=served.concurrency, timeout=served.timeout, retries=served.retries,
+                        name=checkpoint.shown_as or where)
+    return model
 
 
 def describe(error: Exception) -> str:

@@ -16,6 +16,20 @@ DTYPE_CHOICES = ("auto", *COMPUTES)  # --dtype: auto (the run's own), or a preci
 
 
 @dataclass(frozen=True)
+class ServedSettings:
+    """Score each checkpoint through an inference server: ``reload`` loads it there, ``endpoint`` is asked."""
+
+    endpoint: str
+    model: str | None = None  # the served name (default: the one the server lists)
+    reload: str | None = None  # shell command; {checkpoint} and {step} replaced
+    form: str = "auto"
+    concurrency: int = 8
+    timeout: float = 60.0
+    retries: int = 4
+    reload_timeout: float = 1800.0
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """What to score in a run folder and how: the probe, the starting model, the precision, the dashboards."""
 
@@ -33,6 +47,7 @@ class RunSettings:
     wandb_run: str | None = None  # the wandb run id (default: the one moral_probe_run.json records)
     tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
     restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
+    served: ServedSettings | None = None  # score through a server (--endpoint) instead of loading each checkpoint
 
     def __post_init__(self):
         if self.dtype not in DTYPE_CHOICES:

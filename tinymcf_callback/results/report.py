@@ -71,6 +71,23 @@ INFO_FIELDS = {
     "precision": (OBJECT, "dtype, autocast, device, compute (the precision the tolerance is for), and products "
                           "(the first product's and the output layer's, when they differ)"),
     "subset": (OBJECT, "which vignettes: limit, per_foundation, subset_seed, and a digest of their ids"),
+    "backend": (OBJECT, "what computed the answers: this process's forward pass, or a served model's server "
+                        "(BACKEND_FIELDS)"),
+}
+BACKEND_FIELDS = {
+    "kind": (STR, "transformers (this process), or the server: vllm, sglang, llama.cpp, openai-compatible"),
+    "version": (STR_OR_NULL, "its version (llama.cpp: its build), where it says"),
+    "url": (STR_OR_NULL, "the server's address, without any user:password; null in this process"),
+    "served_model": (STR_OR_NULL, "the name the server serves the model under"),
+    "form": (STR, "how the log-probabilities were asked: forward, logprob_token_ids, token_ids_logprob, n_probs, "
+                  "echo, top_logprobs"),
+    "exact": (BOOL, "every answer token's log-probability was read; false: a top-k bound (p_yes_bound)"),
+    "logprobs_mode": (STR, "raw: checked not to move with the sampling temperature (processed ones are refused)"),
+    "template": (STR, "whether the server's tokenizer and chat template were checked against the local ones"),
+    "requests": (INT, "HTTP requests the probe made (0 in this process)"),
+    "concurrency": (NUM_OR_NULL, "requests in flight at once"),
+    "p_yes_bound": (NUM_OR_NULL, "a top-k form: the widest P(Yes) interval over the prompts"),
+    "mass_bound": (NUM_OR_NULL, "a top-k form: the most answer mass the unread tokens can hold"),
 }
 SELF_CHECK_FIELDS = {
     "strategy": (STR, "the strategy the scores came from"),
@@ -112,6 +129,7 @@ PROMPT_FIELDS = {"id": (STR, "the vignette"), "foundation": (STR, "its label"),
                  "frame": (STR, "wrong or accept"), "p_yes": (NUM, "P(Yes) (P(true) with JSON answers)"),
                  "yn_mass": (NUM, "the answer mass"), "wrong": (NUM, "mean human wrongness (rated sets only)")}
 SCHEMA = {"report": REPORT_FIELDS, "extra": EXTRA_FIELDS, "info": INFO_FIELDS, "self_check": SELF_CHECK_FIELDS,
+          "backend": BACKEND_FIELDS,
           "table": TABLE_ROW_FIELDS, "scenarios": SCENARIO_FIELDS, "prompts": PROMPT_FIELDS}
 
 

@@ -373,6 +373,7 @@ class ScoreResult:
     check: dict | None = None
     precision: dict | None = None
     model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
+    backend: dict | None = None  # a served model's server, request form and bounds (None: the local forward pass)
 
 
 def empty_result(n: int) -> ScoreResult:

@@ -34,7 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
-from ..probe import Probe
+from ..probe import Probe, is_served
 from ..results.history import BASELINE_EVENT
 from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
@@ -98,6 +98,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             probe as a consumer of that queue (an entry goes once every consumer has scored it: two callbacks,
             one per answer format, can both hand off) and says once, at the first save, the ``tinymcf watch``
             command that scores them. A link that cannot be made (another filesystem) is said once.
+        endpoint: a :class:`~tinymcf_callback.served.ServedModel` to score instead of the Trainer's model: the
+            inference server an RL trainer syncs the policy's weights into (TRL's GRPO in server mode, verl,
+            OpenRLHF), probed at each event at no cost to the training's own devices (see docs/served.md).
 
     Either way the callback keeps ``<output_dir>/moral_probe_run.json`` on the main process: the run's
     dashboards (TensorBoard folder, wandb run), its starting model, its saves, each start of the training
@@ -114,7 +117,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
                  baseline: bool = True, tokenizer=None, trainer=None, strict: bool = False, verbose: bool = True,
-                 hand_off: bool = False, **settings):
+                 hand_off: bool = False, endpoint=None, **settings):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -129,6 +132,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
         self.hand_off = bool(hand_off)
+        if endpoint is not None and not is_served(endpoint):
+            raise ConfigError(f"endpoint= must be a tinymcf_callback.served.ServedModel (the server to probe), got "
+                              f"{type(endpoint).__name__}")
+        if endpoint is not None and hand_off:
+            raise ConfigError("endpoint= and hand_off=True both move the probe elsewhere: choose one")
+        self.endpoint = endpoint
         self.keeper: RunKeeper | None = None  # moral_probe_run.json (and the hand-off queue), on the main process
         self._tokenizer = tokenizer
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
@@ -178,7 +187,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.probe is None:
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
-        if kwargs.get("model") is not None:
+        if kwargs.get("model") is not None and self.endpoint is None:
             check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
         if self.trainer is None:
             self.trainer = trainer_holding(self)
@@ -254,6 +263,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self._probe(args, state, kwargs.get("model"), event)
 
     def _probe(self, args, state, model, event):
+        if self.endpoint is not None:
+            model = self.endpoint  # the server the training syncs its weights into, not the local copy
         if model is None:
             return
         self.attempted_step = state.global_step

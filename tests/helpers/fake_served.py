@@ -1,0 +1,252 @@
+"""An OpenAI-compatible inference server around a Hugging Face model, written for the tests (stdlib HTTP).
+
+``FakeServed(model, tok)`` listens on 127.0.0.1 (a free port) in a thread and answers as the real server
+``kind`` does, with the model's own float32 forward pass (one prompt per request, no padding), so its
+numbers are exact and a served report can be held to a local one at 1e-5:
+
+``vllm``       ``/version``, ``/v1/models``, ``/tokenize`` (prompt or messages), ``/v1/completions`` with
+               ``logprob_token_ids``, ``echo``, ``logprobs`` and ``return_tokens_as_token_ids``
+``sglang``     ``/get_server_info``, ``/version``, ``/v1/models``, ``/generate`` (``token_ids_logprob``)
+               and ``/v1/completions``
+``llama.cpp``  ``/props``, ``/v1/models``, ``/tokenize``, ``/apply-template``, ``/completion``
+               (``n_probs``) and ``/v1/completions`` (which ignores ``echo``, as llama.cpp's does)
+``plain``      ``/v1/models`` and ``/v1/completions`` only, ignoring ``logprob_token_ids`` (an older server)
+
+What can be made wrong, to test the refusals: ``template`` (another chat template for ``/tokenize`` and
+``/apply-template``), ``processed`` (log-probabilities after temperature, as vLLM's
+``processed_logprobs``), ``drift`` (each request's logits shifted by up to this: an order dependence),
+``api_key`` (a 401 echoing the key it got, unless it is this one), and ``faults`` (``"429"``,
+``"500"``, ``"slow"``, consumed one per request). ``requests`` records each request's route and body.
+``POST /admin/load {"path": folder}`` makes it serve a saved checkpoint (what a ``--reload`` script asks).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+KINDS = ("vllm", "sglang", "llama.cpp", "plain")
+
+
+class FakeServed:
+    def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
+                 processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0):
+        assert kind in KINDS
+        self.model, self.tok, self.kind, self.name = model.eval().float(), tok, kind, name
+        self.template, self.processed, self.drift, self.api_key, self.delay = template, processed, drift, api_key, delay
+        self.faults: deque = deque()
+        self.requests: list[tuple[str, dict]] = []
+        self.loaded: list[str] = []  # what /admin/load was given, in order
+        self.count = 0
+        self._noise = __import__("random").Random(0)
+        self.in_flight = self.most_in_flight = 0
+        self._lock = threading.Lock()  # one forward pass at a time
+        self._count_lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                server._handle(self, "GET")
+
+            def do_POST(self):
+                server._handle(self, "POST")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _handle(self, h, method):
+        length = int(h.headers.get("Content-Length") or 0)
+        body = json.loads(h.rfile.read(length) or b"{}") if method == "POST" else {}
+        path = h.path.split("?")[0]
+        with self._count_lock:
+            self.requests.append((path, body))
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            fault = self.faults.popleft() if self.faults else None
+        try:
+            reply = self._answer(h, method, path, body, fault)
+        finally:
+            with self._count_lock:  # counted out before the answer leaves: the client may send again at once
+                self.in_flight -= 1
+        self._send(h, *reply)
+
+    def _answer(self, h, method, path, body, fault):
+        if self.delay:
+            time.sleep(self.delay)
+        if self.api_key is not None:
+            got = (h.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if got != self.api_key:
+                return 401, {"error": {"message": f"invalid key {got!r}"}}
+        if fault == "429":
+            return 429, {"error": {"message": "rate limited"}}, {"Retry-After": "0"}
+        if fault == "500":
+            return 500, {"error": {"message": "boom"}}
+        if fault == "slow":
+            time.sleep(3)
+        route = self._routes().get((method, path))
+        if route is None:
+            return 404, {"detail": "Not Found"}
+        return route(body)
+
+    @staticmethod
+    def _send(h, status, obj, headers=None):
+        data = json.dumps(obj).encode()
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _routes(self):
+        models = lambda _: (200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})  # noqa: E731
+        r = {("GET", "/v1/models"): models, ("POST", "/v1/completions"): self.completions,
+             ("GET", "/health"): lambda _: (200, {}), ("POST", "/admin/load"): self.load}
+        if self.kind == "vllm":
+            r |= {("GET", "/version"): lambda _: (200, {"version": "0.0-fake"}), ("POST", "/tokenize"): self.tokenize}
+        if self.kind == "sglang":
+            r |= {("GET", "/get_server_info"): lambda _: (200, {"tp_size": 1, "disable_radix_cache": False}),
+                  ("GET", "/version"): lambda _: (200, {"version": "0.0-fake"}), ("POST", "/generate"): self.generate}
+        if self.kind == "llama.cpp":
+            r |= {("GET", "/props"): lambda _: (200, {"build_info": "b0-fake", "default_generation_settings": {}}),
+                  ("POST", "/tokenize"): self.tokenize, ("POST", "/apply-template"): self.apply_template,
+                  ("POST", "/completion"): self.completion}
+        return r
+
+    # ------------------------------------------------------------------ the model
+    def logprobs(self, ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+        """``[len(ids), vocab]`` log-probabilities of the next token after each prefix (what the server computes)."""
+        with self._lock:
+            self.count += 1
+            shift = self.drift * float(self._noise.random())
+            with torch.inference_mode():
+                logits = self.model(input_ids=torch.tensor([ids])).logits[0].float()
+        if shift:
+            logits = logits.clone()
+            logits[:, :: 7] += shift
+        if self.processed and temperature > 0:
+            logits = logits / temperature
+        return torch.log_softmax(logits, dim=-1)
+
+    def load(self, body):
+        """What a user's reload script would ask of its server: serve the weights saved in ``path`` from now on."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(body["path"], torch_dtype=torch.float32).eval()
+        with self._lock:
+            self.model = model
+            self.loaded.append(body["path"])
+        return 200, {"loaded": body["path"]}
+
+    def _key(self, token: int, as_ids: bool) -> str:
+        return f"token_id:{token}" if as_ids else self.tok.decode([token])
+
+    def _render(self, messages) -> str:
+        kwargs = {"chat_template": self.template} if self.template else {}
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                            enable_thinking=False, **kwargs)
+
+    def tokenize(self, body):
+        if "messages" in body:
+            text = self._render(body["messages"])
+        else:
+            text = body.get("prompt", body.get("content", ""))
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if self.template and "messages" not in body:  # another template's special tokens: another tokenization
+            ids = self.tok(text.replace("<|im_start|>", "<|begin|>"), add_special_tokens=False)["input_ids"]
+        return 200, {"tokens": ids, "count": len(ids)}
+
+    def apply_template(self, body):
+        return 200, {"prompt": self._render(body["messages"])}
+
+    def completions(self, body):
+        if body.get("model") != self.name and self.kind != "llama.cpp":
+            return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                   "code": "model_not_found"}}
+        ids = body["prompt"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            return 400, {"error": {"message": "this fake takes token-id prompts only"}}
+        if any(t >= len(self.tok) or t < 0 for t in ids):
+            return 400, {"error": {"message": f"Token id out of vocabulary: {max(ids)}"}}
+        as_ids = bool(body.get("return_tokens_as_token_ids")) and self.kind == "vllm"
+        k = body.get("logprobs")
+        lp = self.logprobs(ids, body.get("temperature", 1.0))
+        nxt = int(lp[-1].argmax())
+        wanted = body.get("logprob_token_ids") if self.kind == "vllm" else None
+        echo = bool(body.get("echo")) and self.kind != "llama.cpp"
+
+        def step(row, token):
+            if k is None:
+                return None
+            if wanted:
+                return {self._key(t, as_ids): float(row[t]) for t in [token, *wanted]}
+            top = torch.topk(row, max(int(k), 1))
+            pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
+            out = {self._key(int(t), as_ids): float(v) for v, t in pairs}
+            out[self._key(token, as_ids)] = float(row[token])
+            return out
+
+        tokens, token_lp, tops = [], [], []
+        if echo:
+            for pos, t in enumerate(ids):
+                tokens.append(self._key(t, as_ids))
+                token_lp.append(None if pos == 0 else float(lp[pos - 1, t]))
+                tops.append(None if pos == 0 else step(lp[pos - 1], t))
+        if body.get("max_tokens", 16) > 0:
+            tokens.append(self._key(nxt, as_ids))
+            token_lp.append(float(lp[-1, nxt]))
+            tops.append(step(lp[-1], nxt))
+        logprobs = None if k is None else {"tokens": tokens, "token_logprobs": token_lp, "top_logprobs": tops,
+                                           "text_offset": [0] * len(tokens)}
+        return 200, {"id": f"cmpl-{self.count}", "object": "text_completion", "model": self.name,
+                     "choices": [{"index": 0, "text": self.tok.decode([nxt]), "logprobs": logprobs,
+                                  "finish_reason": "length"}]}
+
+    def generate(self, body):
+        ids = body["input_ids"]
+        lp = self.logprobs(ids, (body.get("sampling_params") or {}).get("temperature", 1.0))[-1]
+        top = torch.topk(lp, int(body.get("top_logprobs_num") or 1))
+        wanted = body.get("token_ids_logprob") or []
+        meta = {"prompt_tokens": len(ids), "completion_tokens": 1,
+                "output_top_logprobs": [[[float(v), int(t), None]
+                                         for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)]],
+                "output_token_ids_logprobs": [[[float(lp[t]), int(t), None] for t in wanted]]}
+        return 200, {"text": "", "output_ids": [int(lp.argmax())], "meta_info": meta}
+
+    def completion(self, body):
+        ids = body["prompt"]
+        lp = self.logprobs(ids, 1.0)[-1]  # llama.cpp's n_probs come before any sampler: raw
+        n = int(body.get("n_probs") or 0)
+        top = torch.topk(lp, min(max(n, 1), lp.numel()))
+        nxt = int(top.indices[0])
+        rows = [{"id": int(t), "token": self.tok.decode([int(t)]), "logprob": float(v), "bytes": []}
+                for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+        probs = [{"id": nxt, "token": self.tok.decode([nxt]), "logprob": float(lp[nxt]), "bytes": [],
+                  "top_logprobs": rows}] if n else []
+        return 200, {"content": self.tok.decode([nxt]), "tokens_evaluated": len(ids), "completion_probabilities": probs}

@@ -1,0 +1,218 @@
+"""A served model scored through an OpenAI-compatible server: the fast tier, against tests/helpers/fake_served.py.
+
+The fake answers with the model's own float32 forward pass, one prompt per request, in the real wire
+formats of vLLM, SGLang and llama.cpp (and of a plain completions server), over HTTP through the real
+``openai`` client: a served report must match the local report of the same weights within 1e-5, and each
+thing a real server gets wrong (another template, processed log-probabilities, an order dependence, a
+wrong key or model name, a server down, rate limits) must be refused or survived as documented.
+Random weights: mechanics only, never moral content. The real servers are tests/servers/ (make test-servers).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers.fake_served import FakeServed
+
+from tinymcf_callback import Probe, evaluate
+from tinymcf_callback.errors import ConfigError, ServedError
+from tinymcf_callback.served import ServedModel
+
+LIMIT = 2  # 16 prompts
+TOKENIZER_SETTINGS = {"name": "scifi", "limit": LIMIT, "n_resamples": 0}
+
+
+@pytest.fixture(scope="module")
+def probe(qwen_tok):
+    return Probe(qwen_tok, **TOKENIZER_SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def local_report(probe, tiny_qwen):
+    return probe.run(tiny_qwen)
+
+
+class Leaning(torch.nn.Module):
+    """The tiny model with its answer tokens' logits raised, so they rank in a top-k list (llama.cpp's n_probs)."""
+
+    def __init__(self, model, ids, by=12.0):
+        super().__init__()
+        self.inner, self.ids, self.by, self.config = model, list(ids), by, model.config
+
+    def forward(self, input_ids, **kw):
+        out = self.inner(input_ids=input_ids, **kw)
+        out.logits[..., self.ids] += self.by
+        return out
+
+
+def p_yes(report) -> np.ndarray:
+    return report["raw"]["p_yes"].to_numpy(dtype=float)
+
+
+def masses(report) -> np.ndarray:
+    return report["raw"]["yn_mass"].to_numpy(dtype=float)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "plain"])
+def test_a_served_report_is_the_local_report_of_the_same_weights(kind, probe, tiny_qwen, local_report):
+    """Every exact form (vLLM logprob_token_ids, SGLang token_ids_logprob, echo) gives the local numbers within 1e-5."""
+    with FakeServed(tiny_qwen, probe.tok, kind=kind) as server:
+        report = probe.run(ServedModel(server.url, "served-model", reference=tiny_qwen))
+    assert np.abs(p_yes(report) - p_yes(local_report)).max() < 1e-5
+    assert np.abs(np.log(masses(report)) - np.log(masses(local_report))).max() < 1e-5
+    for key in ("score", "gap"):
+        assert report[key] == pytest.approx(local_report[key], abs=1e-5)
+    backend = report["info"]["backend"]
+    expected = {"vllm": "logprob_token_ids", "sglang": "token_ids_logprob", "plain": "echo"}[kind]
+    assert backend["form"] == expected == report["info"]["strategy"]
+    assert backend["kind"] == {"vllm": "vllm", "sglang": "sglang", "plain": "openai-compatible"}[kind]
+    assert backend["exact"] is True and backend["logprobs_mode"] == "raw" and backend["p_yes_bound"] is None
+    check = report["info"]["self_check"]
+    assert check["strategy"] == expected and len(check["checked"]) == 4 and check["max_diff"] <= 1e-5
+    assert check["scored_diff"] is not None and check["scored_diff"] < 1e-5  # the local forward pass agrees
+    served_top, local_top = report["info"]["top_tokens"], local_report["info"]["top_tokens"]
+    assert len(served_top) == 10 and [t["prob"] for t in served_top] == pytest.approx([t["prob"] for t in local_top],
+                                                                                      abs=1e-7)
+    assert report["model"] == "served-model" and report["prompt_digest"] == local_report["prompt_digest"]
+
+
+def test_the_template_is_checked_where_the_server_can_tokenize(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        report = probe.run(ServedModel(server.url, "served-model"))
+    assert report["info"]["backend"]["template"] == "checked: tokenizer and chat template"
+    routes = [route for route, _ in server.requests]
+    assert routes.count("/tokenize") == 2
+    with FakeServed(tiny_qwen, probe.tok, kind="sglang") as server:
+        report = probe.run(ServedModel(server.url, "served-model"))
+    assert report["info"]["backend"]["template"].startswith("not checked")
+    assert any("were not checked" in w for w in report["info"]["warnings"])
+
+
+OTHER_TEMPLATE = ("{% for m in messages %}<|begin|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|begin|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llama.cpp"])
+def test_a_server_with_another_template_is_refused(kind, probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind=kind, template=OTHER_TEMPLATE) as server:
+        with pytest.raises(ServedError, match="tokenizes the prompts differently|another template") as err:
+            probe.run(ServedModel(server.url, "served-model"))
+        scored = [b for route, b in server.requests if route in ("/v1/completions", "/completion")]
+    assert "\n" not in str(err.value) and not scored  # refused before a prompt was scored
+
+
+def test_processed_logprobs_are_refused(probe, tiny_qwen):
+    """vLLM's --logprobs-mode processed_logprobs (TRL's vllm-serve): the numbers move with the temperature."""
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", processed=True) as server:
+        with pytest.raises(ServedError, match="processed log-probabilities.*raw_logprobs"):
+            probe.run(ServedModel(server.url, "served-model"))
+        temps = [b.get("temperature") for route, b in server.requests if route == "/v1/completions"]
+    assert temps == [1.0, 0.5, 1.0]  # three requests found it, nothing else was scored
+
+
+def test_an_order_dependent_server_fails_the_self_check(probe, tiny_qwen):
+    with (FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.5) as server,
+          pytest.raises(ServedError, match="served self-check failed.*request order or batching")):
+        probe.run(ServedModel(server.url, "served-model", concurrency=1))
+
+
+def test_a_top_k_form_is_a_bound_and_says_so(probe, tiny_qwen, local_report):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        report = probe.run(ServedModel(server.url, "served-model", form="top_logprobs", top=5))
+    backend = report["info"]["backend"]
+    assert backend["exact"] is False and 0 < backend["p_yes_bound"] <= 1 and backend["mass_bound"] > 0
+    assert any("top-k only" in w and "lower bound" in w for w in report["info"]["warnings"])
+    assert np.all(masses(report) <= masses(local_report) + 1e-6)  # the mass read is a lower bound of the true one
+
+
+def test_llama_cpp_n_probs_is_exact_once_every_answer_token_is_listed(probe, tiny_qwen):
+    from tinymcf_callback.scoring.prompts import answer_token_ids
+
+    yes, no = answer_token_ids(probe.tok)
+    leaning = Leaning(tiny_qwen, [*yes, *no])
+    with torch.inference_mode():
+        logits = torch.stack([leaning(input_ids=torch.tensor([e])).logits[0, -1] for e in probe.encoded])
+    from tinymcf_callback.scoring.answers import score_prompts
+
+    local = score_prompts(logits, probe.tok)
+    with FakeServed(leaning, probe.tok, kind="llama.cpp") as server:
+        report = probe.run(ServedModel(server.url, "anything"))
+    assert report["info"]["backend"]["kind"] == "llama.cpp" and report["info"]["backend"]["form"] == "n_probs"
+    assert report["info"]["backend"]["exact"] is True
+    assert np.abs(p_yes(report) - local.p_yes).max() < 1e-5
+    assert report["info"]["self_check"]["reference"].startswith("top_logprobs form")
+
+
+def test_requests_run_in_a_bounded_pool_and_survive_rate_limits(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", delay=0.05) as server:
+        server.faults.extend(["429", "500", "429"])
+        report = probe.run(ServedModel(server.url, "served-model", concurrency=3))
+        assert 1 < server.most_in_flight <= 3
+    assert report["info"]["backend"]["concurrency"] == 3 and report["info"]["n_prompts"] == 16
+
+
+def test_one_line_errors_and_the_key_is_never_shown(probe, tiny_qwen, monkeypatch):
+    secret = "sk-test-secret-123456"
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", api_key=secret) as server:
+        monkeypatch.setenv("TINYMCF_API_KEY", "sk-wrong-key-999999")
+        with pytest.raises(ServedError, match=r"refused .*\(401\): the key from \$TINYMCF_API_KEY") as err:
+            probe.run(ServedModel(server.url, "served-model", retries=0))
+        assert "sk-wrong-key-999999" not in str(err.value)  # the server echoed it; the message does not
+        monkeypatch.setenv("TINYMCF_API_KEY", secret)
+        with pytest.raises(ServedError, match="serves 'served-model', not 'other': pass one of those with --model"):
+            probe.run(ServedModel(server.url, "other"))
+        report = probe.run(ServedModel(server.url, "served-model"))
+    assert secret not in json.dumps(report["info"], default=str)
+    with pytest.raises(ServedError, match="is not answering"):
+        probe.run(ServedModel(server.url, "served-model", retries=0))
+    with pytest.raises(ServedError, match="not an http"):
+        ServedModel("localhost:8000", "m")
+
+
+def test_nothing_is_cached_between_probes(probe, tiny_qwen, tmp_path):
+    """A model reloaded into the server is read afresh: the second probe sees the new weights."""
+    from tinymcf_callback.testing import tiny_qwen3
+
+    served = ServedModel("http://127.0.0.1:1", "served-model")
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        served = ServedModel(server.url, "served-model")
+        first = probe.run(served)
+        other = tmp_path / "other"
+        tiny_qwen3(seed=1).save_pretrained(other)
+        server.load({"path": str(other)})
+        second = probe.run(served)
+    assert np.abs(p_yes(first) - p_yes(second)).max() > 1e-3
+    assert first["info"]["self_check"]["checked"] != second["info"]["self_check"]["checked"]  # it rotates
+
+
+def test_evaluate_and_batches(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        served = ServedModel(server.url, "served-model")
+        report = evaluate(served, probe.tok, "scifi", limit=1, n_resamples=0, verbose=False)
+        assert report["info"]["backend"]["kind"] == "vllm"
+        with pytest.raises(ConfigError, match="batches= does not apply"):
+            probe.score(served, batches=[[0]])
+
+
+def test_eval_command_writes_the_served_report(probe, tiny_qwen, tmp_path):
+    from tinymcf_callback.testing import qwen3_tokenizer_dir
+
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        cmd = [sys.executable, "-m", "tinymcf_callback", "eval", "--endpoint", server.url + "/v1", "--model",
+               "served-model", "--tokenizer", str(qwen3_tokenizer_dir()), "--limit", "2", "--n-resamples", "0",
+               "--out", str(tmp_path), "--no-progress", "--concurrency", "2"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        missing = subprocess.run([*cmd[:7], "served-model", "--limit", "1", "--out", str(tmp_path)],
+                                 capture_output=True, text=True, timeout=300)
+    data = json.loads((tmp_path / "eval_scifi_served-model.json").read_text())
+    assert data["info"]["backend"]["form"] == "logprob_token_ids" and data["info"]["backend"]["url"] == server.url
+    from test_report import check_report_schema
+
+    check_report_schema(data, {"tag": "string"})
+    assert missing.returncode == 2 and "--tokenizer" in missing.stderr.strip().splitlines()[-1]
