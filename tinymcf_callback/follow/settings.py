@@ -23,7 +23,7 @@ class ServedSettings:
     model: str | None = None  # the served name (default: the one the server lists)
     reload: str | None = None  # shell command; {checkpoint} and {step} replaced
     form: str = "auto"
-    concurrency: int = 8
+    concurrency: int | None = None  # default: 8, 1 on llama.cpp
     timeout: float = 60.0
     retries: int = 4
     reload_timeout: float = 1800.0

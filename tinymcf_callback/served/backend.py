@@ -44,10 +44,16 @@ from .http import ServerClient
 AUTO_FORM = {"vllm": "logprob_token_ids", "sglang": "token_ids_logprob", "llama.cpp": "n_probs"}
 SECOND_FORM = {"logprob_token_ids": "echo", "token_ids_logprob": "echo", "n_probs": "top_logprobs",
                "echo": "echo", "top_logprobs": "top_logprobs"}
-DEFAULT_TOP = {"n_probs": 100, "top_logprobs": 20}
+DEFAULT_TOP = {"n_probs": 1000, "top_logprobs": 20}
 DEFAULT_TOLERANCE = 1e-3  # two requests for the same prompt to one server: what they may differ by
 PROCESSED_TOLERANCE = 1e-3  # log-probability change between temperature 1 and 0.5 that reveals processing
 N_CHECKED = 4
+# What each server needs so that a prompt's numbers are its own. llama.cpp reuses a slot's cached prefix
+# (computed in another batch) and decodes parallel slots in one batch, and both move its numbers: measured on
+# SmolLM2 Q4_1, a prompt's log P(answer) moved by up to 0.07 with the prompt cache and 0.13-0.17 with 8
+# requests in flight, and by 0 asked alone without the cache. So it gets one request at a time, uncached.
+REQUEST_EXTRA = {"llama.cpp": {"cache_prompt": False}}
+DEFAULT_CONCURRENCY = {"llama.cpp": 1}
 
 
 @dataclass
@@ -68,9 +74,10 @@ class ServedModel:
         form: the request form (:data:`~tinymcf_callback.served.forms.FORMS`), default the exact one of the
             server found: ``logprob_token_ids`` on vLLM, ``token_ids_logprob`` on SGLang, ``n_probs`` on
             llama.cpp, ``echo`` elsewhere.
-        concurrency: requests in flight at once (a bounded pool).
+        concurrency: requests in flight at once (a bounded pool); default 8, and 1 on llama.cpp, whose
+            batched decoding changes a prompt's numbers.
         timeout, retries: per request; 408/409/429/5xx and timeouts are retried with backoff.
-        top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 100, ``top_logprobs`` 20).
+        top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
         reference: the same weights as a local model, to score the checked prompts with the forward pass too.
         check_prompts: prompts the self-check asks again per probe (0: no self-check).
         tolerance: what the self-check holds the server's two readings of a prompt to (default 1e-3).
@@ -80,7 +87,7 @@ class ServedModel:
     The API key, when the server wants one, is read from ``TINYMCF_API_KEY`` or ``OPENAI_API_KEY``.
     """
 
-    def __init__(self, endpoint: str, model: str, *, form: str = "auto", concurrency: int = 8,
+    def __init__(self, endpoint: str, model: str, *, form: str = "auto", concurrency: int | None = None,
                  timeout: float = 60.0, retries: int = 4, top: int | None = None, reference=None,
                  check_prompts: int = N_CHECKED, tolerance: float | None = None,
                  reference_tolerance: float | None = None, name: str | None = None, seed: int = 0, environ=None):
@@ -89,10 +96,12 @@ class ServedModel:
         if not isinstance(model, str) or not model:
             raise ServedError(f"--model must name the served model (GET <endpoint>/v1/models lists them), got "
                               f"{model!r}")
-        if int(concurrency) < 1:
+        if concurrency is not None and int(concurrency) < 1:
             raise ServedError(f"--concurrency must be at least 1, got {concurrency!r}")
         self.client = ServerClient(endpoint, timeout=timeout, retries=retries, environ=environ)
-        self.model, self.form_name, self.concurrency = model, form, int(concurrency)
+        self.model, self.form_name = model, form
+        self.asked_concurrency = None if concurrency is None else int(concurrency)
+        self.concurrency = self.asked_concurrency or 8
         self.top, self.reference, self.check_prompts = top, reference, max(0, int(check_prompts))
         self.tolerance = DEFAULT_TOLERANCE if tolerance is None else float(tolerance)
         self.reference_tolerance = reference_tolerance
@@ -134,7 +143,8 @@ class ServedModel:
         name = name or (AUTO_FORM.get(self.server.kind, "echo") if self.form_name == "auto" else self.form_name)
         top = self.top or DEFAULT_TOP.get(name, 10)
         vocab = {tok.decode([a]): a for a in [*sides[0], *sides[1]]}
-        return FORM_CLASSES[name](self.client, self.model, sides, top=top, vocab=vocab, vocab_size=len(tok))
+        return FORM_CLASSES[name](self.client, self.model, sides, top=top, vocab=vocab, vocab_size=len(tok),
+                                  extra=REQUEST_EXTRA.get(self.server.kind))
 
     # ------------------------------------------------------------------ checks before scoring
     def check_template(self, probe) -> str:
@@ -208,6 +218,7 @@ class ServedModel:
         yes, no = answer_token_ids(tok, probe.answer_format)
         self.check_vocabulary(probe, [*yes, *no])
         server = self.find_server()
+        self.concurrency = self.asked_concurrency or DEFAULT_CONCURRENCY.get(server.kind, 8)
         form = self.form(None, tok, (yes, no))
         template = self.check_template(probe)
         n = len(probe.encoded)
@@ -363,9 +374,10 @@ class ServedModel:
             raise ServedError(f"the served self-check failed: the server at {self.client.shown} gave one prompt "
                               f"({probe.labels[worst]}) two answers {max_diff:.3g} apart in P(Yes) (log mass "
                               f"{max_mass:.3g}) when asked again later or in the {second.name} form, above the "
-                              f"tolerance {self.tolerance:g}: its numbers depend on request order or batching "
-                              "(vLLM: --no-enable-prefix-caching; bf16 batch variance) or on the request form; "
-                              "raise --self-check-tolerance to accept that resolution")
+                              f"tolerance {self.tolerance:g} with {self.concurrency} request(s) in flight: its numbers "
+                              "depend on request order, batching or prompt caching (llama.cpp: --concurrency 1; vLLM: "
+                              "--no-enable-prefix-caching) or on the request form; raise --self-check-tolerance to "
+                              "accept that resolution")
         if (check.scored_diff is not None and self.reference_tolerance is not None
                 and max(check.scored_diff, check.scored_mass_diff) > self.reference_tolerance):
             raise ServedError(f"the served model differs from the local forward pass of {_name(self.reference)} by "

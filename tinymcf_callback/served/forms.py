@@ -8,8 +8,9 @@ each answer token it read, the top tokens when the form gives them, and, for a t
 ``logprob_token_ids``  vLLM ``/v1/completions``: the answer ids' log-probabilities, read straight
                        off the full softmax (exact; one request per prompt).
 ``token_ids_logprob``  SGLang ``/generate``: the same, with the top tokens beside them (exact).
-``n_probs``            llama.cpp ``/completion``: the top ``n_probs`` tokens of the full-vocabulary
-                       softmax (exact for every answer token among them; a bound for the rest).
+``n_probs``            llama.cpp ``/completion``: the top ``n_probs`` (1000) tokens of the full-vocabulary
+                       softmax, before any sampler; a prompt with an answer token below them is asked
+                       again for the whole vocabulary (exact).
 ``echo``               ``/v1/completions`` with ``echo`` and ``logprobs``: the prompt plus one answer
                        token, read back as a prompt log-probability (lm-evaluation-harness's
                        ``local-completions`` form); exact, one request per answer token.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from ..errors import ServedError
 
 FORMS = ("logprob_token_ids", "token_ids_logprob", "n_probs", "echo", "top_logprobs")
-EXACT = {"logprob_token_ids": True, "token_ids_logprob": True, "n_probs": False, "echo": True, "top_logprobs": False}
+EXACT = {"logprob_token_ids": True, "token_ids_logprob": True, "n_probs": True, "echo": True, "top_logprobs": False}
 FLOOR_CAP = -9999.0  # vLLM writes -inf as -9999.0
 
 
@@ -77,8 +78,8 @@ class Form:
     route = ""
 
     def __init__(self, client, model: str, sides: tuple[list[int], list[int]], *, top: int = 10,
-                 vocab: dict[str, int] | None = None, vocab_size: int | None = None):
-        self.client, self.model, self.top, self.vocab = client, model, top, vocab
+                 vocab: dict[str, int] | None = None, vocab_size: int | None = None, extra: dict | None = None):
+        self.client, self.model, self.top, self.vocab, self.extra = client, model, top, vocab, dict(extra or {})
         self.sides, self.answers, self.vocab_size = sides, [*sides[0], *sides[1]], vocab_size
 
     def read(self, ids: list[int], *, temperature: float = 1.0, top: bool = False,
@@ -98,7 +99,7 @@ class LogprobTokenIds(Form):
 
     def read(self, ids, *, temperature=1.0, top=False, only=None):
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "logprobs": 1, "logprob_token_ids": self.answers,
-                "return_tokens_as_token_ids": True, **sampling(temperature)}
+                "return_tokens_as_token_ids": True, **sampling(temperature), **self.extra}
         data = self.client.post(self.route, body)
         got = _choice_logprobs(data, self.route, self.client.shown).get("top_logprobs") or [None]
         found = {_token_id(k, self.vocab): _finite(v) for k, v in (got[0] or {}).items()}
@@ -109,7 +110,7 @@ class LogprobTokenIds(Form):
         reading = Reading({a: found[a] for a in self.answers})
         if top:
             body = {"model": self.model, "prompt": ids, "max_tokens": 1, "logprobs": self.top,
-                    "return_tokens_as_token_ids": True, **sampling(temperature)}
+                    "return_tokens_as_token_ids": True, **sampling(temperature), **self.extra}
             got = _choice_logprobs(self.client.post(self.route, body), self.route, self.client.shown)
             reading.top = _ranked(got.get("top_logprobs") or [None], self.vocab)
             reading.requests += 1
@@ -147,16 +148,16 @@ class NProbs(Form):
 
     def read(self, ids, *, temperature=1.0, top=False, only=None):
         reading = self._read(ids, temperature, self.top)
-        yes, no = self.sides
-        if self.vocab_size and not (any(a in reading.logp for a in yes) and any(a in reading.logp for a in no)):
-            # no Yes or no No among the top n_probs: ask for the whole vocabulary (exact, for this prompt only)
+        if self.vocab_size and reading.floor is not None and any(a not in reading.logp for a in self.answers):
+            # an answer token below the top n_probs: ask for the whole vocabulary (exact, for this prompt only;
+            # SmolLM2: 4.7 MB and 0.6 s, against 91 kB and 0.02 s for the top 1000)
             reading = self._read(ids, temperature, self.vocab_size)
             reading.requests = 2
         return reading
 
     def _read(self, ids, temperature, n_probs):
         body = {"prompt": ids, "n_predict": 1, "n_probs": n_probs, "post_sampling_probs": False,
-                "cache_prompt": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+                "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, **self.extra}
         data = self.client.post(self.route, body)
         try:
             step = data["completion_probabilities"][0]
@@ -187,7 +188,7 @@ class Echo(Form):
             want_top = top and n == 0
             body = {"model": self.model, "prompt": [*ids, answer], "max_tokens": 1, "echo": True,
                     "logprobs": self.top if want_top else 1, "return_tokens_as_token_ids": True,
-                    **sampling(temperature)}
+                    **sampling(temperature), **self.extra}
             got = _choice_logprobs(self.client.post(self.route, body), self.route, self.client.shown)
             values = got.get("token_logprobs") or []
             if len(values) <= len(ids) or values[len(ids)] is None:
@@ -210,7 +211,7 @@ class TopLogprobs(Form):
 
     def read(self, ids, *, temperature=1.0, top=False, only=None):
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "logprobs": self.top,
-                "return_tokens_as_token_ids": True, **sampling(temperature)}
+                "return_tokens_as_token_ids": True, **sampling(temperature), **self.extra}
         got = _choice_logprobs(self.client.post(self.route, body), self.route, self.client.shown)
         ranked = _ranked(got.get("top_logprobs") or [None], self.vocab)
         found = {k: v for k, v in ranked if isinstance(k, int)}
