@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_processed_logprobs_are_refused(probe, tiny_qwen):
 
 def test_an_order_dependent_server_fails_the_self_check(probe, tiny_qwen):
     with (FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.5) as server,
-          pytest.raises(ServedError, match="served self-check failed.*request order or batching")):
+          pytest.raises(ServedError, match="served self-check failed.*depend on request order, batching")):
         probe.run(ServedModel(server.url, "served-model", concurrency=1))
 
 
@@ -216,3 +217,85 @@ def test_eval_command_writes_the_served_report(probe, tiny_qwen, tmp_path):
 
     check_report_schema(data, {"tag": "string"})
     assert missing.returncode == 2 and "--tokenizer" in missing.stderr.strip().splitlines()[-1]
+
+
+# ---- a run followed through a server that its script reloads -----------------------------------------------------
+RELOAD = ("{python} -c \"import json, sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], "
+          "json.dumps({{'path': sys.argv[2]}}).encode(), {{'Content-Type': 'application/json'}}))\" {url}/admin/load "
+          "{{checkpoint}}")
+
+
+def numbers(line: dict) -> dict:
+    """What a history line measured (not how: the backend, its self-check and its precision say that)."""
+    # yn_top3_rate is null through vLLM's logprob_token_ids (it returns the ids asked for instead of the top k)
+    how = ("backend", "self_check", "strategy", "precision", "n_forward", "elapsed_s", "warnings", "yn_top3_rate")
+    return {"step": line["step"], "score": line["score"], "gap": line["gap"], "metrics": line["metrics"],
+            "table": line["table"], "info": {k: v for k, v in line["info"].items() if k not in how}}
+
+
+@pytest.mark.slow
+def test_a_watched_run_is_scored_through_a_server_its_script_reloads(tmp_path, qwen_tok, tiny_qwen):
+    from helpers.runs import clone, history, start_model, train_run
+    from test_sweep import assert_same_numbers
+
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    init = start_model(tmp_path / "init", qwen_tok)
+    run = tmp_path / "run"
+    train_run(run, qwen_tok, init, max_steps=2)  # the callback hands every probe off: nothing scored yet
+    local, served = clone(run, tmp_path / "local"), clone(run, tmp_path / "served")
+    probe = ["--limit", "2", "--n-resamples", "0", "--no-progress", "--report-to", "none", "--retries", "0"]
+    assert tinymcf(["sweep", str(local), *probe]) == 0
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm", name="policy") as server:
+        reload = RELOAD.format(python=sys.executable, url=server.url)
+        rc = tinymcf(["watch", str(served), "--endpoint", server.url, "--reload", reload, "--poll", "0.1",
+                      "--idle-timeout", "30", *probe])
+        loaded = list(server.loaded)
+    assert rc == 0
+    assert [Path(p).name for p in loaded] == ["init", "checkpoint-1", "checkpoint-2"]  # the baseline, then each save
+    by_local, by_server = history(local), history(served)
+    assert [line["step"] for line in by_server] == [line["step"] for line in by_local] == [0, 1, 2]
+    for a, b in zip(by_server, by_local, strict=True):
+        assert a["info"]["backend"]["kind"] == "vllm" and a["info"]["backend"]["served_model"] == "policy"
+        assert_same_numbers(numbers(a), numbers(b), where=f"step {a['step']}")
+
+
+def test_the_callback_probes_the_server_the_training_syncs_into(tmp_path, qwen_tok, tiny_qwen):
+    """RL in server mode: the policy's weights live in the server; the callback scores it at each save."""
+    from helpers.runs import PROBE, history, start_model
+    from helpers.trainer_utils import make_trainer
+
+    from tinymcf_callback import MoralProbeCallback
+
+    init = start_model(tmp_path / "init", qwen_tok)
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm", name="policy") as server:
+        served = ServedModel(server.url, "policy")
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(init)
+        trainer = make_trainer(tmp_path / "run", qwen_tok, (), max_steps=2, save_steps=1, eval=False, model=model)
+        trainer.add_callback(MoralProbeCallback(**PROBE, events=("save",), verbose=False, trainer=trainer,
+                                                endpoint=served))
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer.train()
+        completions = sum(route == "/v1/completions" for route, _ in server.requests)
+    lines = history(tmp_path / "run")
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert all(line["info"]["backend"]["url"] == server.url for line in lines)
+    assert completions >= 3 * 16  # every prompt of each probe went to the server
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # it trained
+    with pytest.raises(ConfigError, match="endpoint= must be a tinymcf_callback.served.ServedModel"):
+        MoralProbeCallback(**PROBE, endpoint="http://127.0.0.1:8000")
+
+
+@pytest.mark.slow  # 40 s: the fake lists all 151,936 tokens for each prompt
+def test_llama_cpp_asks_the_whole_vocabulary_when_an_answer_token_is_below_the_top_k(qwen_tok, tiny_qwen):
+    """Random weights put the answer tokens far down: each prompt is asked again for every token (exact)."""
+    small = Probe(qwen_tok, "scifi", limit=1, n_resamples=0)
+    local = small.run(tiny_qwen)
+    with FakeServed(tiny_qwen, qwen_tok, kind="llama.cpp") as server:
+        report = small.run(ServedModel(server.url, "x", top=20, check_prompts=1))
+        asked = [b["n_probs"] for route, b in server.requests if route == "/completion"]
+    assert report["info"]["backend"]["exact"] is True
+    assert np.abs(p_yes(report) - p_yes(local)).max() < 1e-5
+    assert asked.count(len(qwen_tok)) >= 8 and asked.count(20) >= 8  # the top 20 first, then the whole vocabulary

@@ -333,7 +333,7 @@ class Planner:
             if self.following and base is not None:
                 plan.pending = [t for t in plan.pending if not t.checkpoint.baseline]  # wait: the run says later
             return
-        if base is not None and saved_dtype(base.folder) not in (None, plan.dtype):
+        if base is not None and s.served is None and saved_dtype(base.folder) not in (None, plan.dtype):
             plan.notes.append(f"every model is loaded in {plan.dtype} ({self._why_precision}), the step-0 baseline "
                               f"included")
 
@@ -341,6 +341,8 @@ class Planner:
         """``--dtype``/``--autocast``; else what the run trains in; else what its checkpoints were saved in; else
         the precision of the history's own lines (a run that records none of the others)."""
         s = self.settings
+        if s.served is not None:  # the server computes in its own precision; its reports say "served"
+            return Precision("served"), "--endpoint: scored by the server"
         if s.requested is not None:
             return s.requested, "--autocast" if s.autocast else "--dtype"
         if record is not None and record.dtype in DTYPES:
