@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_scoring.py
 	$(BIN)/python benchmarks/self_check_cost.py
+	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python benchmarks/served_cost.py  # says so and skips without make servers
 
 clean:
 	rm -rf $(VENV) dist build site

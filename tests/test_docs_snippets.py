@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = ("index.md", "python.md", "callback.md", "steering.md", "watch.md", "preparing.md")
 NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md": "an excerpt of examples/demo.py",
-           "validity.md": "synopses of examples/validity.py"}
+           "validity.md": "synopses of examples/validity.py",
+           "served.md": "an inference server to ask (tests/test_served.py makes the same calls of a test server, "
+                        "tests/servers/ of real vLLM and llama.cpp servers)"}
 DRIVER = r"""
 import json, subprocess, sys
 blocks = json.loads(open(sys.argv[1]).read())

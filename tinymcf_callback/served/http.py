@@ -17,8 +17,7 @@ import os
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import ServedError
-from ..extras import require
+from ..errors import MissingExtraError, ServedError
 
 KEY_VARS = ("TINYMCF_API_KEY", "OPENAI_API_KEY")
 NO_KEY = "EMPTY"  # what vLLM's docs send to a server started without --api-key
@@ -61,7 +60,11 @@ class ServerClient:
     """
 
     def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4, environ=None):
-        openai = require("openai")
+        try:
+            import openai
+        except ImportError:
+            raise MissingExtraError("scoring a served model (--endpoint) needs the openai package, part of the "
+                                    "[served] extra: pip install 'tinymcf_callback[served]'") from None
         self.root, self.shown = split_url(url)
         self._key, self.key_source = api_key(environ)
         self.timeout, self.retries = float(timeout), int(retries)
