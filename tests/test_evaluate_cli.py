@@ -96,7 +96,9 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
     (["--name", "clifford"], "tinymcf prepare --name clifford"),
     (["--home", " "], "--home needs a folder"),
     (["--base-model", "base"], "unrecognized arguments: --base-model base"),  # a sweep's option (modes: subcommands)
-    (["--tokenizer", "tok", "--base-model", "base"], "unrecognized arguments: --tokenizer tok --base-model base"),
+    (["--tokenizer", "tok", "--base-model", "base"], "unrecognized arguments: --base-model base"),
+    (["--tokenizer", "tok"], "--tokenizer goes with --endpoint"),
+    (["--concurrency", "4"], "--concurrency goes with --endpoint"),
     (["--level", "95"], "--level must be a number between 0 and 1"),
     (["--n-resamples", "50"], "--n-resamples must be a whole number >= 100"),
 ])

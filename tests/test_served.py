@@ -59,7 +59,7 @@ def masses(report) -> np.ndarray:
     return report["raw"]["yn_mass"].to_numpy(dtype=float)
 
 
-@pytest.mark.parametrize("kind", ["vllm", "sglang", "plain"])
+@pytest.mark.parametrize("kind", ["vllm", "sglang", pytest.param("plain", marks=pytest.mark.slow)])  # echo: 400 requests
 def test_a_served_report_is_the_local_report_of_the_same_weights(kind, probe, tiny_qwen, local_report):
     """Every exact form (vLLM logprob_token_ids, SGLang token_ids_logprob, echo) gives the local numbers within 1e-5."""
     with FakeServed(tiny_qwen, probe.tok, kind=kind) as server:
@@ -200,6 +200,7 @@ def test_evaluate_and_batches(probe, tiny_qwen):
             probe.score(served, batches=[[0]])
 
 
+@pytest.mark.slow  # the command as a program
 def test_eval_command_writes_the_served_report(probe, tiny_qwen, tmp_path):
     from tinymcf_callback.testing import qwen3_tokenizer_dir
 
@@ -299,3 +300,19 @@ def test_llama_cpp_asks_the_whole_vocabulary_when_an_answer_token_is_below_the_t
     assert report["info"]["backend"]["exact"] is True
     assert np.abs(p_yes(report) - p_yes(local)).max() < 1e-5
     assert asked.count(len(qwen_tok)) >= 8 and asked.count(20) >= 8  # the top 20 first, then the whole vocabulary
+
+
+def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_path):
+    from tinymcf_callback.served.reload import reload_into
+
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.02) as server:
+        loose = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check_tolerance=0.5)
+        report = loose.run(ServedModel(server.url, "served-model"))  # the drift is within 0.5: recorded, accepted
+        assert 0 < report["info"]["self_check"]["max_diff"] <= 0.5 == report["info"]["self_check"]["tolerance"]
+        unchecked = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check=False).run(ServedModel(server.url, "served-model"))
+        assert unchecked["info"]["self_check"] is None
+    with pytest.raises(ServedError, match=r"--reload exited 3 for step 7 \(no such checkpoint\)"):
+        reload_into("echo no such checkpoint >&2; exit 3", str(tmp_path), 7)
+    marker = tmp_path / "loaded"
+    reload_into(f"printf '%s|' {{checkpoint}} {{step}} > {marker}", str(tmp_path / "a b"), 4)
+    assert marker.read_text() == f"{tmp_path / 'a b'}|4|"  # one argument, however the folder is named

@@ -44,6 +44,18 @@ def check_out_dir(out: Path) -> None:
         raise LoadError(f"the output folder {out} is not writable; pass a writable folder with --out")
 
 
+def check_served_options(args) -> None:
+    """The served-model options mean nothing without ``--endpoint``: say so rather than ignore them."""
+    if args.endpoint:
+        return
+    given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--concurrency", args.concurrency),
+                                      ("--reference", args.reference), ("--form", None if args.form == "auto" else 1))
+             if value is not None]
+    if given:
+        raise LoadError(f"{given[0]} goes with --endpoint (a model in an inference server); a local --model loads "
+                        "its own tokenizer and runs in this process")
+
+
 def run(args) -> int:
     import torch
 
@@ -52,6 +64,7 @@ def run(args) -> int:
     from ..results.text import format_table, sanity_lines
 
     config = probe_config(args)
+    check_served_options(args)
     out_dir = Path(args.out or ".")
     check_out_dir(out_dir)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

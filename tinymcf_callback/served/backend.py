@@ -46,7 +46,10 @@ SECOND_FORM = {"logprob_token_ids": "echo", "token_ids_logprob": "echo", "n_prob
                "echo": "echo", "top_logprobs": "top_logprobs"}
 DEFAULT_TOP = {"n_probs": 1000, "top_logprobs": 20}
 DEFAULT_TOLERANCE = 1e-3  # two requests for the same prompt to one server: what they may differ by
-PROCESSED_TOLERANCE = 1e-3  # log-probability change between temperature 1 and 0.5 that reveals processing
+# log-probability change between temperature 1 and 0.5 that reveals processing: temperature 0.5 doubles every logit
+# gap, which moves an answer token's log-probability by tenths (random tiny models: ~0.1; SmolLM2: ~1), far above a
+# server's repeat noise, which it must also be 10 times above
+PROCESSED_TOLERANCE = 0.02
 N_CHECKED = 4
 # What each server needs so that a prompt's numbers are its own. llama.cpp reuses a slot's cached prefix
 # (computed in another batch) and decodes parallel slots in one batch, and both move its numbers: measured on
@@ -80,7 +83,8 @@ class ServedModel:
         top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
         reference: the same weights as a local model, to score the checked prompts with the forward pass too.
         check_prompts: prompts the self-check asks again per probe (0: no self-check).
-        tolerance: what the self-check holds the server's two readings of a prompt to (default 1e-3).
+        tolerance: what the self-check holds the server's two readings of a prompt to (default: the probe's
+            ``self_check_tolerance`` when set, else 1e-3).
         reference_tolerance: what it holds the local forward pass's difference to (default: recorded only).
         name: what the report calls the model (default ``model``).
 
@@ -103,6 +107,7 @@ class ServedModel:
         self.asked_concurrency = None if concurrency is None else int(concurrency)
         self.concurrency = self.asked_concurrency or 8
         self.top, self.reference, self.check_prompts = top, reference, max(0, int(check_prompts))
+        self.asked_tolerance = None if tolerance is None else float(tolerance)
         self.tolerance = DEFAULT_TOLERANCE if tolerance is None else float(tolerance)
         self.reference_tolerance = reference_tolerance
         self.name, self.seed, self.probes = name or model, seed, 0
@@ -202,7 +207,7 @@ class ServedModel:
             return max((abs(a.logp[t] - b.logp[t]) for t in common), default=0.0)
 
         # a server that is merely not repeatable (the self-check's to find) is not taken for a processing one
-        if change(one, again) <= PROCESSED_TOLERANCE and change(one, half) > PROCESSED_TOLERANCE:
+        if change(one, half) > max(PROCESSED_TOLERANCE, 10 * change(one, again)):
             moved = change(one, half)
             raise ServedError(f"the server at {self.client.shown} returns processed log-probabilities: the same prompt "
                               f"read at temperature 1 and 0.5 differs by {moved:.3g} in log P(answer). The probe needs "
@@ -224,7 +229,10 @@ class ServedModel:
         n = len(probe.encoded)
         first = self.check_raw(form, probe.encoded[probe.sample_index])
         mode = "raw"
-        checked = self.pick_checked(n)
+        config = probe.config
+        self.tolerance = next(t for t in (self.asked_tolerance, config.self_check_tolerance, DEFAULT_TOLERANCE)
+                              if t is not None)
+        checked = self.pick_checked(n) if config.self_check else []
         second = self.form(SECOND_FORM[form.name], tok, (yes, no)) if checked else None
         # the second form reads the likeliest Yes and No tokens (of the first prompt): one request each for echo
         self.pair = [max(side, key=lambda a: first.logp.get(a, -math.inf)) for side in (yes, no)]
