@@ -59,7 +59,8 @@ def masses(report) -> np.ndarray:
     return report["raw"]["yn_mass"].to_numpy(dtype=float)
 
 
-@pytest.mark.parametrize("kind", ["vllm", "sglang", pytest.param("plain", marks=pytest.mark.slow)])  # echo: 400 requests
+# the plain server's echo form makes 400 requests: slow
+@pytest.mark.parametrize("kind", ["vllm", "sglang", pytest.param("plain", marks=pytest.mark.slow)])
 def test_a_served_report_is_the_local_report_of_the_same_weights(kind, probe, tiny_qwen, local_report):
     """Every exact form (vLLM logprob_token_ids, SGLang token_ids_logprob, echo) gives the local numbers within 1e-5."""
     with FakeServed(tiny_qwen, probe.tok, kind=kind) as server:
@@ -309,7 +310,8 @@ def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_pa
         loose = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check_tolerance=0.5)
         report = loose.run(ServedModel(server.url, "served-model"))  # the drift is within 0.5: recorded, accepted
         assert 0 < report["info"]["self_check"]["max_diff"] <= 0.5 == report["info"]["self_check"]["tolerance"]
-        unchecked = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check=False).run(ServedModel(server.url, "served-model"))
+        unchecked = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check=False).run(
+            ServedModel(server.url, "served-model"))
         assert unchecked["info"]["self_check"] is None
     with pytest.raises(ServedError, match=r"--reload exited 3 for step 7 \(no such checkpoint\)"):
         reload_into("echo no such checkpoint >&2; exit 3", str(tmp_path), 7)
