@@ -176,6 +176,22 @@ def test_one_line_errors_and_the_key_is_never_shown(probe, tiny_qwen, monkeypatc
         ServedModel("localhost:8000", "m")
 
 
+def test_a_token_id_the_served_model_lacks_is_one_line(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", vocab=1000) as server, \
+            pytest.raises(ServedError, match=r"refused the request to /v1/completions \(400\): .*out of vocabulary"):
+        probe.run(ServedModel(server.url, "served-model"))
+
+
+def test_a_run_followed_through_a_server_needs_its_reload_command(tmp_path, capsys):
+    from helpers.cli_checks import one_error_line
+
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    for args, needle in ((["--endpoint", "http://127.0.0.1:8000"], "--endpoint needs --reload CMD"),
+                         (["--reload", "true"], "--reload goes with --endpoint")):
+        one_error_line(tinymcf(["sweep", str(tmp_path), "--no-progress", *args]), capsys.readouterr().err, needle)
+
+
 def test_nothing_is_cached_between_probes(probe, tiny_qwen, tmp_path):
     """A model reloaded into the server is read afresh: the second probe sees the new weights."""
     from tinymcf_callback.testing import tiny_qwen3

@@ -35,10 +35,12 @@ KINDS = ("vllm", "sglang", "llama.cpp", "plain")
 
 class FakeServed:
     def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
-                 processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0):
+                 processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0,
+                 vocab: int | None = None):
         assert kind in KINDS
         self.model, self.tok, self.kind, self.name = model.eval().float(), tok, kind, name
         self.template, self.processed, self.drift, self.api_key, self.delay = template, processed, drift, api_key, delay
+        self.vocab = vocab or len(tok)  # a smaller one: a server whose model has fewer tokens than the tokenizer
         self.faults: deque = deque()
         self.requests: list[tuple[str, dict]] = []
         self.loaded: list[str] = []  # what /admin/load was given, in order
@@ -192,7 +194,7 @@ class FakeServed:
         ids = body["prompt"]
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             return 400, {"error": {"message": "this fake takes token-id prompts only"}}
-        if any(t >= len(self.tok) or t < 0 for t in ids):
+        if any(t >= self.vocab or t < 0 for t in [*ids, *(body.get("logprob_token_ids") or [])]):
             return 400, {"error": {"message": f"Token id out of vocabulary: {max(ids)}"}}
         as_ids = bool(body.get("return_tokens_as_token_ids")) and self.kind == "vllm"
         k = body.get("logprobs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
 from .options import (
     add_dashboards,
     add_home,
@@ -69,6 +70,11 @@ def settings_of(args):
     from ..follow.settings import RunSettings, ServedSettings
 
     served = None
+    if args.endpoint and not args.reload:
+        raise ConfigError("--endpoint needs --reload CMD: the command that loads each checkpoint into the server "
+                          "(else every step would score whatever the server holds); see docs/served.md")
+    if args.reload and not args.endpoint:
+        raise ConfigError("--reload goes with --endpoint URL, the server it loads each checkpoint into")
     if args.endpoint:
         served = ServedSettings(args.endpoint, args.served_model, args.reload, form=args.form,
                                 concurrency=args.concurrency, timeout=args.request_timeout,
