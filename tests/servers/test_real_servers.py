@@ -66,6 +66,12 @@ class Server:
         self.stop()
         raise RuntimeError(f"the server did not come up within {wait} s:\n{log.read_text()[-3000:]}")
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
     def stop(self):
         self.proc.terminate()
         try:
@@ -127,13 +133,10 @@ def say(what: str, served: dict, local: dict, seconds: float) -> dict:
 
 @needs_vllm
 def test_vllm_float32_gives_the_transformers_numbers(tmp_path, probe, local, smollm2_fp32):
-    server = vllm(tmp_path, dtype="float32")
-    try:
+    with vllm(tmp_path, dtype="float32") as server:
         start = time.perf_counter()
         served = probe.run(ServedModel(server.url, "smollm2", reference=smollm2_fp32[0]))
         d = say("vLLM float32", served, local, time.perf_counter() - start)
-    finally:
-        server.stop()
     assert served["info"]["backend"]["form"] == "logprob_token_ids" and served["info"]["backend"]["exact"]
     assert served["info"]["backend"]["template"] == "checked: tokenizer and chat template"
     assert d["max_p_yes"] < 2e-3 and d["max_log_mass"] < 1e-2  # float32 on both sides: another kernel, not a bug
@@ -141,13 +144,10 @@ def test_vllm_float32_gives_the_transformers_numbers(tmp_path, probe, local, smo
 
 @needs_vllm
 def test_vllm_bfloat16_differs_by_what_bfloat16_costs(tmp_path, probe, local, smollm2_fp32):
-    server = vllm(tmp_path, dtype="bfloat16")
-    try:
+    with vllm(tmp_path, dtype="bfloat16") as server:
         start = time.perf_counter()
         served = probe.run(ServedModel(server.url, "smollm2", reference=smollm2_fp32[0]))
         d = say("vLLM bfloat16", served, local, time.perf_counter() - start)
-    finally:
-        server.stop()
     assert served["info"]["self_check"]["max_diff"] <= 1e-3  # the server agrees with itself, in any order
     assert d["max_p_yes"] < 0.1 and d["mean_p_yes"] < 0.03
 
@@ -155,35 +155,26 @@ def test_vllm_bfloat16_differs_by_what_bfloat16_costs(tmp_path, probe, local, sm
 @needs_vllm
 def test_vllm_with_processed_logprobs_is_refused(tmp_path, probe):
     """TRL's vllm-serve starts vLLM with --logprobs-mode processed_logprobs."""
-    server = vllm(tmp_path, "--logprobs-mode", "processed_logprobs", dtype="bfloat16")
-    try:
-        with pytest.raises(ServedError, match="processed log-probabilities"):
-            probe.run(ServedModel(server.url, "smollm2"))
-    finally:
-        server.stop()
+    with vllm(tmp_path, "--logprobs-mode", "processed_logprobs", dtype="bfloat16") as server, \
+            pytest.raises(ServedError, match="processed log-probabilities"):
+        probe.run(ServedModel(server.url, "smollm2"))
 
 
 @needs_vllm
 def test_vllm_with_another_chat_template_is_refused(tmp_path, probe):
     template = tmp_path / "other.jinja"
     template.write_text(OTHER_TEMPLATE)
-    server = vllm(tmp_path, "--chat-template", str(template), dtype="bfloat16")
-    try:
-        with pytest.raises(ServedError, match="another template"):
-            probe.run(ServedModel(server.url, "smollm2"))
-    finally:
-        server.stop()
+    with vllm(tmp_path, "--chat-template", str(template), dtype="bfloat16") as server, \
+            pytest.raises(ServedError, match="another template"):
+        probe.run(ServedModel(server.url, "smollm2"))
 
 
 @needs_llama
 def test_llama_cpp_q4_1_differs_by_what_quantisation_costs(tmp_path, probe, local, smollm2_fp32):
-    server = llama(tmp_path)
-    try:
+    with llama(tmp_path) as server:
         start = time.perf_counter()
         served = probe.run(ServedModel(server.url, "smollm2", reference=smollm2_fp32[0]))
         d = say("llama.cpp Q4_1", served, local, time.perf_counter() - start)
-    finally:
-        server.stop()
     backend = served["info"]["backend"]
     assert backend["kind"] == "llama.cpp" and backend["form"] == "n_probs" and backend["exact"]
     assert backend["template"] == "checked: tokenizer and chat template"
@@ -194,19 +185,13 @@ def test_llama_cpp_q4_1_differs_by_what_quantisation_costs(tmp_path, probe, loca
 @needs_llama
 def test_llama_cpp_batching_moves_its_numbers_and_the_self_check_says_so(tmp_path, probe):
     """Eight requests in flight: llama.cpp decodes its slots in one batch, and a prompt's numbers move with it."""
-    server = llama(tmp_path)
-    try:
-        with pytest.raises(ServedError, match="served self-check failed.*8 request.*in flight.*--concurrency 1"):
-            probe.run(ServedModel(server.url, "smollm2", concurrency=8, check_prompts=16))
-    finally:
-        server.stop()
+    with llama(tmp_path) as server, \
+            pytest.raises(ServedError, match="served self-check failed.*8 request.*in flight.*--concurrency 1"):
+        probe.run(ServedModel(server.url, "smollm2", concurrency=8, check_prompts=16))
 
 
 @needs_llama
 def test_llama_cpp_with_another_chat_template_is_refused(tmp_path, probe):
-    server = llama(tmp_path, "--chat-template", "llama3")
-    try:
-        with pytest.raises(ServedError, match="another template"):
-            probe.run(ServedModel(server.url, "smollm2"))
-    finally:
-        server.stop()
+    with llama(tmp_path, "--chat-template", "llama3") as server, \
+            pytest.raises(ServedError, match="another template"):
+        probe.run(ServedModel(server.url, "smollm2"))

@@ -94,7 +94,11 @@ def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, dev
         before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
         if settings.served is not None:
             probe = probes.get(planner.tokenizer_source(checkpoint, plan))
-            report = probe.run(served_checkpoint(settings.served, checkpoint, plan))
+            served = served_checkpoint(settings.served, checkpoint, plan)
+            try:
+                report = probe.run(served)
+            finally:
+                served.close()  # its connections: one server model per checkpoint, nothing kept between them
         else:
             model = load_checkpoint(checkpoint, plan, device)
             try:
@@ -132,10 +136,9 @@ def served_checkpoint(served, checkpoint: Checkpoint, plan: Plan):
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
     if served.reload:
         reload_into(served.reload, where, checkpoint.step, timeout=served.reload_timeout)
-    model = ServedModel(served.endpoint, served.model or served_name(served.endpoint), form=served.form,
-                        concurrency=served.concurrency, timeout=served.timeout, retries=served.retries,
-                        name=checkpoint.shown_as or where)
-    return model
+    return ServedModel(served.endpoint, served.model or served_name(served.endpoint), form=served.form,
+                       concurrency=served.concurrency, timeout=served.timeout, retries=served.retries,
+                       name=checkpoint.shown_as or where)
 
 
 def describe(error: Exception) -> str:

@@ -38,7 +38,7 @@ from ..errors import ServedError
 from ..scoring.engine import ScoreResult, empty_result
 from ..scoring.prompts import answer_format_of, answer_token_ids
 from ..scoring.selfcheck import SelfCheck
-from .forms import EXACT, FORM_CLASSES, FORMS, Reading
+from .forms import FORM_CLASSES, FORMS, Reading
 from .http import ServerClient
 
 AUTO_FORM = {"vllm": "logprob_token_ids", "sglang": "token_ids_logprob", "llama.cpp": "n_probs"}
@@ -227,8 +227,7 @@ class ServedModel:
         form = self.form(None, tok, (yes, no))
         template = self.check_template(probe)
         n = len(probe.encoded)
-        first = self.check_raw(form, probe.encoded[probe.sample_index])
-        mode = "raw"
+        first = self.check_raw(form, probe.encoded[probe.sample_index])  # refuses processed log-probabilities
         config = probe.config
         self.tolerance = next(t for t in (self.asked_tolerance, config.self_check_tolerance, DEFAULT_TOLERANCE)
                               if t is not None)
@@ -249,7 +248,7 @@ class ServedModel:
         bound = self.bounds(readings, yes, no, n)
         res.backend = {"kind": server.kind, "version": server.version, "url": self.client.shown,
                        "served_model": self.model, "form": form.name, "exact": bound is None,
-                       "logprobs_mode": mode, "template": template,
+                       "logprobs_mode": "raw", "template": template,
                        "requests": self.client.count, "concurrency": self.concurrency,
                        "p_yes_bound": None if bound is None else bound[0],
                        "mass_bound": None if bound is None else bound[1]}
@@ -417,6 +416,3 @@ def _name(model) -> str:
     config = getattr(model, "config", None)
     return getattr(config, "name_or_path", None) or type(model).__name__
 
-
-def backend_exact(form: str) -> bool:
-    return EXACT[form]
