@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers.cli_checks import one_error_line
@@ -45,6 +46,16 @@ def hide(monkeypatch, module: str) -> None:
 
 def test_every_extra_is_hidden_by_the_test():
     assert set(HIDDEN) == set(EXTRAS)
+
+
+def test_the_openai_client_is_one_extra_that_prepare_and_served_bring():
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert EXTRAS["openai"][0] == "api" and [r for r in extras["api"] if r.startswith("openai")]
+    for extra in ("prepare", "served"):
+        assert "tinymcf_callback[api]" in extras[extra] and not [r for r in extras[extra] if r.startswith("openai")]
 
 
 @pytest.mark.parametrize("module", sorted(EXTRAS))
@@ -130,9 +141,10 @@ def test_the_plot_needs_only_matplotlib(monkeypatch, capsys, history, tmp_path):
     ("eval --gguf-file", "gguf", "gguf"),
     ("sweep of adapters", "peft", "peft"),
     ("sweep of ZeRO checkpoints", "deepspeed", "deepspeed"),
-    ("prepare (rewrites)", "openai", "prepare"),
+    ("prepare (rewrites)", "openai", "api"),
     ("prepare (rewrites)", "vaderSentiment", "prepare"),
-    ("validate", "openai", "prepare"),
+    ("validate", "openai", "api"),
+    ("eval --endpoint", "openai", "api"),
 ])
 def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra, monkeypatch, capsys, tiny_dir,
                                                          history, tmp_path):
@@ -154,6 +166,8 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
             "sweep of ZeRO checkpoints": ["sweep", zero.parent, "--base-model", tiny_dir, "--limit", "1"],
             "prepare (rewrites)": ["prepare", "--name", "myset", "--source", my_csv(tmp_path), *llm],
             "validate": ["validate", "--name", "scifi", "--limit", "1", *llm],
+            "eval --endpoint": ["eval", "--endpoint", server.base_url, "--model", "m", "--tokenizer", tiny_dir,
+                                "--limit", "1"],
         }[command]
         rc, out, err = run_hidden(monkeypatch, capsys, module, argv)
     one_error_line(rc, err, f"pip install 'tinymcf_callback[{extra}]'")

@@ -2,7 +2,7 @@
 
 The parts, from the bottom up (a module may import its own part and the parts below it):
 
-    base      _io, errors, extras                     (no part of the package)
+    base      _io, errors, extras, _version, apiclient (no part of the package)
     data      data/                                    the home, the vignette sets and their rewrites
     scoring   scoring/                                 prompts, models, batching, the engine, its self-check
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
@@ -34,8 +34,8 @@ import tinymcf_callback
 
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
 LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "uses", "cli", "init")
-PART_OF = {"_io": "base", "errors": "base", "extras": "base", "data": "data", "scoring": "scoring",
-           "results": "results", "rundir": "rundir", "trackers": "trackers", "probe": "probe", "config": "probe",
+PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
+           "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers", "probe": "probe", "config": "probe",
            "loading": "probe", "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses",
            "cli": "cli", "__main__": "cli", "prepare": "prepare", "testing": "testing", "__init__": "init",
            "served": "scoring"}  # a served model is scored beside the engine: the same layer
@@ -161,9 +161,10 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
         test_no_import_circle_between_modules()
 
 
-def test_the_top_level_holds_only_the_composition():
+def test_the_top_level_holds_only_the_composition_and_the_base():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_io", "config", "errors", "extras", "loading", "probe", "testing"]
+    assert top == ["__init__", "__main__", "_io", "_version", "apiclient", "config", "errors", "extras", "loading",
+                   "probe", "testing"]
 
 
 def test_the_public_names_are_the_lazy_table_and_each_resolves():

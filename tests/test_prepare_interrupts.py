@@ -14,9 +14,9 @@ import pytest
 from helpers.fake_llm_server import FakeLLM
 from helpers.prepare import KEY, MY_ROWS, cache_lines, my_csv, write_csv
 
+from tinymcf_callback.apiclient import scrub
 from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.sets import md5
-from tinymcf_callback.prepare.llm import scrub
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]

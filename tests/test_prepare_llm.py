@@ -6,12 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tinymcf_callback.prepare.llm import (
-    Answer,
-    find_api_key,
-    parse_json_answer,
-    read_dotenv,
-)
+from tinymcf_callback.apiclient import read_dotenv
+from tinymcf_callback.prepare.llm import Answer, find_api_key, parse_json_answer
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,11 +47,12 @@ INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
     "n_forward": INT, "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST, "warnings": LIST,
-    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT, "backend": DICT,
+    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT, "backend": DICT, "versions": DICT,
 }
 BACKEND = {"kind": STR, "version": NAME_OR_NULL, "url": NAME_OR_NULL, "served_model": NAME_OR_NULL, "form": STR,
-           "exact": "boolean", "logprobs_mode": STR, "template": STR, "requests": INT, "concurrency": NUM_OR_NULL,
-           "p_yes_bound": NUM_OR_NULL, "mass_bound": NUM_OR_NULL}
+           "exact": "boolean", "logprobs_mode": STR, "template": STR, "requests": INT, "retries": INT,
+           "concurrency": NUM_OR_NULL, "batch": NUM_OR_NULL, "p_yes_bound": NUM_OR_NULL, "mass_bound": NUM_OR_NULL}
+VERSIONS = ("tinymcf_callback", "torch", "transformers", "python")  # every report says what made it
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
               "tolerance": NUM, "precision": STR, "reference": NAME_OR_NULL, "resolution": NUM_OR_NULL,
               "waiting": "boolean", "coverage": DICT, "copy_bytes": INT, "scored_diff": NUM_OR_NULL,
@@ -131,6 +132,8 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
     check_fields(info["self_check"], SELF_CHECK, "info.self_check")
     check_fields(info["precision"], PRECISION, "info.precision")
     check_fields(info["backend"], BACKEND, "info.backend")
+    assert sorted(info["versions"]) == sorted(VERSIONS) and all(isinstance(v, str) and v for v in
+                                                               info["versions"].values())
     assert info["self_check"]["strategy"] == info["strategy"] and info["self_check"]["max_diff"] <= (
         info["self_check"]["tolerance"])
     assert [data[k] for k in ("dtype", "autocast", "compute")] == [info["precision"][k] for k in

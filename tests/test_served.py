@@ -296,11 +296,12 @@ def test_the_callback_probes_the_server_the_training_syncs_into(tmp_path, qwen_t
                                                 endpoint=served))
         before = [p.detach().clone() for p in model.parameters()]
         trainer.train()
-        completions = sum(route == "/v1/completions" for route, _ in server.requests)
+        scored = sum(len(b["prompt"]) if isinstance(b["prompt"][0], list) else 1 for route, b in server.requests
+                     if route == "/v1/completions" and "logprob_token_ids" in b)
     lines = history(tmp_path / "run")
     assert [line["step"] for line in lines] == [0, 1, 2]
     assert all(line["info"]["backend"]["url"] == server.url for line in lines)
-    assert completions >= 3 * 16  # every prompt of each probe went to the server
+    assert scored >= 3 * 16  # every prompt of each probe went to the server
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # it trained
     with pytest.raises(ConfigError, match="endpoint= must be a tinymcf_callback.served.ServedModel"):
         MoralProbeCallback(**PROBE, endpoint="http://127.0.0.1:8000")

@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM
 from tinymcf_callback import MoralProbeCallback
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
-from tinymcf_callback.follow.guards import HistoryView
 from tinymcf_callback.follow.scoring import ProbeCache
 from tinymcf_callback.follow.settings import RunSettings
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.rundir.checkpoints import checkpoint_folders, read_checkpoint, tokenizer_fingerprint
+from tinymcf_callback.rundir.curve import Curve
 
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"
@@ -323,9 +323,9 @@ def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
                                 "metrics": {}}
     old_run = [line(s, e) for s, e in ((0, "train_begin"), (1, "save"), (2, "save"))]
     path.write_text("".join(json.dumps(x) + "\n" for x in [*old_run, line(0, "train_begin")]))
-    assert set(HistoryView.read(path).newest()) == {0}  # steps 1 and 2 of the earlier run are not done
+    assert set(Curve(tmp_path, "scifi", "yesno").read().newest()) == {0}  # steps 1 and 2 of the earlier run: not done
     path.write_text("".join(json.dumps(x) + "\n" for x in old_run) + '{"step": 3, "eve')  # torn last line
-    assert set(HistoryView.read(path).newest()) == {0, 1, 2}
+    assert set(Curve(tmp_path, "scifi", "yesno").read().newest()) == {0, 1, 2}
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Optional dependencies, imported one way: :func:`require` gives the module or says which extra to install.
 
 The core install scores models and logs through the Trainer. What only some commands need comes
-with an extra (``pip install 'tinymcf_callback[prepare]'``): the LLM client and the lexicon of
-``prepare``, matplotlib for the plots, wandb and tensorboard for their dashboards, peft for
-adapter checkpoints, gguf for GGUF files, deepspeed for ZeRO checkpoints. Every import of one of
+with an extra (``pip install 'tinymcf_callback[prepare]'``): the ``openai`` client (``[api]``, part of
+``[prepare]`` and ``[served]``), the ``.env`` reader and the lexicon of ``prepare``, matplotlib for the
+plots, wandb and tensorboard for their dashboards, peft for adapter checkpoints, gguf for GGUF files,
+deepspeed for ZeRO checkpoints. Every import of one of
 them goes through here, so a missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
 
@@ -16,7 +17,8 @@ from .errors import MissingExtraError
 PACKAGE = "tinymcf_callback"
 # module -> (the extra that brings it, what it is needed for)
 EXTRAS = {
-    "openai": ("prepare", "talking to an LLM API (prepare, validate)"),
+    "openai": ("api", "talking to an OpenAI-compatible server (prepare and validate's LLM, a served model's "
+                      "--endpoint)"),
     "dotenv": ("prepare", "reading the API key from a .env file"),
     "vaderSentiment": ("prepare", "the lexical-cue rule that checks every uphold rewrite"),
     "matplotlib": ("plot", "drawing the curves"),

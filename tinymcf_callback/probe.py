@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from .scoring.batching import encode_prompts, plan_batches, plan_group_batches, 
 from .scoring.engine import ScoreResult, run_batches
 from .scoring.mode import probe_mode
 from .scoring.model_info import check_causal_lm, check_context, check_vocabulary, model_name
-from .scoring.prompts import answer_token_ids, format_prompts, prompt_digest
+from .scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from .scoring.ranks import Ranks
 from .scoring.selfcheck import Rotation, score_checked
 
@@ -93,6 +95,12 @@ class Probe:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def turn(self, i: int) -> list[dict]:
+        """Prompt ``i``'s chat turn (:func:`~tinymcf_callback.scoring.prompts.chat_turn`): what its text renders."""
+        row = self.meta.iloc[i]
+        vignette = next(v for v in self.vignettes if v["id"] == row["id"])
+        return chat_turn(vignette[row["condition"]], answer_format_of(self.answer_format).questions[row["frame"]])
+
     def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None,
               ranks: Ranks | None = None) -> ScoreResult:
         """Score the model in eval + inference mode (state restored after), in the weights' own precision.
@@ -107,10 +115,11 @@ class Probe:
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`
         when a prompt exceeds its context.
         """
-        if is_served(model):  # the server scores every prompt (each process of a distributed run asks it alike)
+        elsewhere = scorer_of(model)
+        if elsewhere is not None:  # the server scores every prompt (each process of a distributed run asks it alike)
             if batches is not None:
                 raise ConfigError("a served model is scored whole by its server: batches= does not apply")
-            return model.score(self, progress=progress)
+            return elsewhere(self, progress=progress)
         check_causal_lm(model)
         answers = answer_token_ids(self.tok, self.answer_format)
         check_vocabulary(model, self.encoded, [*answers[0], *answers[1]])
@@ -142,6 +151,7 @@ class Probe:
         info["precision"] = res.precision
         info["subset"] = config.subset(self.vignettes)
         info["backend"] = res.backend or local_backend()
+        info["versions"] = versions()
         info["warnings"] = (self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
                             + backend_warnings(info["backend"]))
         headline = {k: out[k] for k in HEADLINE_FIELDS}
@@ -167,10 +177,18 @@ class Probe:
         return self.report(res, elapsed=time.perf_counter() - start)
 
 
-def is_served(model) -> bool:
-    from .served import ServedModel
+class ScoresElsewhere(Protocol):
+    """What :meth:`Probe.score` hands the work to instead of running a forward pass: a model that scores a probe's
+    prompts itself (:class:`~tinymcf_callback.served.ServedModel`, through its server). ``score_probe`` returns the
+    :class:`~tinymcf_callback.scoring.engine.ScoreResult` of every prompt, its ``backend`` saying what answered."""
 
-    return isinstance(model, ServedModel)
+    def score_probe(self, probe: Probe, *, progress: bool = False) -> ScoreResult: ...
+
+
+def scorer_of(model) -> Callable | None:
+    """``model.score_probe`` when ``model`` scores a probe itself (:class:`ScoresElsewhere`), else None."""
+    method = getattr(model, "score_probe", None)
+    return method if callable(method) else None
 
 
 def local_backend() -> dict:
@@ -179,7 +197,21 @@ def local_backend() -> dict:
 
     return {"kind": "transformers", "version": transformers.__version__, "url": None, "served_model": None,
             "form": "forward", "exact": True, "logprobs_mode": "raw", "template": "local", "requests": 0,
-            "concurrency": None, "p_yes_bound": None, "mass_bound": None}
+            "retries": 0, "concurrency": None, "batch": None, "p_yes_bound": None, "mass_bound": None}
+
+
+def versions() -> dict[str, str]:
+    """What made a report: this package's version, torch's, transformers' and Python's (a served report's server
+    says its own in ``info.backend.version``)."""
+    import platform
+
+    import torch
+    import transformers
+
+    from ._version import __version__
+
+    return {"tinymcf_callback": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
 
 
 def backend_warnings(backend: dict) -> list[str]:

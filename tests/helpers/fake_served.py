@@ -5,12 +5,13 @@
 numbers are exact and a served report can be held to a local one at 1e-5:
 
 ``vllm``       ``/version``, ``/v1/models``, ``/tokenize`` (prompt or messages), ``/v1/completions`` with
-               ``logprob_token_ids``, ``echo``, ``logprobs`` and ``return_tokens_as_token_ids``
-``sglang``     ``/get_server_info``, ``/version``, ``/v1/models``, ``/generate`` (``token_ids_logprob``)
-               and ``/v1/completions``
+               ``logprob_token_ids``, ``echo``, ``logprobs`` and ``return_tokens_as_token_ids``, one prompt or a list
+``sglang``     ``/get_server_info``, ``/version``, ``/v1/models``, ``/generate`` (``token_ids_logprob``, one prompt
+               or a list) and ``/v1/completions``
 ``llama.cpp``  ``/props``, ``/v1/models``, ``/tokenize``, ``/apply-template``, ``/completion``
                (``n_probs``) and ``/v1/completions`` (which ignores ``echo``, as llama.cpp's does)
-``plain``      ``/v1/models`` and ``/v1/completions`` only, ignoring ``logprob_token_ids`` (an older server)
+``plain``      ``/v1/models`` and ``/v1/completions`` only, one prompt per request, ignoring ``logprob_token_ids``
+               (an older server)
 
 What can be made wrong, to test the refusals: ``template`` (another chat template for ``/tokenize`` and
 ``/apply-template``), ``processed`` (log-probabilities after temperature, as vLLM's
@@ -191,11 +192,20 @@ class FakeServed:
         if body.get("model") != self.name and self.kind != "llama.cpp":
             return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                    "code": "model_not_found"}}
-        ids = body["prompt"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            return 400, {"error": {"message": "this fake takes token-id prompts only"}}
-        if any(t >= self.vocab or t < 0 for t in [*ids, *(body.get("logprob_token_ids") or [])]):
-            return 400, {"error": {"message": f"Token id out of vocabulary: {max(ids)}"}}
+        prompt = body["prompt"]
+        many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, list) for p in prompt)
+        if many and self.kind in ("llama.cpp", "plain"):
+            return 400, {"error": {"message": "this server takes one prompt per request"}}
+        prompts = prompt if many else [prompt]
+        for ids in prompts:
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                return 400, {"error": {"message": "this fake takes token-id prompts only"}}
+            if any(t >= self.vocab or t < 0 for t in [*ids, *(body.get("logprob_token_ids") or [])]):
+                return 400, {"error": {"message": f"Token id out of vocabulary: {max(ids)}"}}
+        choices = [self._choice(n, ids, body) for n, ids in enumerate(prompts)]
+        return 200, {"id": f"cmpl-{self.count}", "object": "text_completion", "model": self.name, "choices": choices}
+
+    def _choice(self, index: int, ids: list[int], body: dict) -> dict:
         as_ids = bool(body.get("return_tokens_as_token_ids")) and self.kind == "vllm"
         k = body.get("logprobs")
         lp = self.logprobs(ids, body.get("temperature", 1.0))
@@ -226,12 +236,14 @@ class FakeServed:
             tops.append(step(lp[-1], nxt))
         logprobs = None if k is None else {"tokens": tokens, "token_logprobs": token_lp, "top_logprobs": tops,
                                            "text_offset": [0] * len(tokens)}
-        return 200, {"id": f"cmpl-{self.count}", "object": "text_completion", "model": self.name,
-                     "choices": [{"index": 0, "text": self.tok.decode([nxt]), "logprobs": logprobs,
-                                  "finish_reason": "length"}]}
+        return {"index": index, "text": self.tok.decode([nxt]), "logprobs": logprobs, "finish_reason": "length"}
 
     def generate(self, body):
-        ids = body["input_ids"]
+        many = isinstance(body["input_ids"][0], list)
+        answers = [self._generated(ids, body) for ids in (body["input_ids"] if many else [body["input_ids"]])]
+        return 200, answers if many else answers[0]
+
+    def _generated(self, ids: list[int], body: dict) -> dict:
         lp = self.logprobs(ids, (body.get("sampling_params") or {}).get("temperature", 1.0))[-1]
         top = torch.topk(lp, int(body.get("top_logprobs_num") or 1))
         wanted = body.get("token_ids_logprob") or []
@@ -239,7 +251,7 @@ class FakeServed:
                 "output_top_logprobs": [[[float(v), int(t), None]
                                          for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)]],
                 "output_token_ids_logprobs": [[[float(lp[t]), int(t), None] for t in wanted]]}
-        return 200, {"text": "", "output_ids": [int(lp.argmax())], "meta_info": meta}
+        return {"text": "", "output_ids": [int(lp.argmax())], "meta_info": meta}
 
     def completion(self, body):
         ids = body["prompt"]

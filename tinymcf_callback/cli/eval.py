@@ -15,7 +15,7 @@ from ..errors import LoadError
 from ..extras import require
 from ..loading import load_model, load_tokenizer
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .options import add_home, add_loading, add_probe_options, add_progress, add_served, probe_config, served_model
+from .options import add_home, add_loading, add_probe_options, add_progress, add_served, probe_config, served_config
 
 NAME = "eval"
 SUMMARY = "score one model and write its JSON report"
@@ -44,33 +44,22 @@ def check_out_dir(out: Path) -> None:
         raise LoadError(f"the output folder {out} is not writable; pass a writable folder with --out")
 
 
-def check_served_options(args) -> None:
-    """The served-model options mean nothing without ``--endpoint``: say so rather than ignore them."""
-    if args.endpoint:
-        return
-    given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--concurrency", args.concurrency),
-                                      ("--reference", args.reference), ("--form", None if args.form == "auto" else 1))
-             if value is not None]
-    if given:
-        raise LoadError(f"{given[0]} goes with --endpoint (a model in an inference server); a local --model loads "
-                        "its own tokenizer and runs in this process")
-
-
 def run(args) -> int:
     import torch
 
     from ..probe import Probe
     from ..results.report import write_report
     from ..results.text import format_table, sanity_lines
+    from ..served import ServedModel
 
     config = probe_config(args)
-    check_served_options(args)
+    served = served_config(args, config)  # built once, checked once
     out_dir = Path(args.out or ".")
     check_out_dir(out_dir)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.gguf_file:
         require("gguf")
-    if args.endpoint:
+    if served is not None:
         try:
             tok = load_tokenizer(args.tokenizer or args.model, alone=True)
         except LoadError as e:
@@ -79,7 +68,8 @@ def run(args) -> int:
             raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
                             "--tokenizer PATH") from None
         probe = Probe(tok, config=config)
-        model = served_model(args, args.model, config)
+        reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
+        model = ServedModel.from_config(served, reference=reference)
     else:
         probe = Probe(load_tokenizer(args.model, args.gguf_file), config=config)  # bad data fail before the weights
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)

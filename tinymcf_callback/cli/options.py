@@ -127,6 +127,8 @@ def add_served(parser, *, run: bool = False) -> None:
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
     g.add_argument("--concurrency", type=int, default=None, metavar="N",
                    help="requests in flight at once (default 8; 1 on llama.cpp, whose batching moves the numbers)")
+    g.add_argument("--batch-prompts", type=int, default=None, metavar="N",
+                   help="prompts per request where the server takes a list of them (default 16; 1 on llama.cpp)")
     g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
                    help="seconds per request before it is retried (default 60)")
     g.add_argument("--request-retries", type=int, default=4, metavar="N",
@@ -140,22 +142,37 @@ def add_served(parser, *, run: bool = False) -> None:
                             "record only)")
 
 
-def served_model(args: argparse.Namespace, model: str, config: ProbeConfig | None = None, *, name: str | None = None):
-    """The :class:`~tinymcf_callback.served.ServedModel` the ``--endpoint`` options describe (None without one)."""
+def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *, run: bool = False):
+    """The one :class:`~tinymcf_callback.served.ServedConfig` the ``--endpoint`` options describe (``run``: the
+    sweep's and the watcher's, with ``--served-model`` and ``--reload``), carrying the probe's seed and self-check
+    tolerance. None without ``--endpoint``; a served option given without it is refused, as is a followed run
+    without ``--reload``."""
+    options = ("--served-model", "--reload") if run else ("--tokenizer", "--reference", "--reference-tolerance")
     if not getattr(args, "endpoint", None):
+        given = [o for o in (*options, "--form", "--concurrency", "--batch-prompts") if _given(args, o)]
+        if run and given:
+            raise ConfigError(f"{given[0]} goes with --endpoint URL, the server it loads each checkpoint into")
+        if given:
+            raise ConfigError(f"{given[0]} goes with --endpoint (a model in an inference server); a local --model "
+                              "loads its own tokenizer and runs in this process")
         return None
-    from ..served import ServedModel
+    if run and not args.reload:
+        raise ConfigError("--endpoint needs --reload CMD: the command that loads each checkpoint into the server "
+                          "(else every step would score whatever the server holds); see docs/served.md")
+    from ..served import ServedConfig
 
-    reference = None
-    if getattr(args, "reference", None):
-        from ..loading import load_model
+    return ServedConfig(args.endpoint, args.served_model if run else args.model, form=args.form,
+                        concurrency=args.concurrency, batch=args.batch_prompts, timeout=args.request_timeout,
+                        retries=args.request_retries,
+                        tolerance=config.self_check_tolerance if config is not None else None,
+                        seed=config.seed if config is not None else None, reference=getattr(args, "reference", None),
+                        reference_tolerance=getattr(args, "reference_tolerance", None),
+                        reload=getattr(args, "reload", None))
 
-        reference = load_model(args.reference, device="cpu", dtype="float32")
-    tolerance = config.self_check_tolerance if config is not None else None
-    return ServedModel(args.endpoint, model, form=args.form, concurrency=args.concurrency,
-                       timeout=args.request_timeout, retries=args.request_retries, reference=reference,
-                       tolerance=tolerance, reference_tolerance=getattr(args, "reference_tolerance", None), name=name,
-                       seed=config.seed if config is not None else 0)
+
+def _given(args: argparse.Namespace, option: str) -> bool:
+    value = getattr(args, option[2:].replace("-", "_"), None)
+    return value is not None and not (option == "--form" and value == "auto")
 
 
 def add_dashboards(parser, *, default: str) -> None:

@@ -14,12 +14,9 @@ shows an API key.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+from ..apiclient import known_secrets, scrub
 from ..errors import ConfigError
-from ..extras import available
-from ..prepare.llm import DEFAULT_BASE_URL, DEFAULT_MODEL, KEY_VARS, read_dotenv, scrub
+from ..prepare.llm import DEFAULT_BASE_URL, DEFAULT_MODEL
 from .options import add_home
 
 NAME = "prepare"
@@ -66,19 +63,6 @@ def check_llm_options(args) -> None:
         raise ConfigError(f"--limit must be a positive whole number of vignettes, got {args.limit}")
     if args.concurrency < 1 or args.attempts < 1 or args.retries < 0 or args.backoff < 0 or args.timeout <= 0:
         raise ConfigError("--concurrency and --attempts must be >= 1, --retries and --backoff >= 0, --timeout > 0")
-
-
-def known_secrets() -> list[str]:
-    """Every key value this process could use, so that no message can show one.
-
-    A ``.env`` file is only read when python-dotenv (the ``[prepare]`` extra) is there: without it no key
-    can come from that file, and ``prepare --name clifford`` needs neither.
-    """
-    vals = [os.environ.get(v) for v in KEY_VARS]
-    if available("dotenv"):
-        dot = read_dotenv(Path.cwd() / ".env")
-        vals += [dot.get(v) for v in KEY_VARS]
-    return [v.strip() for v in vals if v and v.strip()]
 
 
 class Say:

@@ -19,6 +19,7 @@ from .options import (
     add_served,
     probe_config,
     report_to,
+    served_config,
 )
 
 NAME = "sweep"
@@ -67,23 +68,15 @@ def add_run_arguments(p, *, dashboards: str) -> None:
 
 def settings_of(args):
     """The run's settings from the command line (the sweep's and the watcher's)."""
-    from ..follow.settings import RunSettings, ServedSettings
+    from ..follow.settings import RunSettings
 
-    served = None
-    if args.endpoint and not args.reload:
-        raise ConfigError("--endpoint needs --reload CMD: the command that loads each checkpoint into the server "
-                          "(else every step would score whatever the server holds); see docs/served.md")
-    if args.reload and not args.endpoint:
-        raise ConfigError("--reload goes with --endpoint URL, the server it loads each checkpoint into")
-    if args.endpoint:
-        served = ServedSettings(args.endpoint, args.served_model, args.reload, form=args.form,
-                                concurrency=args.concurrency, timeout=args.request_timeout,
-                                retries=args.request_retries)
-    return RunSettings(Path(args.run_dir), probe_config(args), base_model=args.base_model,
+    config = probe_config(args)
+    return RunSettings(Path(args.run_dir), config, base_model=args.base_model,
                        force_base_model=args.force_base_model, tokenizer=args.tokenizer, device=args.device,
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
                        baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                       tensorboard_dir=args.tensorboard_dir, restart=args.restart, served=served)
+                       tensorboard_dir=args.tensorboard_dir, restart=args.restart,
+                       served=served_config(args, config, run=True))
 
 
 def run(args) -> int:
@@ -99,8 +92,6 @@ def run(args) -> int:
 
 
 def check_retries(args) -> None:
-    from ..errors import ConfigError
-
     if args.retries < 0:
         raise ConfigError(f"--retries must be a whole number >= 0, got {args.retries}")
 

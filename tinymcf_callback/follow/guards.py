@@ -4,48 +4,18 @@ A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with 
 the ones there: the same vignettes (the subset the history records), the same answer format and the
 same precision (:class:`~tinymcf_callback.results.precision.Precision`). Each guard refuses in one line
 naming the options that reproduce the history's probe, or ``--restart``. The current run and its branch
-are the history's own rule (:func:`~tinymcf_callback.results.history.current_run`).
+are the history's own rule (:func:`~tinymcf_callback.results.history.current_run`, read through
+:class:`~tinymcf_callback.rundir.curve.HistoryView`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ProbeConfig, subset_options
-from ..errors import HistoryError, SweepError
-from ..results.history import current_run, read_lines, resume_marks
+from ..errors import SweepError
 from ..results.precision import Precision
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-
-
-@dataclass
-class HistoryView:
-    """The history as a follower reads it: the current run's lines (its current branch) and its resume marks."""
-
-    lines: list[dict] = field(default_factory=list)
-    marks: list[dict] = field(default_factory=list)  # info.resumed of every resume line of the current run
-
-    @classmethod
-    def read(cls, path: Path) -> HistoryView:
-        if not path.exists():
-            return cls()
-        try:
-            numbered = read_lines(path)
-        except HistoryError as e:
-            if "is empty" in str(e):
-                return cls()
-            raise SweepError(f"{e}: a sweep or a watch only appends to this history; repair or move that "
-                             f"line") from None
-        return cls([line for _, line in current_run(path, numbered, warn=False)], resume_marks(numbered))
-
-    def newest(self) -> dict[int, dict]:
-        """The newest line of each step."""
-        return {line["step"]: line for line in self.lines}
-
-    def precision(self) -> Precision | None:
-        """The precision the history's lines were scored in (the last one that records it), or None."""
-        return next((p for p in map(Precision.of, reversed(self.lines)) if p is not None), None)
 
 
 def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> None:

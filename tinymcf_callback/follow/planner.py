@@ -33,18 +33,9 @@ from pathlib import Path
 from ..errors import LoadError, SweepError
 from ..extras import require
 from ..loading import check_model_source
-from ..results.history import (
-    BASELINE_EVENT,
-    DELETED_EVENT,
-    SWEEP_EVENT,
-    WATCH_EVENT,
-    baseline_path,
-    is_point,
-    resume_line,
-)
+from ..results.history import BASELINE_EVENT, DELETED_EVENT, SWEEP_EVENT, WATCH_EVENT, is_point
 from ..results.metrics import baseline_record
 from ..results.precision import Precision
-from ..results.report import load_report
 from ..rundir.checkpoints import (
     ADAPTER,
     ADAPTER_CONFIG,
@@ -62,9 +53,10 @@ from ..rundir.checkpoints import (
     saved_dtype,
     weight_files,
 )
+from ..rundir.curve import HistoryView
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import Attempt, RunRecord
-from .guards import HistoryView, check_same_format, check_same_vignettes
+from .guards import check_same_format, check_same_vignettes
 from .settings import RunSettings
 
 logger = logging.getLogger(__name__)
@@ -72,11 +64,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Task:
-    """A checkpoint to score, and why: ``replaces`` is the fingerprint of the line its new one supersedes."""
+    """A checkpoint to score, and why: ``replaces`` is the fingerprint of the line its new one supersedes;
+    ``tokenizer`` the tokenizer it is scored with (decided with the plan)."""
 
     checkpoint: Checkpoint
     replaces: str | None = None
     why: str = "new"
+    tokenizer: str | None = None
 
     @property
     def step(self) -> int:
@@ -126,6 +120,7 @@ class Planner:
 
     def __init__(self, settings: RunSettings, *, following: bool = False, dead_after: float | None = None):
         self.settings, self.following = settings, following
+        self.curve = settings.curve()  # the run's history and baseline report
         self.dead_after = dead_after
         self.seen: dict[int, float | None] = {}  # every step listed at some look, with its epoch
         self.base: tuple[str | None, str] | None = None  # the starting model and how it was found, once known
@@ -141,7 +136,7 @@ class Planner:
         (failed for good, or waiting for a retry). Raises :class:`SweepError` for a history or setup that cannot
         be extended, before any model loads."""
         s = self.settings
-        view = HistoryView.read(s.history)
+        view = self.curve.read()
         check_same_format(view.lines, s.probe.answer_format, s.history)
         check_same_vignettes(view.lines, s.probe, s.history)
         record = RunRecord.read(s.run_dir)
@@ -222,16 +217,10 @@ class Planner:
     def _resume_mark(self, view: HistoryView, record: RunRecord | None) -> dict | None:
         """A resume line for the newest attempt, when it resumed before steps the history holds and none marks it."""
         attempt = record.attempt if record else None
-        if attempt is None or attempt.from_step <= 0:
-            return None
-        if any(mark.get("attempt_started") == attempt.started for mark in view.marks):
-            return None
-        later = sorted(line["step"] for line in view.lines if line["step"] > attempt.from_step)
-        if not later:
+        if attempt is None:
             return None
         s = self.settings
-        return resume_line(s.name, s.probe.answer_format, step=attempt.from_step, started=attempt.started,
-                           superseded=later)
+        return view.resume_line(s.name, s.probe.answer_format, from_step=attempt.from_step, started=attempt.started)
 
     # ---- the starting model --------------------------------------------------------------------------------
     def _starting_model(self, plan: Plan, record: RunRecord | None, present: dict[int, Checkpoint]) -> None:
@@ -294,20 +283,24 @@ class Planner:
         plan.pending.insert(0, Task(Checkpoint(0, folder, 0.0, FULL, baseline=True)))
 
     def _saved_baseline(self, plan: Plan) -> dict | None:
-        """The baseline record from the run's ``moral_probe_<name>_baseline.json``, or None (with a note)."""
-        s = self.settings
-        path = Path(baseline_path(str(s.run_dir), s.name, s.probe.answer_format))
-        if not path.exists():
-            plan.notes.append(f"step 0 is in the history but {path.name} is not beside it: no change since the "
-                              f"baseline is logged")
-            return None
-        try:
-            report = load_report(path)
-            return baseline_record(report, int(report.get("step") or 0))
-        except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the sweep
-            plan.notes.append(f"{path} cannot be read ({type(e).__name__}: {e}): no change since the baseline is "
-                              f"logged")
-            return None
+        """The baseline record from the run's ``moral_probe_<name>_baseline.json``, or None (with a note). Whether it
+        asked the prompts a checkpoint is scored with is checked at each line (its prompt digest)."""
+        record, why = self.curve.baseline_record()
+        if record is None:
+            plan.notes.append(f"step 0 is in the history but {why}")
+        return record
+
+    # ---- what the scoring saw ------------------------------------------------------------------------------
+    def saw(self, plan: Plan, outcomes) -> None:
+        """What the scoring of a round found, told to the planner (on every process): the step-0 baseline's scores
+        (every later line's change is measured from them) and, when the run named no precision, the first line's
+        (every later line is held to it). The planner decides; the scoring only reports."""
+        for o in outcomes:
+            if o.report is not None:
+                self.baseline = plan.baseline = baseline_record(o.report, 0)
+            if o.line is not None and self.precision is None:
+                self.precision = plan.precision = Precision.of(o.line)
+                self._why_precision = f"the precision of {o.folder}, the first line"
 
     # ---- the precision -------------------------------------------------------------------------------------
     def _settle_precision(self, plan: Plan, view: HistoryView, record: RunRecord | None,
@@ -372,7 +365,8 @@ class Planner:
                     check_model_source(str(c.folder))
                 except LoadError as e:
                     raise SweepError(f"the run's starting model cannot be loaded: {e}") from None
-            if self.tokenizer_source(c, plan) is None:
+            task.tokenizer = self.tokenizer_source(c, plan)
+            if task.tokenizer is None:
                 raise SweepError(f"{c.folder.name} has no tokenizer files (the Trainer saves them when given "
                                  f"processing_class=tok): pass --tokenizer PATH")
         if any(t.checkpoint.adapter for t in plan.pending):

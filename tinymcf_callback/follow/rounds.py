@@ -2,11 +2,15 @@
 
 The sweep calls this once per look, the watcher at each look. Here live what both do with a plan:
 
-- the resume line and the gap lines go in first (a gap only once the step-0 baseline is in, whose line
-  starts the history's run);
+- every line goes through the run's one curve writer (:class:`~tinymcf_callback.rundir.curve.Curve`): the resume
+  line and the gap lines first (a gap only once the step-0 baseline is in, whose line starts the history's run);
 - the step-0 baseline is scored first and alone: every later line carries the change since it;
 - a line goes to the trackers, then (the baseline's report first) into the history; a checkpoint
-  saved again with other weights gets a new line, said once;
+  saved again with other weights gets a new line, said once; a line that cannot be written stops the sweep,
+  naming the file and the steps scored but not written;
+- what the scoring saw (the baseline's scores, the first line's precision) is told to the planner
+  (:meth:`~.planner.Planner.saw`), which decides; a line whose change cannot be measured from the baseline
+  (another prompt digest) says why, once;
 - a checkpoint that cannot be read while it is there is tried again, ``retries`` times with a doubling
   wait; after that its step is a gap line with the cause (``unreadable``), and the caller hears of it;
 - a scored checkpoint's hand-off entry is marked as scored by this probe, and goes once every consumer
@@ -25,11 +29,9 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from ..errors import SweepError
-from ..results.history import UNREADABLE_EVENT, append_line, baseline_path, gap_line
-from ..results.metrics import baseline_record
-from ..results.precision import Precision
-from ..results.report import write_report
+from ..results.history import UNREADABLE_EVENT
 from ..results.text import with_bounds
+from ..rundir.curve import Unwritten
 from ..trackers.sinks import Trackers
 from .guards import precision_clash
 from .planner import Gap, Plan, Planner, Task
@@ -74,6 +76,8 @@ class Rounds:
         self.waiting: dict[int, Retry] = {}  # steps to try again, when
         self.given_up: set[int] = set()  # unreadable after every try (a new sweep or watch tries again)
         self.said_gaps: set[int] = set()
+        self.said: set[str] = set()
+        self.curve = planner.curve
         settings = planner.settings
         self.device = str(state.device) if settings.device in (None, state.device.type) else settings.device
 
@@ -112,17 +116,16 @@ class Rounds:
         try:
             for k, round_ in enumerate(rounds):
                 with self.state.split_between_processes(round_) as mine:
-                    outcomes = [score_task(t, self.planner, plan, self.probes, self.device, self.state.process_index)
+                    outcomes = [score_task(t, self.planner.settings, plan, self.probes, self.device,
+                                           self.state.process_index)
                                 for t in mine]
                 outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
+                self.planner.saw(plan, outcomes)  # the baseline's scores, the first line's precision: the planner's
                 failed = agree(self.state, self._write(plan, round_, outcomes) if main else None)
                 if failed:
                     later = sum(map(len, rounds[k + 1:]))
                     raise SweepError(failed + (f"; the {later} checkpoint(s) after them were not scored" if later
                                                else "") + "; a rerun scores what is missing")
-                for o in outcomes:
-                    if o.report is not None:
-                        plan.baseline = self.planner.baseline = baseline_record(o.report, 0)
                 bar.update(len(round_))
         finally:
             bar.close()
@@ -148,9 +151,7 @@ class Rounds:
         if (gap.step, gap.event) in self.said_gaps:
             return
         self.said_gaps.add((gap.step, gap.event))
-        settings = self.planner.settings
-        line = gap_line(settings.name, settings.probe.answer_format, step=gap.step, epoch=gap.epoch, why=gap.why,
-                        event=gap.event)
+        line = self.curve.gap(step=gap.step, epoch=gap.epoch, why=gap.why, event=gap.event)
         if self._append(plan, line, once=True):
             if gap.event != UNREADABLE_EVENT:
                 self.result.deleted.append(gap.step)
@@ -158,9 +159,10 @@ class Rounds:
 
     def _append(self, plan: Plan, line: dict, *, once: bool = False) -> bool:
         try:
-            return append_line(plan.history, line, once=once)
-        except OSError as e:
-            raise SweepError(f"cannot write to {e.filename or plan.history}: {e.strerror or e}") from None
+            return self.curve.append(line, once=once)
+        except Unwritten as e:
+            self.curve.pending.clear()  # the sweep stops here; a rerun writes what is missing
+            raise SweepError(f"cannot write to {e.path}: {e.reason}") from None
 
     # ---- a round's lines -----------------------------------------------------------------------------------
     def _write(self, plan: Plan, tasks: list[Task], outcomes: list[Outcome]) -> str | None:
@@ -174,17 +176,15 @@ class Rounds:
             clash = precision_clash(plan.history, plan.precision, o.line, o.folder)
             if clash:
                 return clash
-            plan.precision = plan.precision or Precision.of(o.line)
-            self.planner.precision = self.planner.precision or plan.precision
+            for note in o.notes:
+                self._say(note)
             unwritten = ", ".join(str(later.step) for later in outcomes[n:] if later.line is not None)
             self.trackers.send(o.line)  # before the line: a watcher killed in between sends it again, never loses it
-            try:
-                if o.report is not None:
-                    self._keep_baseline_report(o.report)  # before its line: a line without its report misleads
-                written = append_line(plan.history, o.line, once=True)
-            except OSError as e:
-                return (f"cannot write to {e.filename or plan.history}: {e.strerror or e}; step(s) {unwritten} scored "
-                        f"but not written")
+            try:  # the baseline's report before its line: a line without its report misleads
+                written = self.curve.append(o.line, once=True, baseline=(o.report, 0, 0.0) if o.report else None)
+            except Unwritten as e:
+                self.curve.pending.clear()  # the sweep stops here; a rerun scores and writes what is missing
+                return f"cannot write to {e.path}: {e.reason}; step(s) {unwritten} scored but not written"
             where = f" on process {o.process + 1} of {self.state.num_processes}" if self.state.num_processes > 1 else ""
             if not written:
                 logger.info("step %d (%s%s): already in the history (written by another process): not written "
@@ -221,14 +221,10 @@ class Rounds:
             self._gap(plan, Gap(o.step, task.checkpoint.epoch, f"could not be read after {tries} tries: {o.error}",
                                 UNREADABLE_EVENT))
 
-    def _keep_baseline_report(self, report: dict) -> None:
-        """The baseline's report beside the history (``compare`` against any checkpoint), never over one there."""
-        settings = self.planner.settings
-        path = Path(baseline_path(str(settings.run_dir), settings.name, settings.probe.answer_format))
-        if path.exists():
-            logger.info("%s is there already: kept as it is", path.name)
-            return
-        write_report(path, report, step=0, epoch=0.0)  # OSError: the sweep stops, naming the file
+    def _say(self, note: str) -> None:
+        if note not in self.said:
+            self.said.add(note)
+            logger.warning("%s", note)
 
     def close(self) -> None:
         self.trackers.close()

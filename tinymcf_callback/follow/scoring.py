@@ -2,14 +2,17 @@
 
 The line records what was scored (``fingerprint``, read before the model loads and again after the probe:
 a checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights) and, when it
-supersedes an earlier line of its step, that line's fingerprint (``replaces``).
+supersedes an earlier line of its step, that line's fingerprint (``replaces``). Through a server
+(``--endpoint``), the run has one :class:`~tinymcf_callback.served.ServedModel`, built once from its
+:class:`~tinymcf_callback.served.ServedConfig`: each checkpoint is loaded into the server by ``--reload``, then
+scored through it, its self-check rotating over the run's probes as a local one does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +22,9 @@ from ..results.history import probe_line
 from ..results.metrics import baseline_record
 from ..results.precision import Precision
 from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, fingerprint, tokenizer_fingerprint
-from .planner import Plan, Planner, Task
+from ..rundir.curve import usable_baseline
+from ..served.reload import reload_into
+from .planner import Plan, Task
 from .settings import RunSettings
 from .sharded import load_fsdp, load_zero
 
@@ -35,17 +40,21 @@ class Outcome:
     error: str | None = None
     report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
+    notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
 
 
 class ProbeCache:
-    """One :class:`Probe` per distinct tokenizer: built for the first checkpoint that needs it, then reused."""
+    """One :class:`Probe` per distinct tokenizer, built for the first checkpoint that needs it, then reused (its
+    self-check's rotation goes on over the run); and, through a server, the run's one served model."""
 
     def __init__(self, settings: RunSettings):
         config = settings.probe
         if settings.autocast:  # the probe keeps the autocast it is called under (what --autocast asks for)
             config = dataclasses.replace(config, keep_autocast=True)
         self.config = config
+        self.served_config = settings.served
         self._probes: dict[str, Probe] = {}
+        self._served = None
 
     def __len__(self) -> int:
         return len(self._probes)
@@ -58,6 +67,18 @@ class ProbeCache:
             self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), config=self.config)
         return self._probes[key]
 
+    def served(self):
+        """The run's :class:`~tinymcf_callback.served.ServedModel` (the served name: ``--served-model``, else the one
+        the server lists), built once."""
+        if self._served is None:
+            from ..served import ServedModel
+            from ..served.reload import served_name
+
+            config = self.served_config
+            if not config.model:
+                config = config.replace(model=served_name(config.endpoint))
+            self._served = ServedModel.from_config(config)
+        return self._served
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str):
     """The checkpoint's model on ``device`` in the run's dtype: full weights, the base model with its adapter, or a
@@ -86,23 +107,23 @@ def in_precision(precision: Precision | None, device: str):
         yield
 
 
-def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, device: str, process: int) -> Outcome:
+def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache, device: str,
+               process: int) -> Outcome:
     """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
     checkpoint = task.checkpoint
-    settings = planner.settings
     try:
         before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
+        probe = probes.get(task.tokenizer)
         if settings.served is not None:
-            probe = probes.get(planner.tokenizer_source(checkpoint, plan))
-            served = served_checkpoint(settings.served, checkpoint, plan)
-            try:
-                report = probe.run(served)
-            finally:
-                served.close()  # its connections: one server model per checkpoint, nothing kept between them
+            served = probes.served()
+            where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
+            if settings.served.reload:
+                reload_into(settings.served.reload, where, checkpoint.step, timeout=settings.served.reload_timeout)
+            served.name = checkpoint.shown_as or where
+            report = probe.run(served)
         else:
             model = load_checkpoint(checkpoint, plan, device)
             try:
-                probe = probes.get(planner.tokenizer_source(checkpoint, plan))
                 with in_precision(plan.precision, device):
                     report = probe.run(model)
             finally:
@@ -118,6 +139,11 @@ def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, dev
     if checkpoint.shown_as:
         report["model"] = checkpoint.shown_as
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
+    notes = []
+    if baseline is not None and not checkpoint.baseline:
+        why = usable_baseline(baseline, report["prompt_digest"])
+        if why is not None:
+            notes.append(f"the step-0 baseline of {plan.history.name} is not used for {checkpoint.name}: {why}")
     event = plan.baseline_event if checkpoint.baseline else plan.event
     line = probe_line(settings.name, report, baseline=baseline, target=settings.probe.target, step=checkpoint.step,
                       epoch=checkpoint.epoch, event=event)
@@ -125,20 +151,7 @@ def score_task(task: Task, planner: Planner, plan: Plan, probes: ProbeCache, dev
     if task.replaces:
         line["replaces"] = task.replaces
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
-                   report=report if checkpoint.baseline else None)
-
-
-def served_checkpoint(served, checkpoint: Checkpoint, plan: Plan):
-    """Load ``checkpoint`` into the server with the user's ``--reload`` command; the served model to score."""
-    from ..served import ServedModel
-    from ..served.reload import reload_into, served_name
-
-    where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
-    if served.reload:
-        reload_into(served.reload, where, checkpoint.step, timeout=served.reload_timeout)
-    return ServedModel(served.endpoint, served.model or served_name(served.endpoint), form=served.form,
-                       concurrency=served.concurrency, timeout=served.timeout, retries=served.retries,
-                       name=checkpoint.shown_as or where)
+                   report=report if checkpoint.baseline else None, notes=notes)
 
 
 def describe(error: Exception) -> str:

@@ -10,23 +10,11 @@ from ..errors import ConfigError
 from ..results.history import history_path
 from ..results.metrics import probe_key
 from ..results.precision import AUTOCASTS, COMPUTES, Precision
+from ..rundir.curve import Curve
 from ..rundir.record import DEAD_AFTER_S
+from ..served.config import ServedConfig
 
 DTYPE_CHOICES = ("auto", *COMPUTES)  # --dtype: auto (the run's own), or a precision (tf32: float32 weights, TF32)
-
-
-@dataclass(frozen=True)
-class ServedSettings:
-    """Score each checkpoint through an inference server: ``reload`` loads it there, ``endpoint`` is asked."""
-
-    endpoint: str
-    model: str | None = None  # the served name (default: the one the server lists)
-    reload: str | None = None  # shell command; {checkpoint} and {step} replaced
-    form: str = "auto"
-    concurrency: int | None = None  # default: 8, 1 on llama.cpp
-    timeout: float = 60.0
-    retries: int = 4
-    reload_timeout: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +35,7 @@ class RunSettings:
     wandb_run: str | None = None  # the wandb run id (default: the one moral_probe_run.json records)
     tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
     restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
-    served: ServedSettings | None = None  # score through a server (--endpoint) instead of loading each checkpoint
+    served: ServedConfig | None = None  # score through a server (--endpoint, --reload) instead of loading each
 
     def __post_init__(self):
         if self.dtype not in DTYPE_CHOICES:
@@ -70,6 +58,10 @@ class RunSettings:
     @property
     def history(self) -> Path:
         return Path(history_path(str(self.run_dir), self.probe.name, self.probe.answer_format))
+
+    def curve(self) -> Curve:
+        """The run's curve of this probe: its history and baseline report, written through one writer."""
+        return Curve(self.run_dir, self.probe.name, self.probe.answer_format)
 
     @property
     def requested(self) -> Precision | None:

@@ -30,7 +30,6 @@ from ..errors import HistoryError, SweepError
 from ..results.history import baseline_path, sole_writer
 from ..trackers.open import open_trackers
 from ..trackers.sinks import Trackers
-from .guards import HistoryView
 from .planner import Planner
 from .processes import agree, process_state
 from .rounds import Rounds, RunResult
@@ -79,7 +78,7 @@ def open_run_trackers(settings: RunSettings) -> Trackers:
                              tensorboard_dir=settings.tensorboard_dir)
     if trackers:
         logger.info("logging each line to %s", ", ".join(trackers.names))
-        lines = [line for line in HistoryView.read(settings.history).lines if line.get("by") in ("sweep", "watch")]
+        lines = [line for line in settings.curve().read().lines if line.get("by") in ("sweep", "watch")]
         for line in lines:
             trackers.send(line)
         if lines:

@@ -1,31 +1,29 @@
-"""A small wrapper around the ``openai`` client for ``prepare`` and ``validate``.
+"""The LLM side of ``prepare`` and ``validate``: chat requests for rewrites and judgements, on the shared client.
 
-Any OpenAI-compatible endpoint works (OpenRouter by default). This module owns the
-parts that are the same for rewriting and judging: finding the API key (environment or
-``./.env``), keeping it out of every message, one chat request with retries and short
-exponential backoff on rate limits, server errors and timeouts, strict parsing of the
-JSON answer, re-asking when an answer breaks the rules, falling back to a second model
-on refusals and unparseable answers, and a bounded thread pool with a progress bar.
+Any OpenAI-compatible endpoint works (OpenRouter by default). The key, its scrubbing, the retries with
+their backoff and the one-line failures are :mod:`tinymcf_callback.apiclient`'s, the same as a served
+model's. This module owns what is particular to asking an LLM for JSON: one chat request (JSON mode,
+dropped once for an endpoint that has none; a rejected key or an unknown model stops everything), strict
+parsing of the JSON answer, re-asking when an answer breaks the rules, falling back to a second model on
+refusals and unparseable answers, and a bounded thread pool with a progress bar.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from pathlib import Path
 
+from ..apiclient import PREPARE_KEYS, ApiClient, ApiError, Cancelled, find_key
 from ..errors import PrepareError
-from ..extras import require
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 DEFAULT_MODEL = "openai/gpt-4o-mini"
-KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
+KEY_VARS = PREPARE_KEYS
 
 _REFUSAL_RE = re.compile(
     r"\b(i\s*(?:can(?:'|’)?t|cannot|can not|won(?:'|’)?t|will not|am unable|'m unable|’m unable|am not able)"
@@ -44,40 +42,12 @@ class ItemFailed(Exception):
     """One request gave no usable answer; ``reason`` says why. Never cached."""
 
 
-class Cancelled(Exception):
-    """The run was interrupted; pending work stops quietly."""
-
-
 # --------------------------------------------------------------------------- the key
-
-
-def read_dotenv(path: str | os.PathLike) -> dict[str, str]:
-    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``).
-
-    No file, no dotenv needed: ``{}``. A file without python-dotenv (the ``[prepare]`` extra) is
-    :class:`~tinymcf_callback.errors.MissingExtraError`.
-    """
-    if not Path(path).is_file():
-        return {}
-    dotenv_values = require("dotenv").dotenv_values
-    try:
-        return {k: v for k, v in dotenv_values(path).items() if v is not None}
-    except (OSError, UnicodeDecodeError):
-        return {}
 
 
 def find_api_key(environ: dict | None = None, cwd: str | os.PathLike | None = None) -> tuple[str | None, str | None]:
     """``(key, where)``: the first of ``KEY_VARS`` set in the environment, else in ``./.env``."""
-    environ = os.environ if environ is None else environ
-    for var in KEY_VARS:
-        if environ.get(var, "").strip():
-            return environ[var].strip(), f"${var}"
-    dotenv = Path(cwd if cwd is not None else Path.cwd()) / ".env"
-    values = read_dotenv(dotenv)
-    for var in KEY_VARS:
-        if values.get(var, "").strip():
-            return values[var].strip(), f"{var} in {dotenv}"
-    return None, None
+    return find_key(KEY_VARS, environ, dotenv=cwd if cwd is not None else os.getcwd())
 
 
 def no_key_message(what: str) -> str:
@@ -86,15 +56,6 @@ def no_key_message(what: str) -> str:
         f"current directory (KEY=VALUE lines). The shipped cache already covers the built-in sets "
         f"(scifi, clifford), which need no key; use --dry-run to see what would be requested."
     )
-
-
-def scrub(text: str, secrets: Iterable[str | None]) -> str:
-    """``text`` with every secret replaced by ``***``."""
-    text = str(text)
-    for s in secrets:
-        if s and len(s) >= 4:
-            text = text.replace(s, "***")
-    return text
 
 
 # --------------------------------------------------------------------------- one request
@@ -109,102 +70,73 @@ class Answer:
 
 
 class ChatClient:
-    """The real ``openai.OpenAI`` client, with our own retry loop (its built-in one is off).
+    """Chat requests to one endpoint, through :class:`~tinymcf_callback.apiclient.ApiClient`.
 
     Rate limits (429), server errors (5xx), timeouts and dropped connections are retried
     ``retries`` times with backoff ``backoff * 2**n`` seconds (jittered, at most
-    ``max_backoff``; a ``Retry-After`` header wins when shorter than ``max_backoff``).
-    A rejected key or an unknown model raises :class:`FatalLLMError`.
+    ``max_backoff``; a ``Retry-After`` header wins when shorter than ``max_backoff``), each retry
+    logged and counted (``retried``). A rejected key or an unknown model raises :class:`FatalLLMError`.
     """
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0, retries: int = 5,
                  backoff: float = 1.0, max_backoff: float = 30.0, json_mode: bool = True,
                  temperature: float | None = 0.7, cancel: threading.Event | None = None):
-        self._openai = require("openai")
+        self.api = ApiClient(base_url, api_key, timeout=timeout, retries=retries, backoff=backoff,
+                             max_backoff=max_backoff, cancel=cancel)
         self.base_url = base_url
-        self._secret = api_key
-        self.retries = max(0, int(retries))
-        self.backoff = max(0.0, float(backoff))
-        self.max_backoff = max_backoff
         self.json_mode = json_mode
         self.temperature = temperature
-        self.cancel = cancel or threading.Event()
-        self._client = self._openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
 
-    def _msg(self, e: Exception) -> str:
-        text = getattr(e, "message", None) or str(e) or type(e).__name__
-        return scrub(" ".join(str(text).split())[:300], [self._secret])
+    @property
+    def cancel(self) -> threading.Event:
+        return self.api.cancel
 
-    def _delay(self, n: int, e: Exception) -> float:
-        delay = min(self.max_backoff, self.backoff * (2 ** n)) * random.uniform(0.75, 1.0)
-        response = getattr(e, "response", None)
-        headers = getattr(response, "headers", None) or {}
-        try:
-            after = float(headers.get("retry-after"))
-        except (TypeError, ValueError):
-            after = None
-        if after is not None and 0 <= after <= self.max_backoff:
-            delay = max(delay, after)
-        return delay
+    @property
+    def retries(self) -> int:
+        return self.api.retries
+
+    @property
+    def retried(self) -> int:
+        """Requests sent again after a retryable failure (each one logged)."""
+        return self.api.retried
 
     def chat(self, model: str, messages: list[dict]) -> Answer:
-        o = self._openai
-        last = "no answer"
-        err: Exception | None = None
-        n = 0
         while True:
-            if self.cancel.is_set():
-                raise Cancelled()
             kwargs: dict = {"model": model, "messages": messages}
             if self.temperature is not None:
                 kwargs["temperature"] = self.temperature
             if self.json_mode:
                 kwargs["response_format"] = {"type": "json_object"}
             try:
-                resp = self._client.chat.completions.create(**kwargs)
-            except o.NotFoundError as e:
-                raise FatalLLMError(
-                    f"the endpoint {self.base_url} does not know the model {model!r} (404: {self._msg(e)}). "
-                    f"Check --model / --fallback-model / --judge-model and --base-url."
-                ) from None
-            except (o.AuthenticationError, o.PermissionDeniedError) as e:
-                raise FatalLLMError(
-                    f"the endpoint {self.base_url} rejected the API key ({e.status_code}: {self._msg(e)})"
-                ) from None
-            except o.BadRequestError as e:
-                text = self._msg(e)
-                if self.json_mode and "response_format" in text.lower():
+                resp = self.api.call("/chat/completions", lambda c, kw=kwargs: c.chat.completions.create(**kw))
+            except ApiError as e:
+                if e.kind == "status" and e.status == 400 and self.json_mode and "response_format" in e.detail.lower():
                     self.json_mode = False  # the endpoint has no JSON mode: ask in the prompt only
                     continue
-                if _MODEL_MISSING_RE.search(text):
-                    raise FatalLLMError(
-                        f"the endpoint {self.base_url} does not know the model {model!r} (400: {text}). "
-                        f"Check --model / --fallback-model / --judge-model and --base-url."
-                    ) from None
-                raise ItemFailed(f"{model}: request rejected (400: {text})") from None
-            except (o.RateLimitError, o.InternalServerError, o.APITimeoutError, o.APIConnectionError) as e:
-                kind = {o.RateLimitError: "rate limited (429)", o.APITimeoutError: "timed out"}.get(type(e))
-                if kind is None:
-                    status = getattr(e, "status_code", None)
-                    kind = f"server error ({status})" if status else f"connection failed ({self._msg(e)})"
-                last, err = kind, e
-            except o.APIStatusError as e:
-                if e.status_code >= 500 or e.status_code in (408, 409):
-                    last, err = f"server error ({e.status_code})", e
-                else:
-                    raise ItemFailed(f"{model}: request failed ({e.status_code}: {self._msg(e)})") from None
-            else:
-                choices = getattr(resp, "choices", None) or []
-                if not choices:
-                    return Answer(model, None, None, None)
-                msg = choices[0].message
-                return Answer(model, getattr(msg, "content", None), getattr(msg, "refusal", None),
-                              getattr(choices[0], "finish_reason", None))
-            if n >= self.retries:
-                raise ItemFailed(f"{model}: {last}, gave up after {n + 1} tries")
-            if self.cancel.wait(self._delay(n, err)):
-                raise Cancelled()
-            n += 1
+                raise self._failure(e, model) from None
+            choices = getattr(resp, "choices", None) or []
+            if not choices:
+                return Answer(model, None, None, None)
+            msg = choices[0].message
+            return Answer(model, getattr(msg, "content", None), getattr(msg, "refusal", None),
+                          getattr(choices[0], "finish_reason", None))
+
+    def _failure(self, e: ApiError, model: str) -> Exception:
+        """The error for the caller: a :class:`FatalLLMError` for what no retry or other item can fix, else one
+        :class:`ItemFailed`."""
+        unknown = (f"the endpoint {self.base_url} does not know the model {model!r} ({e.status}: {e.detail}). "
+                   f"Check --model / --fallback-model / --judge-model and --base-url.")
+        if e.kind == "status" and e.status == 404:
+            return FatalLLMError(unknown)
+        if e.kind == "status" and e.status in (401, 403):
+            return FatalLLMError(f"the endpoint {self.base_url} rejected the API key ({e.status}: {e.detail})")
+        if e.kind == "status" and e.status == 400:
+            if _MODEL_MISSING_RE.search(e.detail):
+                return FatalLLMError(unknown)
+            return ItemFailed(f"{model}: request rejected (400: {e.detail})")
+        if e.retryable:
+            return ItemFailed(f"{model}: {e.reason}, gave up after {e.tries} tries")
+        return ItemFailed(f"{model}: request failed ({e.status}: {e.detail})")
 
 
 def parse_json_answer(answer: Answer) -> tuple[dict | None, str | None]:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from ..apiclient import Cancelled
 from ..errors import PrepareError
-from .llm import Cancelled, ChatClient, FatalLLMError, ItemFailed, ask_json, find_api_key, no_key_message, run_pool
+from .llm import ChatClient, FatalLLMError, ItemFailed, ask_json, find_api_key, no_key_message, run_pool
 from .store import append_entry
 
 

@@ -228,51 +228,6 @@ def sole_writer(path: str | os.PathLike, command: str):
         lock.release()
 
 
-class PendingLines:
-    """History lines that could not be written yet (a full disk): kept, and written first at the next append.
-
-    The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` append through one of these, so a
-    write that fails costs a warning, not a line: the line goes in at the next probe, before that probe's own,
-    in step order. :meth:`give_up` says which steps were lost when the run ends with lines still pending.
-    """
-
-    def __init__(self):
-        self.lines: list[tuple[Path, dict]] = []
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-    def append(self, path: str | os.PathLike, line: dict, name: str) -> bool:
-        """Write what is pending, then ``line``; True when everything is written, else a warning and False."""
-        self.lines.append((Path(path), line))
-        return self.flush(name)
-
-    def flush(self, name: str) -> bool:
-        """Write the pending lines in order; True when none is left, else a warning (naming the steps) and False."""
-        while self.lines:
-            target, pending = self.lines[0]
-            try:
-                append_line(target, pending)
-            except OSError as e:
-                steps = ", ".join(str(line["step"]) for _, line in self.lines)
-                logger.warning("moral probe [%s]: could not append to the history %s (%s); the line(s) of step(s) %s "
-                               "are kept and written at the next probe; training goes on", name, target,
-                               e.strerror or e, steps)
-                return False
-            self.lines.pop(0)
-        return True
-
-    def give_up(self, name: str) -> list[int]:
-        """Say (a warning) which steps are lost because their lines were never written; forget them."""
-        lost = [line["step"] for _, line in self.lines]
-        if lost:
-            logger.warning("moral probe [%s]: the history line(s) of step(s) %s were never written (%s): they are "
-                           "lost; their reports are in the checkpoints that were saved", name,
-                           ", ".join(map(str, lost)), self.lines[0][0])
-        self.lines.clear()
-        return lost
-
-
 def baseline_path(output_dir: str, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """``<output_dir>/moral_probe_<name>_baseline.json``: the step-0 report (no checkpoint holds it)."""
     return os.path.join(output_dir, f"moral_probe_{probe_key(name, answer_format)}_baseline.json")

@@ -73,6 +73,8 @@ INFO_FIELDS = {
     "subset": (OBJECT, "which vignettes: limit, per_foundation, subset_seed, and a digest of their ids"),
     "backend": (OBJECT, "what computed the answers: this process's forward pass, or a served model's server "
                         "(BACKEND_FIELDS)"),
+    "versions": (OBJECT, "what made the report: tinymcf_callback, torch, transformers and python versions (a "
+                         "served model's server: backend.version)"),
 }
 BACKEND_FIELDS = {
     "kind": (STR, "transformers (this process), or the server: vllm, sglang, llama.cpp, openai-compatible"),
@@ -85,7 +87,9 @@ BACKEND_FIELDS = {
     "logprobs_mode": (STR, "raw: checked not to move with the sampling temperature (processed ones are refused)"),
     "template": (STR, "whether the server's tokenizer and chat template were checked against the local ones"),
     "requests": (INT, "HTTP requests the probe made (0 in this process)"),
+    "retries": (INT, "requests sent again after a timeout, a dropped connection or a 408/409/429/5xx (each logged)"),
     "concurrency": (NUM_OR_NULL, "requests in flight at once"),
+    "batch": (NUM_OR_NULL, "prompts per request (1: one at a time; null in this process)"),
     "p_yes_bound": (NUM_OR_NULL, "a top-k form: the widest P(Yes) interval over the prompts"),
     "mass_bound": (NUM_OR_NULL, "a top-k form: the most answer mass the unread tokens can hold"),
 }

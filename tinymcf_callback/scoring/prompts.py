@@ -98,17 +98,25 @@ def format_prompt(tok, scenario: str, question: str, answer_prefix: str = DEFAUL
             f"answer_prefix {answer_prefix!r} ends in whitespace: the answer token would follow a lone "
             "space token, which collapses the answer's probability mass"
         )
-    user = f"{scenario}\n\n{question}"
+    turn = chat_turn(scenario, question)
     if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": user}],
-            tokenize=False,
-            add_generation_prompt=True,
-            enable_thinking=False,  # ignored by templates that do not use it
-        )
-        return text + answer_prefix
+        return render_turn(tok, turn) + answer_prefix
     bos = tok.bos_token if _adds_bos(tok) else ""
-    return f"{bos}Question: {user}\n{answer_prefix or 'Answer:'}"
+    return f"{bos}Question: {turn[0]['content']}\n{answer_prefix or 'Answer:'}"
+
+
+def chat_turn(scenario: str, question: str) -> list[dict]:
+    """The one chat turn every prompt asks: a user message of the scenario, a blank line and the question.
+
+    :func:`format_prompt` renders it; a served model's template check asks the server to render the same turn.
+    """
+    return [{"role": "user", "content": f"{scenario}\n\n{question}"}]
+
+
+def render_turn(tok, turn: list[dict]) -> str:
+    """``turn`` through the tokenizer's chat template, the assistant turn opened (thinking disabled where the
+    template knows ``enable_thinking``, e.g. Qwen3; other templates ignore it)."""
+    return tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True, enable_thinking=False)
 
 
 def _adds_bos(tok) -> bool:

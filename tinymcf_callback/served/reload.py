@@ -7,7 +7,7 @@ import shlex
 import subprocess
 
 from ..errors import ServedError
-from .http import ServerClient
+from .client import ServerClient
 
 
 def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0) -> None:

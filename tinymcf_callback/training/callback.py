@@ -34,7 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
-from ..probe import Probe, is_served
+from ..probe import Probe, scorer_of
 from ..results.history import BASELINE_EVENT
 from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
@@ -132,7 +132,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
         self.hand_off = bool(hand_off)
-        if endpoint is not None and not is_served(endpoint):
+        if endpoint is not None and scorer_of(endpoint) is None:
             raise ConfigError(f"endpoint= must be a tinymcf_callback.served.ServedModel (the server to probe), got "
                               f"{type(endpoint).__name__}")
         if endpoint is not None and hand_off:

@@ -34,25 +34,15 @@ import logging
 import os
 import time
 
-from ..errors import ConfigError, UnsupportedModelError
+from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..probe import Probe
-from ..results.history import (
-    BASELINE_EVENT,
-    PendingLines,
-    append_line,
-    baseline_path,
-    history_path,
-    newest_per_step,
-    probe_line,
-    resume_line,
-)
-from ..results.metrics import baseline_record, baseline_scores, dashboard_names
-from ..results.report import load_report
+from ..results.history import BASELINE_EVENT, probe_line
+from ..results.metrics import baseline_record, dashboard_names
 from ..results.text import format_table, sanity_lines
+from ..rundir.curve import Curve, Unwritten, usable_baseline
 from ..scoring.ranks import Ranks
 from ..trackers.sinks import Trackers
 from ..trackers.targets import as_sink
-from .writers import write_baseline
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -83,6 +73,8 @@ class ProbeLogger:
                               f"{type(probe).__name__}")
         self.probe = probe
         self.output_dir = None if output_dir is None else os.fspath(output_dir)
+        # the run's history and baseline report, written through the one curve writer (rundir.curve)
+        self.curve = None if output_dir is None else Curve(output_dir, probe.name, probe.answer_format)
         self.trackers = Trackers([as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])], strict=strict)
         self.baseline, self.resume, self.strict, self.verbose = baseline, resume, strict, verbose
         self.baseline_record: dict | None = None  # the baseline's per-vignette s (metrics.baseline_record)
@@ -90,8 +82,6 @@ class ProbeLogger:
         self.last_report: dict | None = None
         self.last_metrics: dict[str, float] = {}  # the logged names (eval_moral_<name>/...)
         self.last_line: dict | None = None  # the history line of the last probe
-        self.unwritten = PendingLines()  # history lines a full disk kept back, written first at the next probe
-        self._unwritten_baseline: tuple | None = None  # the baseline's report, when it could not be written
         self._started = False
 
     @property
@@ -101,9 +91,7 @@ class ProbeLogger:
     @property
     def history(self) -> str | None:
         """The history file this logger appends to (None without ``output_dir``)."""
-        if self.output_dir is None:
-            return None
-        return history_path(self.output_dir, self.name, self.probe.answer_format)
+        return None if self.curve is None else str(self.curve.path)
 
     # ---- the loop's one call ----------------------------------------------------------------------
     def log(self, model, step: int, *, epoch: float | None = None, event: str | None = None,
@@ -173,14 +161,19 @@ class ProbeLogger:
         return metrics
 
     def _write(self, report: dict, line: dict, *, step: int, epoch, event: str) -> None:
-        """The baseline's report (at the step-0 probe), then the history line; what fails is kept for the next probe."""
-        if event == BASELINE_EVENT:
-            self._unwritten_baseline = (report, step, epoch)
-        if self._unwritten_baseline is not None:
-            saved, at, at_epoch = self._unwritten_baseline
-            if write_baseline(self.output_dir, self.name, saved, step=at, epoch=at_epoch):
-                self._unwritten_baseline = None
-        self.unwritten.append(self.history, line, self.name)
+        """The history line (at the step-0 probe its baseline report first); what fails is kept for the next probe."""
+        try:
+            self.curve.append(line, baseline=(report, step, epoch) if event == BASELINE_EVENT else None)
+        except Unwritten as e:
+            steps = ", ".join(map(str, e.steps))
+            if e.path == self.curve.baseline_path:
+                logger.warning("moral probe [%s]: could not write the baseline report %s (%s); it and the line(s) of "
+                               "step(s) %s are kept and written at the next probe; training goes on", self.name,
+                               e.path, e.reason, steps)
+            else:
+                logger.warning("moral probe [%s]: could not append to the history %s (%s); the line(s) of step(s) %s "
+                               "are kept and written at the next probe; training goes on", self.name, e.path,
+                               e.reason, steps)
 
     def close(self) -> list[int]:
         """At the end of a run: write what a full disk kept back, else say which steps are lost (a warning).
@@ -189,26 +182,26 @@ class ProbeLogger:
         """
         for missed in self.trackers.undelivered():
             logger.warning("moral probe [%s]: %s; the history holds those lines", self.name, missed)
-        if self.unwritten.flush(self.name):
+        if self.curve is None or self.curve.flush():
             return []
-        return self.unwritten.give_up(self.name)
+        return self.curve.give_up()
 
     def resumed_from(self, step: int, *, started: float | None = None) -> list[int]:
         """The loop resumed from its checkpoint of ``step``: the history's lines of later steps belong to the branch
         it abandoned. A resume line sets them aside (the plot and every reader then skip them), and the steps
         probed again from here on take their place. ``started`` names this resumed attempt (the run's record).
         Returns the steps set aside (none: nothing written). Main process only; a failed write is a warning."""
-        if self.history is None or not os.path.exists(self.history):
+        if self.curve is None or not self.curve.path.exists():
             return []
         try:
-            later = sorted(s for s in newest_per_step(self.history) if s > step)
-            if later:
-                append_line(self.history, resume_line(self.name, self.probe.answer_format, step=step, started=started,
-                                                      superseded=later))
-        except (OSError, ValueError) as e:
+            mark = self.curve.read().resume_line(self.name, self.probe.answer_format, from_step=step, started=started)
+            if mark is not None:
+                self.curve.append(mark)
+        except (OSError, HistoryError) as e:
             logger.warning("moral probe [%s]: could not mark the resume from step %d in %s: %s", self.name, step,
                            self.history, e)
             return []
+        later = [] if mark is None else mark["info"]["resumed"]["superseded"]
         if later:
             logger.warning("moral probe [%s]: resumed from step %d; the history's lines of step(s) %s belong to the "
                            "branch the training abandoned and are set aside; those steps are probed again as the "
@@ -223,34 +216,19 @@ class ProbeLogger:
 
     # ---- the baseline on disk ---------------------------------------------------------------------
     def _saved_baseline(self) -> dict | None:
-        if self.output_dir is None:
+        if self.curve is None:
             return None
-        path = baseline_path(self.output_dir, self.name, self.probe.answer_format)
-        if not os.path.exists(path):
-            return None
-        try:
-            report = load_report(path)
-            record = baseline_record(report, int(report.get("step") or 0))
-        except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the run
-            logger.warning("moral probe [%s]: the baseline report %s cannot be read (%s); score_change is not "
-                           "logged in this run", self.name, path, e)
-            return None
-        return self._usable(record, f"the baseline report {path}")
+        record, why = self.curve.saved_baseline(self.probe.prompt_digest)
+        if record is None and self.curve.baseline_path.exists():
+            logger.warning("moral probe [%s]: %s; score_change is not logged in this run", self.name, why)
+        return record
 
     def _usable(self, record, what: str) -> dict | None:
         if record is None:
             return None
-        why = None
-        if not isinstance(record, dict) or record.get("prompt_digest") != self.probe.prompt_digest:
-            why = ("its prompts differ from this run's (another subset, tokenizer, answer prefix or answer "
-                   "format)")
-        else:
-            try:
-                baseline_scores(record)
-            except (KeyError, TypeError, ValueError) as e:
-                why = f"it cannot be read ({e})"
+        why = usable_baseline(record, self.probe.prompt_digest)
         if why is None:
             return record
-        logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run",
-                       self.name, what, why)
+        logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run", self.name,
+                       what, why)
         return None

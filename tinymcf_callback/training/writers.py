@@ -1,4 +1,5 @@
-"""Where a finished probe goes besides ``Trainer.log`` and the history: the checkpoint's report, the baseline's.
+"""Where a finished probe goes besides ``Trainer.log`` and the history (:mod:`~tinymcf_callback.rundir.curve`):
+the checkpoint's report and its refreshed ``trainer_state.json``.
 
 All of them run on the main process only and never raise: a file the probe cannot write is a
 warning, and training goes on.
@@ -12,25 +13,10 @@ import logging
 import os
 
 from .._io import atomic_write_text
-from ..results.history import baseline_path
 from ..results.metrics import probe_key
 from ..results.report import answer_format, write_report
 
 logger = logging.getLogger("tinymcf_callback")
-
-
-def write_baseline(output_dir: str, name: str, report: dict, *, step: int, epoch) -> bool:
-    """The baseline's full report, for ``tinymcf compare`` against any checkpoint's ``moral_probe_<name>.json``.
-
-    False (and a warning) when it cannot be written; the file is then as it was (written atomically).
-    """
-    try:
-        write_report(baseline_path(output_dir, name, answer_format(report)), report, step=step, epoch=epoch)
-    except OSError as e:
-        logger.warning("moral probe [%s]: could not write the baseline report (%s); it is tried again at the next "
-                       "probe", name, e)
-        return False
-    return True
 
 
 def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:

@@ -1,0 +1,209 @@
+"""One probe's curve in a run folder: the history file and the baseline report beside it, written one way by all.
+
+The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` (inside the training), the sweep and the
+watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here,
+once:
+
+- **where**: ``moral_probe_<name>.jsonl`` (``..._<name>_json.jsonl`` with JSON answers) and
+  ``moral_probe_<name>_baseline.json`` beside it (:func:`~tinymcf_callback.results.history.history_path`);
+- **what the history holds** (:meth:`Curve.read`, a :class:`HistoryView`): the current run's lines on its
+  current branch, and its resume marks;
+- **the saved baseline** (:meth:`Curve.saved_baseline`): the baseline report beside the history, used for the
+  change since step 0 only when it asked this probe's prompts (the same prompt digest); otherwise, or when it
+  cannot be read, the reason why no change is logged (said, never silently dropped);
+- **the baseline report** (:meth:`Curve.append` with ``baseline=``): written with every baseline line, before
+  it (a line without its report misleads), so that the report beside the history is always the current run's
+  step 0; a report already there from an earlier run or scoring is set aside (renamed
+  ``<file>.set-aside-<time>``), never overwritten or deleted;
+- **the resume marks** (:meth:`HistoryView.resume_line`): when a training resumed from step K and the history
+  holds later steps of the branch it abandoned, one resume line per attempt sets them aside;
+- **appending** (:meth:`Curve.append`): one line at a time under the history's lock
+  (:func:`~tinymcf_callback.results.history.append_line`), what an earlier write could not write first, in order.
+  A line that cannot be written is kept and written first at the next append (the retry); the caller hears of it
+  (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import HistoryError
+from ..results.history import (
+    append_line,
+    baseline_path,
+    current_run,
+    gap_line,
+    history_path,
+    read_lines,
+    resume_line,
+    resume_marks,
+)
+from ..results.metrics import baseline_record, baseline_scores
+from ..results.precision import Precision
+from ..results.report import load_report, write_report
+
+logger = logging.getLogger("tinymcf_callback")
+
+
+class Unwritten(OSError):
+    """Lines (and a baseline report) that could not be written: kept by the curve, written first at its next append.
+    ``steps`` are the steps still unwritten, ``path`` the file that refused, ``reason`` why."""
+
+    def __init__(self, path: Path, reason: str, steps: list[int]):
+        super().__init__(f"could not write to {path} ({reason}); step(s) {', '.join(map(str, steps))} not written")
+        self.path, self.reason, self.steps = path, reason, steps
+
+
+@dataclass
+class HistoryView:
+    """The history as it is now: the current run's lines (its current branch) and its resume marks."""
+
+    lines: list[dict] = field(default_factory=list)
+    marks: list[dict] = field(default_factory=list)  # info.resumed of every resume line
+
+    def newest(self) -> dict[int, dict]:
+        """The newest line of each step."""
+        return {line["step"]: line for line in self.lines}
+
+    def precision(self) -> Precision | None:
+        """The precision the history's lines were scored in (the last one that records it), or None."""
+        return next((p for p in map(Precision.of, reversed(self.lines)) if p is not None), None)
+
+    def resume_line(self, name: str, answer_format: str, *, from_step: int, started: float | None) -> dict | None:
+        """The resume line to write for a training attempt that resumed from ``from_step`` (started at ``started``),
+        or None: when the history holds no later step, or already marks this attempt."""
+        if from_step <= 0:
+            return None
+        if started is not None and any(mark.get("attempt_started") == started for mark in self.marks):
+            return None
+        later = sorted(line["step"] for line in self.lines if line["step"] > from_step)
+        if not later:
+            return None
+        return resume_line(name, answer_format, step=from_step, started=started, superseded=later)
+
+
+class Curve:
+    """The history and the baseline report of probe ``name`` (``answer_format``) in ``run_dir`` (see the module)."""
+
+    def __init__(self, run_dir: str | os.PathLike, name: str, answer_format: str):
+        self.run_dir, self.name, self.answer_format = Path(run_dir), name, answer_format
+        self.path = Path(history_path(str(run_dir), name, answer_format))
+        self.baseline_path = Path(baseline_path(str(run_dir), name, answer_format))
+        self.pending: list[tuple[dict, tuple | None]] = []  # (line, its baseline report) kept back by a failed write
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def read(self) -> HistoryView:
+        """What the history holds now (nothing yet: an empty view); :class:`HistoryError` for a malformed line."""
+        if not self.path.exists():
+            return HistoryView()
+        try:
+            numbered = read_lines(self.path)
+        except HistoryError as e:
+            if "is empty" in str(e):
+                return HistoryView()
+            raise HistoryError(f"{e}: the history is only ever appended to; repair or move that line") from None
+        return HistoryView([line for _, line in current_run(self.path, numbered, warn=False)], resume_marks(numbered))
+
+    def baseline_record(self) -> tuple[dict | None, str | None]:
+        """``(record, None)``: the per-vignette scores of the baseline report beside the history (its prompts not yet
+        checked: :func:`usable_baseline`); else ``(None, why)``, why no change since step 0 can be logged."""
+        path = self.baseline_path
+        if not path.exists():
+            return None, f"{path.name} is not beside the history: no change since the baseline is logged"
+        try:
+            report = load_report(path)
+            return baseline_record(report, int(report.get("step") or 0)), None
+        except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the run
+            return None, f"{path} cannot be read ({type(e).__name__}: {e}): no change since the baseline is logged"
+
+    def saved_baseline(self, prompt_digest: str) -> tuple[dict | None, str | None]:
+        """:meth:`baseline_record`, used only when it asked these prompts (``prompt_digest``); else ``(None, why)``."""
+        record, why = self.baseline_record()
+        if record is not None:
+            why = usable_baseline(record, prompt_digest)
+        return (record, None) if why is None else (None, why if record is None else f"{self.baseline_path}: {why}")
+
+    # ---- writing -------------------------------------------------------------------------------------------
+    def append(self, line: dict, *, once: bool = False, baseline: tuple | None = None) -> bool:
+        """Write what earlier appends kept back, then ``line`` (with ``baseline``, ``(report, step, epoch)``: its
+        baseline report first). False when ``once`` found the step's newest line already recording the same thing
+        (:func:`~tinymcf_callback.results.history.append_line`); :class:`Unwritten` when something could not be
+        written (kept for the next append)."""
+        self.pending.append((line, baseline))
+        return self._write(once_for=line if once else None)
+
+    def flush(self) -> bool:
+        """Write what is kept back; True when nothing is left, else a warning naming the steps and False."""
+        try:
+            self._write()
+        except Unwritten as e:
+            logger.warning("moral probe [%s]: %s", self.name, e)
+            return False
+        return True
+
+    def _write(self, once_for: dict | None = None) -> bool:
+        written = True
+        while self.pending:
+            line, report = self.pending[0]
+            target = self.baseline_path if report is not None else self.path
+            try:
+                if report is not None:
+                    self._keep_baseline_report(*report)
+                    self.pending[0] = (line, None)
+                    target = self.path
+                written = append_line(self.path, line, once=line is once_for)
+            except OSError as e:
+                raise Unwritten(target, e.strerror or str(e), [pending["step"] for pending, _ in self.pending]) from None
+            self.pending.pop(0)
+        return written
+
+    def give_up(self) -> list[int]:
+        """Say (a warning) which steps are lost because their lines were never written; forget them."""
+        lost = [line["step"] for line, _ in self.pending]
+        if lost:
+            logger.warning("moral probe [%s]: the history line(s) of step(s) %s were never written (%s): they are "
+                           "lost; their reports are in the checkpoints that were saved", self.name,
+                           ", ".join(map(str, lost)), self.path)
+        self.pending.clear()
+        return lost
+
+    def gap(self, *, step: int, epoch, why: str, event: str) -> dict:
+        """A gap line of this curve (a saved step that will not be scored, and why)."""
+        return gap_line(self.name, self.answer_format, step=step, epoch=epoch, why=why, event=event)
+
+    def _keep_baseline_report(self, report: dict, step: int, epoch) -> None:
+        """The report of the line that starts the current run, beside the history; one already there is set aside
+        (renamed, kept). ``OSError`` when it cannot be written (the file is then as it was)."""
+        path = self.baseline_path
+        if path.exists():
+            target = set_aside_name(path)
+            path.rename(target)
+            logger.info("moral probe [%s]: %s, the baseline report of an earlier scoring, is set aside as %s",
+                        self.name, path.name, target.name)
+        write_report(path, report, step=step, epoch=epoch)
+
+
+def usable_baseline(record, prompt_digest: str) -> str | None:
+    """Why a saved baseline record cannot measure this probe's change (None: it can)."""
+    if not isinstance(record, dict) or record.get("prompt_digest") != prompt_digest:
+        return ("its prompts differ from this probe's (another subset, tokenizer, answer prefix or answer format): "
+                "no change since the baseline is logged")
+    try:
+        baseline_scores(record)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"it cannot be read ({e}): no change since the baseline is logged"
+    return None
+
+
+def set_aside_name(path: Path) -> Path:
+    """``<file>.set-aside-<time>``, with a number added when that name is taken: a name nothing is written under."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = path.with_name(f"{path.name}.set-aside-{stamp}"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.set-aside-{stamp}-{n}")
+    return target

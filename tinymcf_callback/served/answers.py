@@ -1,0 +1,68 @@
+"""From a served probe's readings to its scores: P(Yes) and the answer mass of each prompt, the sample prompt's top
+tokens, and, for a top-k form, the bound on what the unread tokens can hide."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..scoring.engine import ScoreResult, empty_result
+from .forms import Reading
+
+
+def answer(reading: Reading, yes: list[int], no: list[int]) -> tuple[float, float]:
+    """``(p_yes, yn_mass)`` from the answer tokens read (an unread one counts as 0)."""
+    def total(ids):
+        vals = [reading.logp[a] for a in ids if a in reading.logp and math.isfinite(reading.logp[a])]
+        return float(np.exp(np.logaddexp.reduce(vals))) if vals else 0.0
+    py, pn = total(yes), total(no)
+    return (py / (py + pn) if py + pn > 0 else float("nan")), py + pn
+
+
+def difference(a: Reading, b: Reading, yes: list[int], no: list[int]) -> tuple[float, float]:
+    """``(|ΔP(Yes)|, |Δ log mass|)`` of two readings of one prompt, on the answer tokens both read."""
+    y = [t for t in yes if t in a.logp and t in b.logp]
+    n = [t for t in no if t in a.logp and t in b.logp]
+    p0, m0 = answer(a, y, n)
+    p1, m1 = answer(b, y, n)
+    dp = abs(p0 - p1) if y and n else 0.0
+    dm = abs(math.log(m0) - math.log(m1)) if m0 > 0 and m1 > 0 else 0.0
+    return dp, dm
+
+
+def result(readings: list[Reading], sample: Reading, tok, yes: list[int], no: list[int]) -> ScoreResult:
+    """The :class:`~tinymcf_callback.scoring.engine.ScoreResult` of one reading per prompt; ``sample`` holds the
+    sample prompt's top tokens."""
+    n = len(readings)
+    res = empty_result(n)
+    tops = []
+    answers = {*yes, *no} | {tok.decode([a]) for a in (*yes, *no)}
+    for i, reading in enumerate(readings):
+        res.p_yes[i], res.yn_mass[i] = answer(reading, yes, no)
+        if len(reading.top) >= 3:
+            tops.append(any(t in answers for t, _ in reading.top[:3]))
+    res.yn_top3 = np.array(tops, dtype=bool) if len(tops) == n else np.zeros(0, dtype=bool)
+    res.top_tokens = [(t if isinstance(t, str) else tok.decode([t]), float(math.exp(v))) for t, v in sample.top[:10]]
+    return res
+
+
+def bounds(readings: list[Reading], yes: list[int], no: list[int]) -> tuple[float, float] | None:
+    """For a top-k form: the widest P(Yes) interval and the most answer mass the unread tokens can hide; None when
+    every answer token was read."""
+    widest = hidden = 0.0
+    inexact = False
+    for r in readings:
+        if r.floor is None:
+            continue
+        cap = math.exp(r.floor)
+        miss_y, miss_n = sum(a not in r.logp for a in yes), sum(a not in r.logp for a in no)
+        if not miss_y and not miss_n:
+            continue
+        inexact = True
+        py = sum(math.exp(r.logp[a]) for a in yes if a in r.logp)
+        pn = sum(math.exp(r.logp[a]) for a in no if a in r.logp)
+        lo = py / (py + pn + miss_n * cap) if py + pn + miss_n * cap > 0 else 0.0
+        hi = (py + miss_y * cap) / (py + miss_y * cap + pn) if py + miss_y * cap + pn > 0 else 1.0
+        widest, hidden = max(widest, hi - lo), max(hidden, (miss_y + miss_n) * cap)
+    return (widest, hidden) if inexact else None

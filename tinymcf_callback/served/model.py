@@ -1,0 +1,217 @@
+"""A model behind an OpenAI-compatible server, scored like a local one: :class:`ServedModel`.
+
+``Probe.run(ServedModel("http://127.0.0.1:8000", "my-model"))`` gives the same report as a local probe, with
+``info["backend"]`` saying what answered. Each probe, through the parts of this package:
+
+1. **finds the server** and checks the model name (:func:`~.server.discover`);
+2. **checks the template** (:func:`~.server.check_template`) on the sample prompt;
+3. **checks the log-probabilities** (:func:`~.server.check_logprobs`): the sample prompt read at temperature 1,
+   0.5 and 1, every other sampling setting pinned; processed ones are refused;
+4. **scores every prompt** (:mod:`~.transport`): batched requests where the server takes a list of prompts, a
+   bounded pool of them in flight, as the server is really run (prefix caching, continuous batching);
+5. **self-checks** (:mod:`~.selfcheck`): a few prompts of the probe's rotation asked again, later in the queue and
+   in a second form, and optionally scored by a local reference.
+
+Nothing is cached between probes: a model reloaded into the server is read afresh, with a new connection.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import ServedError
+from ..scoring.engine import ScoreResult
+from ..scoring.prompts import answer_token_ids
+from . import answers, selfcheck
+from .client import ServerClient
+from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
+from .forms import FORM_CLASSES, PINS
+from .server import Server, check_logprobs, check_template, discover
+from .transport import Ask, Transport, batches
+
+AUTO_FORM = {"vllm": "logprob_token_ids", "sglang": "token_ids_logprob", "llama.cpp": "n_probs"}
+SECOND_FORM = {"logprob_token_ids": "echo", "token_ids_logprob": "echo", "n_probs": "top_logprobs",
+               "echo": "echo", "top_logprobs": "top_logprobs"}
+DEFAULT_TOP = {"n_probs": 1000, "top_logprobs": 20}
+# What each server needs so that a prompt's numbers are its own. llama.cpp reuses a slot's cached prefix
+# (computed in another batch) and decodes parallel slots in one batch, and both move its numbers: measured on
+# SmolLM2 Q4_1, a prompt's log P(answer) moved by up to 0.07 with the prompt cache and 0.13-0.17 with 8
+# requests in flight, and by 0 asked alone without the cache. So it gets one request at a time, uncached.
+REQUEST_EXTRA = {"llama.cpp": {"cache_prompt": False}}
+DEFAULT_CONCURRENCY = {"llama.cpp": 1}
+
+
+class ServedModel:
+    """A model served by vLLM, SGLang, llama.cpp or any OpenAI-compatible completions server.
+
+    Args:
+        endpoint: the server's URL (``http://host:port``; a trailing ``/v1`` is fine).
+        model: the name the server serves it under (``GET /v1/models``).
+        form: the request form (:data:`~tinymcf_callback.served.forms.FORMS`), default the exact one of the
+            server found: ``logprob_token_ids`` on vLLM, ``token_ids_logprob`` on SGLang, ``n_probs`` on
+            llama.cpp, ``echo`` elsewhere.
+        concurrency: requests in flight at once (a bounded pool); default 8, and 1 on llama.cpp, whose
+            batched decoding changes a prompt's numbers.
+        batch: prompts per request where the server takes a list of them (default 16; 1 on llama.cpp).
+        timeout, retries: per request; 408/409/429/5xx, timeouts and dropped connections are retried with
+            backoff, each retry logged and counted (``info.backend.retries``).
+        top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
+        reference: the same weights as a local model, to score the checked prompts with the forward pass too.
+        check_prompts: prompts the self-check asks again per probe (0: no self-check).
+        tolerance: what the self-check holds the server's two readings of a prompt to (default: the probe's
+            ``self_check_tolerance`` when set, else 1e-3).
+        reference_tolerance: what it holds the local forward pass's difference to (default: recorded only).
+        name: what the report calls the model (default ``model``).
+        config: a :class:`~tinymcf_callback.served.config.ServedConfig` holding all of the above instead.
+
+    The API key, when the server wants one, is read from ``TINYMCF_API_KEY`` or ``OPENAI_API_KEY``.
+    """
+
+    def __init__(self, endpoint: str | None = None, model: str | None = None, *, form: str = "auto",
+                 concurrency: int | None = None, batch: int | None = None, timeout: float = 60.0, retries: int = 4,
+                 top: int | None = None, reference=None, check_prompts: int = N_CHECKED,
+                 tolerance: float | None = None, reference_tolerance: float | None = None, name: str | None = None,
+                 seed: int | None = None, config: ServedConfig | None = None, environ=None):
+        if config is None:
+            if not isinstance(model, str) or not model:
+                raise ServedError(f"--model must name the served model (GET <endpoint>/v1/models lists them), got "
+                                  f"{model!r}")
+            config = ServedConfig(endpoint, model, form=form, concurrency=concurrency, batch=batch, timeout=timeout,
+                                  retries=retries, top=top, check_prompts=check_prompts, tolerance=tolerance,
+                                  seed=seed, reference_tolerance=reference_tolerance)
+        elif not config.model:
+            raise ServedError("a served model needs the name the server serves it under (--served-model NAME; GET "
+                              "<endpoint>/v1/models lists them)")
+        self.config = config
+        self._reference = reference
+        self.environ = environ
+        self.name = name or config.model
+        self.server: Server | None = None  # what answered the last probe
+        self.client: ServerClient | None = None
+
+    @classmethod
+    def from_config(cls, config: ServedConfig, *, name: str | None = None, reference=None) -> ServedModel:
+        return cls(config=config, name=name, reference=reference)
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    def __repr__(self) -> str:
+        return f"ServedModel({self.config.shown!r}, {self.model!r})"
+
+    @property
+    def reference(self):
+        """The local model the checked prompts are also scored with (``reference=``; the command line loads
+        ``--reference``)."""
+        return self._reference
+
+    # ------------------------------------------------------------------ what Probe.score hands a served model
+    def score_probe(self, probe, *, progress: bool = False) -> ScoreResult:
+        """Every prompt of ``probe`` through the server; the self-check on a few; ``res.backend`` says how."""
+        self.close()
+        self.client = ServerClient(self.config.endpoint, timeout=self.config.timeout, retries=self.config.retries,
+                                   environ=self.environ)
+        try:
+            return self._score(probe, self.client, progress)
+        finally:
+            self.close()
+
+    def _score(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
+        config, tok = self.config, probe.tok
+        yes, no = answer_token_ids(tok, probe.answer_format)
+        check_vocabulary(probe, [*yes, *no])
+        server = self.server = discover(client, config.model)
+        concurrency = config.concurrency or DEFAULT_CONCURRENCY.get(server.kind, 8)
+        size = config.batch or (1 if server.kind == "llama.cpp" else DEFAULT_BATCH)
+        form = self.form(config.form if config.form != "auto" else AUTO_FORM.get(server.kind, "echo"), tok, yes, no,
+                         server)
+        sample = probe.sample_index
+        template = check_template(client, server, tok, probe.encoded[sample], probe.prompts[sample],
+                                  probe.turn(sample))
+        transport = Transport(client, concurrency)
+        ids = list(probe.encoded[sample])
+        found = check_logprobs(tuple(transport.ask(Ask(form, ["s"], [ids], {"temperature": t}))[0]
+                                     for t in (1.0, 0.5, 1.0)))
+        if found.mode == "processed":
+            raise ServedError(f"the server at {client.shown} returns processed log-probabilities: the same prompt "
+                              f"read at temperature 1 and 0.5 differs by {found.moved:.3g} in log P(answer). The probe "
+                              "needs the model's own distribution: start vLLM with --logprobs-mode raw_logprobs (TRL's "
+                              "vllm-serve passes processed_logprobs; a second vLLM with raw logprobs can serve the "
+                              "probe), or SGLang/llama.cpp without sampling on the returned probabilities")
+        n = len(probe.encoded)
+        tolerance = next(t for t in (config.tolerance, probe.config.self_check_tolerance,
+                                     selfcheck.DEFAULT_TOLERANCE) if t is not None)
+        second_name = SECOND_FORM[form.name]
+        checked = selfcheck.pick(probe.rotation, ("served", server.kind, second_name, form.name), n,
+                                 config.check_prompts) if probe.config.self_check else []
+        # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
+        pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
+        second = self.form(second_name, tok, yes, no, server)
+        prompts = [list(e) for e in probe.encoded]
+        main = batches(form, ((("main", i), prompts[i]) for i in range(n)), size)
+        check = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
+        check += batches(second, ((("second", i), prompts[i]) for i in checked), size,
+                         only=pair if second.name == "echo" else None)
+        extra = list(check)
+        if form.name in ("logprob_token_ids", "echo"):  # their readings hold no top tokens: the sample's, asked apart
+            top_form = self.form("top_logprobs" if form.name == "logprob_token_ids" else "echo", tok, yes, no, server,
+                                 top=10)
+            extra.append(Ask(top_form, [("top", sample)], [prompts[sample]],
+                             {"top": True, **({"only": pair[:1]} if top_form.name == "echo" else {})}))
+        half = len(main) // 2
+        order = main[:half] + extra + main[half:]  # the check's requests among the others, far from the first reading
+        started = time.perf_counter()
+        readings = transport.run(order, progress=progress, desc=f"moral probe [{probe.name}] @ {client.shown}")
+        again = batches(form, ((("main", i), prompts[i]) for i in range(n) if form.incomplete(readings[("main", i)])),
+                        size, whole=True)
+        if again:  # an answer token below the top-k: those prompts asked again for the whole vocabulary
+            readings.update(transport.run(again))
+        main_readings = [readings[("main", i)] for i in range(n)]
+        top_reading = readings.get(("top", sample), main_readings[sample])
+        res = answers.result(main_readings, top_reading, tok, yes, no)
+        res.n_forward = len(main) + len(again)
+        if checked:
+            record = selfcheck.check(probe.rotation, checked, {i: readings[("main", i)] for i in checked},
+                                     {i: readings[("repeat", i)] for i in checked},
+                                     {i: readings[("second", i)] for i in checked}, yes, no, form=form.name,
+                                     second_form=second_name, tolerance=tolerance, n_prompts=n,
+                                     requests=len(check), started=started, labels=probe.labels, shown=client.shown,
+                                     concurrency=concurrency)
+            if self.reference is not None:
+                selfcheck.compare_local(record, self.reference, probe, {i: readings[("main", i)] for i in checked},
+                                        yes, no, config.reference_tolerance)
+            res.check = record.as_dict()
+        bound = answers.bounds(main_readings, yes, no)
+        res.backend = {"kind": server.kind, "version": server.version, "url": client.shown,
+                       "served_model": config.model, "form": form.name, "exact": bound is None,
+                       "logprobs_mode": found.mode, "template": template, "requests": client.count,
+                       "retries": client.retried, "concurrency": concurrency,
+                       "batch": size if form.batched else 1,
+                       "p_yes_bound": None if bound is None else bound[0],
+                       "mass_bound": None if bound is None else bound[1]}
+        res.strategy = form.name
+        res.precision = {"dtype": "served", "autocast": None, "device": f"{server.kind} server", "compute": "served"}
+        res.model = self.name
+        return res
+
+    def form(self, name: str, tok, yes: list[int], no: list[int], server: Server, top: int | None = None):
+        """The request form ``name`` for this server: its pins, its top-k, the vocabulary it reads token texts by."""
+        top = top or self.config.top or DEFAULT_TOP.get(name, 10)
+        vocab = {tok.decode([a]): a for a in [*yes, *no]}
+        return FORM_CLASSES[name](self.model, (yes, no), top=top, vocab=vocab, vocab_size=len(tok),
+                                  pins=PINS.get(server.kind), extra=REQUEST_EXTRA.get(server.kind))
+
+    def close(self) -> None:
+        """Close the connections of the last probe (a probe opens its own)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def check_vocabulary(probe, answers: list[int]) -> None:
+    top_id = max(max((max(e) for e in probe.encoded if e), default=0), max(answers))
+    size = len(probe.tok)
+    if top_id >= size:
+        raise ServedError(f"token id {top_id} is out of range for the tokenizer ({size} tokens): the prompts were "
+                          "tokenized by another tokenizer")

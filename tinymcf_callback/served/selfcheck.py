@@ -1,0 +1,93 @@
+"""A served model's own self-check: what goes wrong with servers, measured at every probe.
+
+Which prompts: the probe's own :class:`~tinymcf_callback.scoring.selfcheck.Rotation` (its seed), as the local
+check draws them, a few per probe (``check_prompts``), so that over a run's probes the check covers every prompt.
+Each checked prompt is asked twice more among the probe's other requests: again in the same form, later in the
+queue (an order, batching or prompt-cache dependence shows there), and in a second form (another route through
+the server). Their largest P(Yes) and log-mass differences from the first reading are the resolution reached,
+held to the tolerance. With a ``reference`` (the same weights loaded locally), the checked prompts are also
+scored by the local forward pass and the difference recorded (``scored_diff``), optionally held to a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..errors import ServedError
+from ..scoring.selfcheck import Rotation, SelfCheck
+from .answers import answer, difference
+from .forms import Reading
+
+DEFAULT_TOLERANCE = 1e-3  # two requests for the same prompt to one server: what they may differ by
+
+
+def pick(rotation: Rotation, signature: tuple, n_prompts: int, k: int) -> list[int]:
+    """The next ``k`` prompts of the rotation's seeded order for this server and form (``signature``)."""
+    if not k or not n_prompts:
+        return []
+    rotation.start(signature)
+    return sorted(rotation.pick([[]] * n_prompts, [], signature[-1], None, min(k, n_prompts)))
+
+
+def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repeat: dict[int, Reading],
+          second: dict[int, Reading], yes: list[int], no: list[int], *, form: str, second_form: str,
+          tolerance: float, n_prompts: int, requests: int, started: float, labels: list[str], shown: str,
+          concurrency: int) -> SelfCheck:
+    """The check's record; :class:`ServedError` when a checked prompt's readings differ by more than ``tolerance``."""
+    diffs, masses = [], []
+    for i in checked:
+        for other in (repeat[i], second[i]):
+            dp, dm = difference(main[i], other, yes, no)
+            diffs.append(dp)
+            masses.append(dm)
+    max_diff, max_mass = float(max(diffs)), float(max(masses))
+    rotation.note(checked)
+    record = SelfCheck(strategy=form, checked=list(checked), max_diff=max_diff, max_mass_diff=max_mass,
+                       tolerance=tolerance, precision="served",
+                       reference=f"{second_form} form, and {form} again later in the queue",
+                       resolution=max(max_diff, 1e-7), coverage=rotation.coverage(n_prompts), n_forward=requests,
+                       seconds=float(time.perf_counter() - started))
+    if max_diff > tolerance or max_mass > tolerance:
+        worst = checked[int(np.argmax(np.array(diffs).reshape(len(checked), 2).max(axis=1)))]
+        raise ServedError(f"the served self-check failed: the server at {shown} gave one prompt ({labels[worst]}) two "
+                          f"answers {max_diff:.3g} apart in P(Yes) (log mass {max_mass:.3g}) when asked again later "
+                          f"or in the {second_form} form, above the tolerance {tolerance:g} with {concurrency} "
+                          "request(s) in flight: its numbers depend on request order, batching or prompt caching "
+                          "(llama.cpp: --concurrency 1; vLLM: --no-enable-prefix-caching) or on the request form; "
+                          "raise --self-check-tolerance to accept that resolution")
+    return record
+
+
+def compare_local(record: SelfCheck, reference, probe, main: dict[int, Reading], yes: list[int], no: list[int],
+                  tolerance: float | None) -> None:
+    """Score the checked prompts with the local forward pass of ``reference`` too; the difference into ``record``,
+    :class:`ServedError` when it is above ``tolerance`` (given)."""
+    import torch
+
+    from ..scoring.engine import score_alone
+    from ..scoring.mode import probe_mode
+
+    checked = record.checked
+    with probe_mode(reference), torch.inference_mode():
+        scored, _ = score_alone(reference, probe.encoded, checked, probe.tok, probe.answer_format)
+    diffs, mass = [], []
+    for k, i in enumerate(checked):
+        p, m = answer(main[i], yes, no)
+        diffs.append(abs(p - float(scored.p_yes[k])))
+        mass.append(abs(math.log(m) - math.log(float(scored.yn_mass[k]))) if m > 0 else math.inf)
+    record.scored_diff, record.scored_mass_diff = float(max(diffs)), float(max(mass))
+    record.scored_tolerance = tolerance
+    record.replay_note = f"the checked prompts also scored by the local forward pass of {model_label(reference)}"
+    if tolerance is not None and max(record.scored_diff, record.scored_mass_diff) > tolerance:
+        raise ServedError(f"the served model differs from the local forward pass of {model_label(reference)} by "
+                          f"{record.scored_diff:.3g} in P(Yes) (log mass {record.scored_mass_diff:.3g}), above "
+                          f"--reference-tolerance {tolerance:g}: not the same weights, or another precision or "
+                          "quantisation")
+
+
+def model_label(model) -> str:
+    config = getattr(model, "config", None)
+    return getattr(config, "name_or_path", None) or type(model).__name__

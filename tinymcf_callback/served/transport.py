@@ -1,0 +1,85 @@
+"""Sending a probe's requests to one server: batched where the server takes a list of prompts, a bounded pool of
+requests in flight, in a fixed order, with a progress bar.
+
+A probe's work is a list of :class:`Ask`: a form, the prompts one request carries (several where the form is
+``batched``, :func:`batches`) and what to read. :class:`Transport` sends them through at most ``concurrency``
+requests at once, in the order given (so a check's repeat of a prompt lands far from its first reading), and
+returns every prompt's :class:`~tinymcf_callback.served.forms.Reading` by its key. When a request fails for good,
+the requests not sent yet are dropped and the client's connections are closed, so that the server aborts the
+requests still in flight instead of computing answers nobody reads; the failure is raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from .client import ServerClient
+from .forms import Form, Reading
+
+
+@dataclass
+class Ask:
+    """One request: ``form`` asked for ``prompts`` (one key each, naming the reading in the result) with ``options``
+    (:meth:`Form.payload`'s ``temperature``, ``top``, ``only``, ``whole``)."""
+
+    form: Form
+    keys: list[Hashable]
+    prompts: list[list[int]]
+    options: dict = field(default_factory=dict)
+
+
+def batches(form: Form, keyed: Iterable[tuple[Hashable, list[int]]], size: int, **options) -> list[Ask]:
+    """``keyed`` (key, prompt) pairs as requests of at most ``size`` prompts (1 where the form takes one at a time)."""
+    keyed = list(keyed)
+    size = size if form.batched else 1
+    return [Ask(form, [k for k, _ in chunk], [p for _, p in chunk], dict(options))
+            for chunk in (keyed[i:i + size] for i in range(0, len(keyed), max(1, size)))]
+
+
+class Transport:
+    """The requests of one probe to one server (see the module)."""
+
+    def __init__(self, client: ServerClient, concurrency: int):
+        self.client, self.concurrency = client, max(1, int(concurrency))
+        self.sent = 0  # requests answered through this transport
+
+    def ask(self, ask: Ask) -> list[Reading]:
+        """One request, sent now: its readings, in the order of its prompts."""
+        data = self.client.post(ask.form.route, ask.form.payload(ask.prompts, **ask.options))
+        self.sent += 1
+        read = {k: v for k, v in ask.options.items() if k != "temperature"}  # what shapes the answer, not its values
+        return ask.form.parse(data, ask.prompts, shown=self.client.shown, **read)
+
+    def run(self, asks: list[Ask], *, progress: bool = False, desc: str = "") -> dict[Hashable, Reading]:
+        """Every ask through the pool; each prompt's reading by its key."""
+        from tqdm.auto import tqdm
+
+        out: dict[Hashable, Reading] = {}
+        lock = threading.Lock()
+        bar = tqdm(total=sum(len(a.keys) for a in asks), desc=desc, unit="prompt", disable=not progress,
+                   dynamic_ncols=True, leave=False)
+
+        def work(ask: Ask) -> None:
+            readings = self.ask(ask)
+            with lock:
+                out.update(zip(ask.keys, readings, strict=True))
+                bar.update(len(ask.keys))
+
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="tinymcf-served")
+        try:
+            futures = [pool.submit(work, a) for a in asks]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # what was not sent yet is not sent
+            self.client.close()  # the requests still in flight lose their connection: the server aborts them
+            raise
+        finally:
+            bar.close()
+        pool.shutdown(wait=True)
+        return out
