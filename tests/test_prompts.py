@@ -76,6 +76,22 @@ def test_answer_tokens_found_from_vocabulary(qwen_tok, smollm2):
     assert stok.convert_tokens_to_ids("ĠYes") in syes and stok.convert_tokens_to_ids("No") in sno
 
 
+@pytest.mark.parametrize("which", [pytest.param("qwen3", marks=pytest.mark.slow), "smollm2"])  # 2.4 s, 0.5 s
+def test_the_answer_candidates_find_every_answer_token_the_whole_vocabulary_does(which):
+    """Decoding only the entries that spell an answer word finds the ids decoding the whole vocabulary finds."""
+    from transformers import AutoTokenizer
+
+    from tinymcf_callback import testing
+    from tinymcf_callback.scoring.prompts import ANSWER_WORDS, answer_candidates
+
+    tok = AutoTokenizer.from_pretrained(testing.qwen3_tokenizer_dir() if which == "qwen3" else testing.smollm2_dir())
+    decoded = tok.batch_decode([[i] for i in range(len(tok))], skip_special_tokens=False,
+                               clean_up_tokenization_spaces=False)
+    whole = {i for i, text in enumerate(decoded) if text.strip().lower() in ANSWER_WORDS}
+    candidates = answer_candidates(tok)
+    assert whole <= set(candidates) and len(candidates) < len(tok) / 20
+
+
 def test_tokenizer_without_yes_no_is_a_clear_error():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -11,6 +11,7 @@ Random weights: mechanics only, never moral content. The real servers are tests/
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -150,12 +151,27 @@ def test_llama_cpp_n_probs_is_exact_once_every_answer_token_is_listed(probe, tin
     assert report["info"]["self_check"]["reference"].startswith("top_logprobs form")
 
 
-def test_requests_run_in_a_bounded_pool_and_survive_rate_limits(probe, tiny_qwen):
+def test_requests_run_in_a_bounded_pool_and_survive_rate_limits_each_retry_logged_and_counted(probe, tiny_qwen,
+                                                                                               caplog):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", delay=0.05) as server:
         server.faults.extend(["429", "500", "429"])
-        report = probe.run(ServedModel(server.url, "served-model", concurrency=3))
+        with caplog.at_level(logging.INFO, logger="tinymcf_callback"):
+            report = probe.run(ServedModel(server.url, "served-model", concurrency=3, batch=1))
         assert 1 < server.most_in_flight <= 3
-    assert report["info"]["backend"]["concurrency"] == 3 and report["info"]["n_prompts"] == 16
+    backend = report["info"]["backend"]
+    assert backend["concurrency"] == 3 and backend["batch"] == 1 and report["info"]["n_prompts"] == 16
+    retried = [r.getMessage() for r in caplog.records if "trying again in" in r.getMessage()]
+    assert backend["retries"] == len(retried) == 3  # in the report, and each one in the log
+    assert sum("rate limited (429)" in m for m in retried) == 2 and sum("server error (500)" in m for m in retried) == 1
+
+
+def test_a_request_that_times_out_is_not_sent_again_and_the_message_names_the_timeout(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        server.faults.extend(["ok"] * 10 + ["slow"])  # discovery, the template, the log-probability check: then slow
+        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 1 s: raise --request-timeout"):
+            probe.run(ServedModel(server.url, "served-model", timeout=1, concurrency=1))
+        slow = [b for route, b in server.requests if route == "/v1/completions"]
+    assert len(slow) == 4  # three for the check, one that timed out: never a second copy of it
 
 
 def test_one_line_errors_and_the_key_is_never_shown(probe, tiny_qwen, monkeypatch):

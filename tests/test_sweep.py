@@ -403,3 +403,33 @@ def test_the_starting_weights_come_from_base_model_the_record_or_an_adapters_con
     RunRecord(base_model=str(local)).write(run)
     assert base() == str(local)  # the record and the adapter agree
     assert base(base_model=str(local)) == str(local)
+
+
+def test_a_baseline_of_other_prompts_is_said_not_silently_dropped(tmp_path, qwen_tok, tiny_qwen, caplog):
+    """The step-0 baseline beside the history asked other prompts (another subset): the sweep's line carries no
+    change since it, and says why once, as the callback's logger does."""
+    import logging
+
+    from helpers.fake_runs import line, write_history
+    from helpers.reports import made_up_scores
+
+    from tinymcf_callback.follow.sweep import run_sweep
+    from tinymcf_callback.results.history import read_lines
+
+    run = tmp_path / "run"
+    folder = run / "checkpoint-1"
+    tiny_qwen.save_pretrained(folder)
+    qwen_tok.save_pretrained(folder)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1, "epoch": 0.5}))
+    other = Probe(qwen_tok, "scifi", limit=3, n_resamples=0)  # the baseline of another subset
+    curve = Curve(run, "scifi", "yesno")
+    curve.append(line(0, event="train_begin"), baseline=(other.report(made_up_scores(other)), 0, 0.0))
+    write_history(run, [line(0, event="train_begin")])
+    settings = RunSettings(run, ProbeConfig(name="scifi", limit=LIMIT, n_resamples=0), progress=False)
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        result = run_sweep(settings)
+    assert result.scored == [1]
+    [_, swept] = [x for _, x in read_lines(curve.path)]
+    assert not any(k.endswith("/score_change") for k in swept["metrics"])
+    said = [r.getMessage() for r in caplog.records if "is not used for checkpoint-1" in r.getMessage()]
+    assert len(said) == 1 and "its prompts differ from this probe's" in said[0]

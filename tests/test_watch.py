@@ -13,15 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.cli_checks import one_error_line
+from helpers.fake_runs import fake_checkpoint, planner_for, watch_settings
 from helpers.runs import budget_free, clone
 from helpers.trackers import read_wandb_records
 
 from tinymcf_callback.cli.main import main as tinymcf
-from tinymcf_callback.config import ProbeConfig
-from tinymcf_callback.follow.planner import Planner, saved_steps
-from tinymcf_callback.follow.settings import RunSettings, WatchSettings
+from tinymcf_callback.follow.planner import saved_steps
 from tinymcf_callback.follow.watch import run_watch
 from tinymcf_callback.results.history import DELETED_EVENT, gap_line, read_lines, sole_writer
 from tinymcf_callback.rundir.checkpoints import checkpoint_folders, fingerprint, read_checkpoint
@@ -186,28 +184,6 @@ def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path
 
 
 # ---- one look at a run folder (no model) ---------------------------------------------------------
-def fake_checkpoint(run: Path, step: int, *, state: str | None = None, max_steps: int = 6, save_steps: int = 2):
-    from safetensors.torch import save_file
-
-    folder = run / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    (folder / "tokenizer_config.json").write_text("{}")
-    save_file({"w": torch.full((4,), float(step))}, str(folder / "model.safetensors"))
-    text = state if state is not None else json.dumps({"global_step": step, "epoch": step / 2,
-                                                       "max_steps": max_steps, "save_steps": save_steps})
-    (folder / "trainer_state.json").write_text(text)
-    return folder
-
-
-def planner_for(run: Path) -> Planner:
-    return Planner(RunSettings(run, ProbeConfig(name="scifi", limit=2), baseline=False), following=True)
-
-
-def watch_settings(run: Path, **kw) -> WatchSettings:
-    return WatchSettings(RunSettings(run, ProbeConfig(name="scifi", limit=2), baseline=False), poll=0.01, **kw)
-
-
 def present(run: Path) -> dict:
     found = {s: read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()}
     return {s: c for s, c in found.items() if c is not None}

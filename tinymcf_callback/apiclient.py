@@ -173,11 +173,13 @@ class ApiClient:
         backoff, max_backoff: the first wait (doubling) and the longest one, in seconds;
         cancel: an event that ends the waits (and the client's work) when set; it is also the client's clock.
         name: how messages and log lines name the server (default: the base URL without any password).
+        retry_timeouts: send a request that timed out again (an inference server that is slow only gets slower
+            with the same request sent twice: a served model's client does not).
     """
 
     def __init__(self, base_url: str, key: str | None, *, timeout: float = 60.0, retries: int = 4,
                  backoff: float = 0.5, max_backoff: float = 8.0, cancel: threading.Event | None = None,
-                 name: str | None = None, secrets: Iterable[str] = ()):
+                 name: str | None = None, secrets: Iterable[str] = (), retry_timeouts: bool = True):
         openai = require("openai")
         self._openai = openai
         self.base_url = base_url.rstrip("/")
@@ -187,6 +189,7 @@ class ApiClient:
         self._secrets = [s for s in (key, *secrets) if s]
         self.timeout, self.retries = float(timeout), max(0, int(retries))
         self.backoff, self.max_backoff = max(0.0, float(backoff)), float(max_backoff)
+        self.retry_timeouts = retry_timeouts
         self.cancel = cancel or threading.Event()
         self._client = openai.OpenAI(base_url=self.base_url, api_key=self._key, max_retries=0, timeout=self.timeout)
         self._lock = threading.Lock()
@@ -216,7 +219,7 @@ class ApiClient:
                 error = self._classify(e, route, tries)
                 if error is None:
                     raise
-                if not error.retryable or tries > retries:
+                if not error.retryable or tries > retries or (error.kind == "timeout" and not self.retry_timeouts):
                     raise error from None
                 wait = self._wait(tries - 1, error)
                 with self._lock:

@@ -33,7 +33,9 @@ class ServerClient:
         except ApiError as e:
             raise ServedError(str(e)) from None
         key, self.key_source = find_key(KEY_VARS, environ)
-        self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown)
+        # a request that timed out is not sent again: the server is slow, and a second copy only adds to its queue
+        self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
+                             retry_timeouts=False)
         self.timeout, self.retries = self.api.timeout, self.api.retries
 
     @property
@@ -73,8 +75,9 @@ class ServerClient:
             return ServedError(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "
                                f"start it or check --endpoint ({e.detail})")
         if e.kind == "timeout":
-            return ServedError(f"{where} did not answer {route} within {self.timeout:g} s ({e.tries} tries): raise "
-                               "--request-timeout if it is busy or slow, or check that it is not stuck")
+            return ServedError(f"{where} did not answer {route} within {self.timeout:g} s: raise --request-timeout "
+                               "if it is busy or slow (or lower --concurrency / --batch-prompts), or check that it is "
+                               "not stuck")
         status, text = e.status, e.detail
         if status in (401, 403):
             hint = (f"the key from {self.key_source} was refused" if self.key_source else

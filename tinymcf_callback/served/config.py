@@ -19,7 +19,7 @@ from .forms import FORMS
 N_CHECKED = 4  # prompts the self-check asks again per probe
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_RETRIES = 4
-DEFAULT_BATCH = 16  # prompts per request where the server takes a list of them
+DEFAULT_BATCH = 4  # prompts per request where the server takes a list of them (echo: 1 prompt, all its answer tokens)
 RELOAD_TIMEOUT_S = 1800.0
 
 
@@ -31,8 +31,10 @@ class ServedConfig:
         endpoint: the server's URL (``http://host:port``; a trailing ``/v1`` is fine) (``--endpoint``).
         model: the name the server serves the model under (``--model`` / ``--served-model``; None: the one it lists).
         form: the request form, ``auto`` for the server's exact one (``--form``).
-        concurrency: requests in flight at once (``--concurrency``; None: 8, and 1 on llama.cpp).
-        batch: prompts per request where the server takes a list of them (``--batch-prompts``; None: 16).
+        concurrency: requests in flight at once (``--concurrency``; None: about 8 sequences in flight, 1 request on
+            llama.cpp).
+        batch: prompts per request where the server takes a list of them (``--batch-prompts``; None: 4, and 1 for
+            echo, whose request carries each of the prompt's answer tokens).
         timeout, retries: per request (``--request-timeout``, ``--request-retries``).
         top: how many top tokens a top-k form asks for (None: llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
         check_prompts: prompts the self-check asks again per probe (0: none).

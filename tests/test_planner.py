@@ -1,0 +1,347 @@
+"""The planner's decisions about a run, as tables on run folders made of files (tests/helpers/fake_runs.py).
+
+``Planner.look`` is a function of the files in a run folder (its checkpoints, its record, its history, its hand-off
+queue) and of what the planner remembers between a watcher's looks. Each row builds a folder, looks once and
+holds the plan to what the decision must be: what is pending and why, what is settled, the gaps and their
+causes, the resume mark, the precision, the starting model, the run's end and its training's life, or the
+refusal. Each decision is also followed end to end on real training in test_run_life.py (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.fake_runs import HISTORY, fake_checkpoint, fake_model, line, planner_for, write_history
+
+from tinymcf_callback.errors import SweepError
+from tinymcf_callback.results.precision import Precision
+from tinymcf_callback.rundir.checkpoints import fingerprint
+from tinymcf_callback.rundir.queue import HandOffQueue
+from tinymcf_callback.rundir.record import Attempt, RunRecord
+
+NOW = time.time()
+
+
+def gone_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def summary(plan) -> dict:
+    """What a plan decided, in plain values."""
+    return {"pending": [(t.step, t.why) for t in plan.pending], "settled": plan.settled,
+            "gaps": [(g.step, g.event) for g in plan.gaps],
+            "resume": None if plan.resume is None else (plan.resume["step"],
+                                                        plan.resume["info"]["resumed"]["superseded"])}
+
+
+# ---- what is done, what is pending ---------------------------------------------------------------------------------
+def fresh(run):
+    fake_checkpoint(run, 2)
+    fake_checkpoint(run, 4)
+
+
+def same_weights(run):
+    fake_checkpoint(run, 2)
+    write_history(run, [line(2, fingerprint=fingerprint(run / "checkpoint-2"))])
+
+
+def rewritten(run):
+    fake_checkpoint(run, 2)
+    write_history(run, [line(2, fingerprint="f-of-the-old-weights")])
+
+
+def back_after_a_gap(run):
+    fake_checkpoint(run, 2)
+    write_history(run, [line(2, event="deleted", score=None)])
+
+
+def unknown_fingerprint(run):
+    fake_checkpoint(run, 2)
+    write_history(run, [line(2, fingerprint=None)])  # a callback line of a live model between saves: not rescored
+
+
+def half_written(run):
+    fake_checkpoint(run, 2)
+    fake_checkpoint(run, 4, state='{"global_step": 4, "epo')  # the Trainer is still writing it
+    (run / "checkpoint-6").mkdir()  # weights not even started
+
+
+def a_new_run_in_the_same_folder(run):
+    fake_checkpoint(run, 2)
+    write_history(run, [line(0, event="train_begin"), line(2, fingerprint=fingerprint(run / "checkpoint-2")),
+                        line(0, event="train_begin")])  # a second run's baseline: the first run's step 2 is not done
+
+
+@pytest.mark.parametrize("build, expected", [
+    (fresh, {"pending": [(2, "new"), (4, "new")], "settled": [], "gaps": [], "resume": None}),
+    (same_weights, {"pending": [], "settled": [2], "gaps": [], "resume": None}),
+    (rewritten, {"pending": [(2, "saved again with other weights")], "settled": [], "gaps": [], "resume": None}),
+    (back_after_a_gap, {"pending": [(2, "its checkpoint is here again after a deleted gap")], "settled": [],
+                        "gaps": [], "resume": None}),
+    (unknown_fingerprint, {"pending": [], "settled": [2], "gaps": [], "resume": None}),
+    (half_written, {"pending": [(2, "new")], "settled": [], "gaps": [], "resume": None}),
+    (a_new_run_in_the_same_folder, {"pending": [(2, "new")], "settled": [], "gaps": [], "resume": None}),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_what_is_done_and_what_is_pending(tmp_path, build, expected):
+    build(tmp_path)
+    assert summary(planner_for(tmp_path).look()) == expected
+
+
+def test_a_rewritten_step_names_the_line_it_supersedes(tmp_path):
+    rewritten(tmp_path)
+    [task] = planner_for(tmp_path).look().pending
+    assert task.replaces == "f-of-the-old-weights"
+
+
+# ---- a resumed training ------------------------------------------------------------------------------------------
+def resumed(run, *, marked: bool = False):
+    """Trained to step 6, resumed from checkpoint-2: the new attempt has saved step 4 again (other weights)."""
+    first = Attempt(from_step=0, started=NOW - 100, host="elsewhere", pid=1, heartbeat=NOW - 90, saves=[2, 4, 6])
+    second = Attempt(from_step=2, started=NOW - 50, host="elsewhere", pid=2, heartbeat=NOW - 1, saves=[4])
+    RunRecord(saves=[2, 4, 6], attempts=[first, second]).write(run)
+    fake_checkpoint(run, 2, mtime=NOW - 95)
+    fake_checkpoint(run, 4, value=40.0, mtime=NOW - 40)  # saved again by the resumed attempt
+    fake_checkpoint(run, 6, mtime=NOW - 91)  # the abandoned branch's: older than the attempt, not saved by it
+    lines = [line(s, fingerprint=f"old-{s}") for s in (2, 4, 6)]
+    lines[0]["fingerprint"] = fingerprint(run / "checkpoint-2")
+    if marked:
+        lines.append({**line(2, event="resumed", score=None), "info": {"resumed": {
+            "from_step": 2, "attempt_started": second.started, "superseded": [4, 6]}}})
+    write_history(run, lines)
+
+
+def test_a_resume_sets_the_abandoned_branch_aside_once_and_scores_the_new_saves(tmp_path):
+    resumed(tmp_path)
+    plan = planner_for(tmp_path).look()
+    assert summary(plan) == {"pending": [(4, "new")], "settled": [2], "gaps": [], "resume": (2, [4, 6])}
+    assert plan.resume["info"]["resumed"]["attempt_started"] == RunRecord.read(tmp_path).attempt.started
+    assert 6 not in plan.done  # its line belongs to the abandoned branch
+
+
+def test_a_resume_already_marked_is_not_marked_again(tmp_path):
+    resumed(tmp_path, marked=True)
+    plan = planner_for(tmp_path).look()
+    assert plan.resume is None and [t.step for t in plan.pending] == [4]
+
+
+# ---- gaps, with their causes -----------------------------------------------------------------------------------
+def rotated_away(run):
+    RunRecord(saves=[2, 4, 6]).write(run)
+    fake_checkpoint(run, 6)
+
+
+def not_handed_off(run):
+    RunRecord(saves=[2, 4, 6], hand_off=True, hand_off_failures={2: "hard links need the queue on the same "
+                                                                    "filesystem"}).write(run)
+    fake_checkpoint(run, 6)
+
+
+def left_the_queue(run):
+    RunRecord(saves=[2, 4], hand_off=True).write(run)
+    fake_checkpoint(run, 4)
+
+
+def implied_by_save_steps(run):
+    fake_checkpoint(run, 6, max_steps=6, save_steps=2)  # no record: save_steps says 2 and 4 were saved too
+
+
+@pytest.mark.parametrize("build, gaps, cause", [
+    (rotated_away, [2, 4], "save_total_limit removes older checkpoints at each save"),
+    (not_handed_off, [2, 4], "it was not handed off (hard links need the queue on the same filesystem)"),
+    (left_the_queue, [2], "gone from the hand-off queue before the 'scifi' probe scored it"),
+    (implied_by_save_steps, [2, 4], "save_total_limit removes older checkpoints"),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_a_saved_step_that_is_gone_is_a_gap_with_its_cause(tmp_path, build, gaps, cause):
+    build(tmp_path)
+    plan = planner_for(tmp_path).look()
+    assert [g.step for g in plan.gaps] == gaps and all(g.event == "deleted" for g in plan.gaps)
+    assert cause in plan.gaps[0].why
+
+
+def test_a_step_the_scoring_holds_back_is_neither_pending_nor_a_gap(tmp_path):
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 4)
+    plan = planner_for(tmp_path).look(hold={2})
+    assert [t.step for t in plan.pending] == [4] and plan.gaps == []
+
+
+def test_a_checkpoint_seen_then_deleted_is_a_gap_remembered_between_looks(tmp_path):
+    planner = planner_for(tmp_path)
+    fake_checkpoint(tmp_path, 2)
+    planner.look()
+    (tmp_path / "checkpoint-2" / "model.safetensors").unlink()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").unlink()
+    (tmp_path / "checkpoint-2" / "config.json").unlink()
+    (tmp_path / "checkpoint-2" / "tokenizer_config.json").unlink()
+    (tmp_path / "checkpoint-2").rmdir()
+    assert [(g.step, g.epoch) for g in planner.look().gaps] == [(2, 1.0)]
+
+
+# ---- the precision -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("history, record, saved, requested, expected", [
+    ([], None, None, {}, None),  # nothing says: each checkpoint in its own, the first line decides
+    ([], None, "bfloat16", {}, Precision("bfloat16")),  # what the checkpoints were saved in
+    ([], "float16", "bfloat16", {}, Precision("float16")),  # what the run trains in, over the checkpoints'
+    ([line(2, compute="tf32")], None, None, {}, Precision("tf32")),  # the history's own lines
+    ([], "float32", None, {"dtype": "bfloat16"}, Precision("bfloat16")),  # --dtype over everything
+    ([], None, None, {"autocast": "bfloat16"}, Precision("bfloat16", "bfloat16")),
+], ids=["unknown", "checkpoints", "record", "history", "--dtype", "--autocast"])
+def test_one_precision_for_every_line_decided_before_anything_loads(tmp_path, history, record, saved, requested,
+                                                                    expected):
+    if record:
+        RunRecord(dtype=record).write(tmp_path)
+    fake_checkpoint(tmp_path, 4, dtype=saved)
+    write_history(tmp_path, history)
+    plan = planner_for(tmp_path, **requested).look()
+    assert plan.precision == expected and plan.dtype == (expected.dtype if expected else None)
+
+
+@pytest.mark.parametrize("history, record, requested, advice", [
+    ([line(2, compute="tf32")], "float32", {}, "pass --dtype tf32 to extend it"),
+    ([line(2, compute="bfloat16", autocast="bfloat16")], None, {"dtype": "float32"},
+     "pass --dtype float32 --autocast bfloat16 to extend it"),
+    ([line(2, compute="float32")], None, {"dtype": "bfloat16"}, "pass --dtype float32 to extend it"),
+], ids=["record", "autocast", "--dtype"])
+def test_a_history_scored_in_another_precision_is_refused_with_options_that_extend_it(tmp_path, history, record,
+                                                                                     requested, advice):
+    if record:
+        RunRecord(dtype=record).write(tmp_path)
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 4)
+    write_history(tmp_path, [{**history[0], "fingerprint": fingerprint(tmp_path / "checkpoint-2")}])
+    with pytest.raises(SweepError, match="one curve holds one precision") as refused:
+        planner_for(tmp_path, **requested).look()
+    assert advice in str(refused.value) and "--restart" in str(refused.value)
+
+
+# ---- the starting model ------------------------------------------------------------------------------------------
+def test_the_starting_model_comes_from_base_model_then_the_record_then_the_adapters(tmp_path):
+    base, other = fake_model(tmp_path / "base"), fake_model(tmp_path / "other")
+    run = tmp_path / "run"
+    fake_checkpoint(run, 2, adapter_of=str(base))
+    assert planner_for(run).look().base_model == str(base)  # the adapter names it
+    RunRecord(base_model=str(base)).write(run)
+    assert planner_for(run).look().base_model == str(base)  # the record names the same
+    with pytest.raises(SweepError, match=f"--base-model {other} is not the model this run started from"):
+        planner_for(run, base_model=str(other)).look()
+    assert planner_for(run, base_model=str(other), force_base_model=True).look().base_model == str(other)
+    RunRecord(base_model=str(other)).write(run)  # the record and the adapter disagree: a person must say which
+    with pytest.raises(SweepError, match="names .* as the run's starting model and .* names"):
+        planner_for(run).look()
+
+
+def test_an_adapter_without_a_known_base_is_refused_before_anything_is_scored(tmp_path):
+    fake_checkpoint(tmp_path, 2, adapter_of="no/such-model-here")
+    with pytest.raises(SweepError, match="checkpoint-2 is a PEFT adapter .* names 'no/such-model-here', which is not "
+                                         "here: pass --base-model PATH"):
+        planner_for(tmp_path).look()
+
+
+def test_step_0_is_the_starting_weights_scored_first_once_the_precision_is_known(tmp_path):
+    base = fake_model(tmp_path / "base")
+    run = tmp_path / "run"
+    RunRecord(base_model=str(base)).write(run)
+    fake_checkpoint(run, 2)
+    waiting = planner_for(run, baseline=True).look()  # a watcher: the run has not said what it trains in yet
+    assert [t.step for t in waiting.pending] == [2]
+    RunRecord(base_model=str(base), dtype="float32").write(run)
+    plan = planner_for(run, baseline=True).look()
+    first = plan.pending[0]
+    assert first.checkpoint.baseline and first.step == 0 and first.checkpoint.folder == base
+    assert [t.step for t in plan.pending] == [0, 2] and first.tokenizer == str(base)
+    assert any("step 0: the starting weights" in n for n in plan.notes)
+
+
+def test_a_history_with_step_0_but_no_baseline_report_says_why_no_change_is_logged(tmp_path):
+    fake_checkpoint(tmp_path, 2)
+    write_history(tmp_path, [line(0, event="train_begin")])
+    plan = planner_for(tmp_path, baseline=True).look()
+    assert plan.baseline is None and any("moral_probe_scifi_baseline.json is not beside the history" in n
+                                         for n in plan.notes)
+
+
+def test_each_task_carries_its_tokenizer_decided_once(tmp_path):
+    fake_checkpoint(tmp_path, 2)
+    (tmp_path / "checkpoint-2" / "tokenizer_config.json").unlink()
+    with pytest.raises(SweepError, match="checkpoint-2 has no tokenizer files .* pass --tokenizer PATH"):
+        planner_for(tmp_path).look()
+    [task] = planner_for(tmp_path, tokenizer="some/tokenizer").look().pending
+    assert task.tokenizer == "some/tokenizer"
+
+
+# ---- two consumers of one hand-off queue ---------------------------------------------------------------------------
+def test_the_queues_entries_come_first_and_each_consumer_plans_its_own(tmp_path):
+    RunRecord(saves=[2], hand_off=True).write(tmp_path)
+    queue = HandOffQueue(tmp_path)
+    for consumer in ("scifi", "scifi_json"):
+        queue.register(consumer)
+    fake_checkpoint(queue.folder, 2)  # the entry (the run folder's checkpoint-2 was rotated away)
+    plan = planner_for(tmp_path).look()
+    [task] = plan.pending
+    assert task.checkpoint.folder == queue.entry(2) and task.checkpoint.shown_as == str(tmp_path / "checkpoint-2")
+    queue.scored(2, "scifi")
+    assert queue.entry(2).exists()  # the JSON probe has not scored it yet: kept
+    assert [t.step for t in planner_for(tmp_path, answer_format="json").look().pending] == [2]
+
+
+# ---- the run's end and its training's life -----------------------------------------------------------------------
+@pytest.mark.parametrize("attempt, alive, why", [
+    ({"host": socket.gethostname(), "pid": os.getpid()}, True, "is running"),
+    ({"host": socket.gethostname(), "pid": "gone"}, False, "is gone"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 60}, True, "gave a sign of life"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, False, "has given no sign of life for"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": None}, None, "left no heartbeat"),
+], ids=["this process", "a dead process here", "a heartbeat elsewhere", "a stale heartbeat", "no heartbeat"])
+def test_the_training_is_told_alive_dead_or_unknown(tmp_path, attempt, alive, why):
+    from tinymcf_callback.rundir.record import boot_id, process_start
+
+    here = Attempt.here(0)
+    fields = {**here.__dict__, **attempt}
+    if fields["pid"] == "gone":
+        fields["pid"] = gone_pid()
+    if fields["host"] != here.host:
+        fields["boot_id"] = None
+    else:
+        fields["boot_id"], fields["pid_started"] = boot_id(), process_start(fields["pid"])
+    RunRecord(attempts=[Attempt(**fields)]).write(tmp_path)
+    fake_checkpoint(tmp_path, 2)
+    write_history(tmp_path, [line(2, fingerprint=fingerprint(tmp_path / "checkpoint-2"))])
+    plan = planner_for(tmp_path).look()
+    assert plan.alive is alive and why in plan.liveness
+
+
+@pytest.mark.parametrize("record, max_steps, ended", [
+    ({"ended": True}, 6, "the run ended (its moral_probe_run.json says so)"),
+    (None, 4, "checkpoint-4 is the run's last step (max_steps 4)"),
+    (None, 6, None),  # max_steps 6, the newest is 4: more to come
+])
+def test_the_run_is_over_when_its_record_says_so_or_its_last_step_is_scored(tmp_path, record, max_steps, ended):
+    if record:
+        RunRecord(**record).write(tmp_path)
+    fake_checkpoint(tmp_path, 4, max_steps=max_steps)
+    write_history(tmp_path, [line(4, fingerprint=fingerprint(tmp_path / "checkpoint-4"))])
+    assert planner_for(tmp_path).look().ended == ended
+
+
+def test_a_folder_of_no_checkpoints_is_refused_by_the_sweep_at_once(tmp_path):
+    with pytest.raises(SweepError, match="holds no checkpoint-<step> folders"):
+        planner_for(tmp_path, following=False).look()
+    assert not (tmp_path / HISTORY).exists()
+
+
+def test_the_history_is_refused_when_a_line_is_not_one(tmp_path):
+    fake_checkpoint(tmp_path, 2)
+    (tmp_path / HISTORY).write_text(json.dumps({"step": "two"}) + "\n")
+    from tinymcf_callback.errors import HistoryError
+
+    with pytest.raises(HistoryError, match="the history is only ever appended to; repair or move that line"):
+        planner_for(tmp_path).look()
+
