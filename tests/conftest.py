@@ -28,7 +28,6 @@ from helpers.clifford_like import GeneratedClifford  # noqa: E402
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.data.home import folders  # noqa: E402
 
-KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 SLOW_FIXTURES = {"smollm2", "smollm2_path"}  # a test that loads SmolLM2 is slow, whatever else it does
 
 
@@ -48,8 +47,11 @@ def tinymcf_home(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    """No real API key and no ``.env`` of the checkout: the test runs in an empty folder of its own."""
-    for var in KEY_VARS:
+    """No real API key (any the package reads), no legacy cache folder and no ``.env`` of the checkout: the test runs
+    in an empty folder of its own."""
+    from tinymcf_callback.apiclient import ALL_KEYS
+
+    for var in (*ALL_KEYS, "TINYMCF_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
     work = tmp_path / "cwd"
     work.mkdir()
@@ -66,6 +68,18 @@ def llm(monkeypatch):
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         yield server
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny models: they gain nothing from threads, and lose a lot when the cores are
+    shared (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

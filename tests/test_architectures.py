@@ -25,14 +25,7 @@ from helpers.models import ARCHITECTURES, FULL, SHARED, UNPADDED
 
 from tinymcf_callback.scoring.answers import score_prompts
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and lose a lot when the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import platformdirs
 import pytest
 from helpers.cli_checks import one_error_line
 from helpers.fake_llm_server import FakeLLM
+from helpers.prepare import api
 
 from tinymcf_callback import load_vignettes
 from tinymcf_callback.cli.main import main as tinymcf
@@ -58,11 +59,6 @@ def my_csv(folder: Path) -> Path:
         w.writerow(("Scenario", "Foundation", "Wrong"))
         w.writerows(ROWS)
     return path
-
-
-def api(server) -> list[str]:
-    return ["--base-url", server.base_url, "--model", "good-model", "--backoff", "0.01", "--timeout", "5",
-            "--no-progress"]
 
 
 @pytest.fixture(scope="module")

@@ -12,37 +12,19 @@ import json
 import sys
 
 import pytest
+from helpers.prepare import api, cli
 
 from tinymcf_callback import load_vignettes
 from tinymcf_callback._io import read_jsonl
-from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders, shipped_dir
 from tinymcf_callback.data.sets import CONDITIONS, md5, read_set_file
 from tinymcf_callback.prepare import rules
 from tinymcf_callback.prepare.clifford import normalize_clifford
 
+pytestmark = pytest.mark.usefixtures("clean_env")
+
 KEY = "sk-test-LEXICON-1"
 ORIGINAL = "You see a starship pilot secretly sending her crew's flight path to the alien fleet hunting them."
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No real key, no .env from the checkout, no legacy cache folder; run in an empty folder."""
-    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "TINYMCF_CACHE_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-
-
-def cli(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def api(server, model):
-    return ["--base-url", server.base_url, "--model", model, "--backoff", "0.01", "--timeout", "5", "--no-progress"]
 
 
 def user_csv(tmp_path, rows):

@@ -23,6 +23,8 @@ from tinymcf_callback.scoring.engine import score_alone
 from tinymcf_callback.scoring.model_info import attention_windows, position_base
 from tinymcf_callback.scoring.selfcheck import N_CHECKED, TOLERANCES, check_prompts
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB, INIT = 151936, 0.125
 AGREE = 1e-5  # P(Yes) of each prompt against each prompt alone, fp32 (measured: <= 5e-7 on every case here)
 
@@ -35,14 +37,6 @@ def decoder(**extra):
 def build(factory):
     torch.manual_seed(0)
     return factory().eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@ from tinymcf_callback.scoring.prompts import answer_token_ids
 from tinymcf_callback.scoring.replay import Float32Replay
 from tinymcf_callback.scoring.selfcheck import TOLERANCES
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB, INIT = 151936, 0.125
 PRECISIONS = ("float32", "bfloat16", "float16")
 
@@ -32,14 +34,6 @@ def llama(dtype: str = "float32"):
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                            initializer_range=INIT)
     return T.LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -247,7 +247,7 @@ def test_eval_command_writes_the_served_report(probe, tiny_qwen, tmp_path):
                                  capture_output=True, text=True, timeout=300)
     data = json.loads((tmp_path / "eval_scifi_served-model.json").read_text())
     assert data["info"]["backend"]["form"] == "logprob_token_ids" and data["info"]["backend"]["url"] == server.url
-    from test_report import check_report_schema
+    from helpers.report_schema import check_report_schema
 
     check_report_schema(data, {"tag": "string"})
     assert missing.returncode == 2 and "--tokenizer" in missing.stderr.strip().splitlines()[-1]
@@ -269,8 +269,7 @@ def numbers(line: dict) -> dict:
 
 @pytest.mark.slow
 def test_a_watched_run_is_scored_through_a_server_its_script_reloads(tmp_path, qwen_tok, tiny_qwen):
-    from helpers.runs import clone, history, start_model, train_run
-    from test_sweep import assert_same_numbers
+    from helpers.runs import assert_same_numbers, clone, history, start_model, train_run
 
     from tinymcf_callback.cli.main import main as tinymcf
 
@@ -351,3 +350,23 @@ def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_pa
     marker = tmp_path / "loaded"
     reload_into(f"printf '%s|' {{checkpoint}} {{step}} > {marker}", str(tmp_path / "a b"), 4)
     assert marker.read_text() == f"{tmp_path / 'a b'}|4|"  # one argument, however the folder is named
+
+
+def test_a_followed_run_asks_one_served_model_whose_checked_prompts_rotate_over_its_checkpoints(tmp_path, tiny_qwen,
+                                                                                               qwen_tok):
+    """The sweep and the watcher build the run's served model once, from one configuration: its self-check draws from
+    the probe's rotation, so each checkpoint checks other prompts (a model built per checkpoint checked the same 4)."""
+    from tinymcf_callback.config import ProbeConfig
+    from tinymcf_callback.follow.scoring import ProbeCache
+    from tinymcf_callback.follow.settings import RunSettings
+    from tinymcf_callback.served import ServedConfig
+    from tinymcf_callback.testing import qwen3_tokenizer_dir
+
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm") as server:
+        settings = RunSettings(tmp_path, ProbeConfig(name="scifi", limit=1, n_resamples=0, seed=3),
+                               served=ServedConfig(server.url, "served-model", reload="true", seed=3))
+        cache = ProbeCache(settings)
+        probe = cache.get(str(qwen3_tokenizer_dir()))
+        checked = [probe.run(cache.served())["info"]["self_check"]["checked"] for _ in range(2)]
+    assert cache.served() is cache.served()
+    assert all(len(c) == 4 for c in checked) and sorted(checked[0] + checked[1]) == list(range(8))  # all 8 prompts

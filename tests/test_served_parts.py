@@ -17,7 +17,7 @@ from tinymcf_callback.errors import ServedError
 from tinymcf_callback.served import ServedConfig
 from tinymcf_callback.served.forms import FORM_CLASSES, PINS, Echo, LogprobTokenIds, NProbs, Reading, TokenIdsLogprob
 from tinymcf_callback.served.server import Server, check_logprobs
-from tinymcf_callback.served.transport import Ask, Transport, batches
+from tinymcf_callback.served.transport import Transport, batches
 
 YES, NO = [9454, 9693], [2753, 902]  # two spellings of each answer
 A, B = [1, 2, 3], [1, 2, 4, 5]  # two prompts' token ids

@@ -10,41 +10,23 @@ from pathlib import Path
 
 import pytest
 from helpers.fake_llm_server import FakeLLM
+from helpers.prepare import api, cli
 
 import tinymcf_callback
 from tinymcf_callback import load_vignettes
 from tinymcf_callback._io import read_jsonl
-from tinymcf_callback.cli.main import main
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import CONDITIONS, md5
 from tinymcf_callback.prepare.show import GUTTER
 from tinymcf_callback.prepare.store import store_set
+
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-SHOW-1"
 MY_ROWS = [("You see a soldier mocking his own unit to a rival army.", "Loyalty"),
            ("You see a man kicking a stray dog in the park.", "Care (p, a)"),
            ("You see a girl cheating at cards against her grandmother.", "Fairness")]
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "TINYMCF_CACHE_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-
-
-def cli(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def api(server):
-    return ["--base-url", server.base_url, "--model", "good-model", "--backoff", "0.01", "--timeout", "5",
-            "--no-progress"]
 
 
 def blocks(out: str) -> list[list[str]]:

@@ -5,14 +5,13 @@ once. Random weights: mechanics only. (A run's whole life, resumed and sharded r
 import json
 import math
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.cli_checks import one_error_line
 from helpers.ports import torchrun
-from helpers.runs import budget_free
+from helpers.runs import assert_same_numbers, clone, same_line
 from helpers.trainer_utils import make_trainer, tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -43,19 +42,6 @@ def train(out, tok, callbacks=(), *, peft=False, **kw) -> Path:
     return Path(out)
 
 
-def clone(run: Path, dst: Path, *, keep_history=False) -> Path:
-    """A copy of a run folder (files hard-linked: cheap); its history left out unless asked."""
-    def link(src, target):
-        try:
-            os.link(src, target)
-        except OSError:
-            shutil.copy2(src, target)
-
-    shutil.copytree(run, dst, copy_function=link,
-                    ignore=None if keep_history else shutil.ignore_patterns("moral_probe_*.jsonl"))
-    return dst
-
-
 def sweep(run: Path, home: Path, *extra, capsys=None):
     rc = tinymcf(["sweep", str(run), "--limit", str(LIMIT), "--home", str(home), "--no-progress", "--retries", "0",
                   *extra])
@@ -71,38 +57,6 @@ def keys(line: dict) -> dict:
     """The schema of a history line: its keys, and those of its info, metrics and table rows."""
     return {"top": set(line), "info": set(line["info"]), "metrics": set(line["metrics"]),
             "table": [set(row) for row in line["table"]]}
-
-
-# Two lines of one checkpoint scored by two processes (the callback's live model, the sweep's model loaded from disk)
-# hold float32 P(Yes) summed in another order: equal to ~1e-7 per prompt, and an interval bound (t * bootstrap se)
-# carries that up to ~10x. Measured: 1.2e-6 on gap_lo of a LoRA line.
-FLOAT32_TOLERANCE = 1e-5
-
-
-def assert_same_numbers(a, b, where="line", skip=("elapsed_s", "seconds")):
-    """Equal structure; numbers within ``FLOAT32_TOLERANCE`` (timings skipped); everything else equal."""
-    if isinstance(a, dict):
-        outside = {"by", "fingerprint"} if where == "line" else set()  # a swept line says which command wrote it
-        assert set(a) - outside == set(b) - outside, where
-        for k in set(a) - outside:
-            if not any(str(k).endswith(s) for s in skip):
-                assert_same_numbers(a[k], b[k], f"{where}.{k}", skip)
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_numbers(x, y, f"{where}[{i}]", skip)
-    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= FLOAT32_TOLERANCE, f"{where}: {a} vs {b}"
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
-
-
-def same_line(a: dict, b: dict) -> None:
-    """Two history lines of one step agree in every number (whatever event wrote them, and whatever the model was
-    called: a live model and a checkpoint loaded from its folder have other names)."""
-    other = ("event", "model")
-    a, b = budget_free(a), budget_free(b)
-    assert_same_numbers({k: v for k, v in a.items() if k not in other}, {k: v for k, v in b.items() if k not in other})
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +79,7 @@ def plain_run(tmp_path_factory, qwen_tok):
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, plain_run, home):
     """A copy of the plain run, swept by one process."""
-    run = clone(plain_run, tmp_path_factory.mktemp("swept") / "run")
+    run = clone(plain_run, tmp_path_factory.mktemp("swept") / "run", keep_history=False)
     rc, _ = sweep(run, home)
     assert rc == 0
     return run
@@ -190,7 +144,7 @@ def test_rerun_appends_nothing(swept, home, capsys):
 def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys):
     """Adapter checkpoints need --base-model; a step the callback logged is skipped and its line kept."""
     callback_run, base = lora_run
-    run = clone(callback_run, tmp_path / "run")
+    run = clone(callback_run, tmp_path / "run", keep_history=False)
     assert (run / "checkpoint-1" / "adapter_config.json").exists()
     assert not (run / "checkpoint-1" / "model.safetensors").exists()
     callback_lines = (callback_run / HISTORY).read_bytes().splitlines(keepends=True)
@@ -219,7 +173,7 @@ def test_lora_run_resumed_from_a_callback_line(lora_run, tmp_path, home, capsys)
 
 @pytest.mark.slow
 def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, tmp_path, home, capsys):
-    run = clone(plain_run, tmp_path / "run")
+    run = clone(plain_run, tmp_path / "run", keep_history=False)
     (run / HISTORY).write_text(json.dumps(history(swept)[0]) + "\n")  # step 1 done: only 2 and 3 to score
     weights = run / "checkpoint-2" / "model.safetensors"
     data = weights.read_bytes()
@@ -248,7 +202,7 @@ def test_corrupt_checkpoint_is_reported_and_the_others_scored(plain_run, swept, 
 
 @pytest.mark.slow
 def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_path, home):
-    run = clone(plain_run, tmp_path / "run")
+    run = clone(plain_run, tmp_path / "run", keep_history=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     p = subprocess.run([*torchrun(2), "-m", "tinymcf_callback", "sweep", str(run),
                         "--limit", str(LIMIT), "--home", str(home), "--no-progress"],
@@ -268,7 +222,7 @@ def test_two_processes_write_the_single_process_history(swept, plain_run, tmp_pa
 def test_two_processes_watch_a_run_into_the_single_process_history(swept, plain_run, tmp_path, home):
     """``tinymcf watch`` under torchrun: the main process looks, every process scores its share of what it found,
     the lines are written once, in step order, with the one-process sweep's numbers."""
-    run = clone(plain_run, tmp_path / "run")
+    run = clone(plain_run, tmp_path / "run", keep_history=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     p = subprocess.run([*torchrun(2), "-m", "tinymcf_callback", "watch", str(run),
                         "--limit", str(LIMIT), "--home", str(home), "--no-progress", "--poll", "0.2",
@@ -330,7 +284,7 @@ def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
 
 @pytest.mark.slow
 def test_one_probe_per_tokenizer(plain_run, tmp_path):
-    run = clone(plain_run, tmp_path / "run")
+    run = clone(plain_run, tmp_path / "run", keep_history=False)
     checkpoints = [read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()]
     prints = [tokenizer_fingerprint(str(c.folder)) for c in checkpoints]
     assert prints[0] == prints[1] == prints[2]
@@ -355,7 +309,7 @@ def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home
     by_callback = history(run)
     assert [(line["step"], line["event"]) for line in by_callback] == [(0, "train_begin"), (1, "save"), (2, "save")]
 
-    swept = clone(run, tmp_path / "swept")
+    swept = clone(run, tmp_path / "swept", keep_history=False)
     (swept / "moral_probe_scifi_baseline.json").unlink()
     rc, out = sweep(swept, home, "--base-model", str(base), capsys=capsys)
     assert rc == 0 and "step 0: the starting weights" in out.err and "change since step 0=" in out.err
@@ -369,19 +323,20 @@ def test_sweep_from_step_0_writes_the_callbacks_history(tmp_path, qwen_tok, home
     assert baseline["step"] == 0 and baseline["score"] == lines[0]["score"]
 
     # a history with step 0 already in it (the callback's): the change comes from its baseline report
-    resumed = clone(run, tmp_path / "resumed")
+    resumed = clone(run, tmp_path / "resumed", keep_history=False)
     (resumed / HISTORY).write_text("".join(json.dumps(line) + "\n" for line in by_callback[:2]))
     assert sweep(resumed, home)[0] == 0
     same_line(history(resumed)[2], by_callback[2])
 
     # no starting weights known: no step 0, and a note that says how to get it
-    plain = clone(run, tmp_path / "plain")
+    plain = clone(run, tmp_path / "plain", keep_history=False)
     (plain / "moral_probe_run.json").unlink()  # the callback recorded them there
     rc, out = sweep(plain, home, capsys=capsys)
     assert rc == 0 and "pass --base-model PATH" in out.err
     assert [line["step"] for line in history(plain)] == [1, 2]
     assert "eval_moral_scifi/score_change" not in history(plain)[0]["metrics"]
-    rc, out = sweep(clone(run, tmp_path / "off"), home, "--base-model", str(base), "--no-baseline", capsys=capsys)
+    rc, out = sweep(clone(run, tmp_path / "off", keep_history=False), home, "--base-model", str(base), "--no-baseline",
+                    capsys=capsys)
     assert rc == 0 and [line["step"] for line in history(tmp_path / "off")] == [1, 2]
 
 

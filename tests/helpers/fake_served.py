@@ -143,13 +143,19 @@ class FakeServed:
         return r
 
     # ------------------------------------------------------------------ the model
-    def logprobs(self, ids: list[int], temperature: float = 1.0) -> torch.Tensor:
-        """``[len(ids), vocab]`` log-probabilities of the next token after each prefix (what the server computes)."""
+    def logprobs(self, ids: list[int], temperature: float = 1.0, every: bool = False) -> torch.Tensor:
+        """``[n, vocab]`` log-probabilities of the next token after each prefix (what the server computes): after the
+        whole prompt (``n`` = 1), or after every prefix (``every``: echo's prompt log-probabilities)."""
         with self._lock:
             self.count += 1
             shift = self.drift * float(self._noise.random())
             with torch.inference_mode():
-                logits = self.model(input_ids=torch.tensor([ids])).logits[0].float()
+                if hasattr(self.model, "lm_head") and hasattr(self.model, "model"):  # the last position's logits only
+                    hidden = self.model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+                    logits = self.model.lm_head(hidden if every else hidden[-1:]).float()
+                else:  # a wrapper (a test's model that changes the logits)
+                    logits = self.model(input_ids=torch.tensor([ids])).logits[0].float()
+                    logits = logits if every else logits[-1:]
         if shift:
             logits = logits.clone()
             logits[:, :: 7] += shift
@@ -208,10 +214,10 @@ class FakeServed:
     def _choice(self, index: int, ids: list[int], body: dict) -> dict:
         as_ids = bool(body.get("return_tokens_as_token_ids")) and self.kind == "vllm"
         k = body.get("logprobs")
-        lp = self.logprobs(ids, body.get("temperature", 1.0))
+        echo = bool(body.get("echo")) and self.kind != "llama.cpp"
+        lp = self.logprobs(ids, body.get("temperature", 1.0), every=echo)
         nxt = int(lp[-1].argmax())
         wanted = body.get("logprob_token_ids") if self.kind == "vllm" else None
-        echo = bool(body.get("echo")) and self.kind != "llama.cpp"
 
         def step(row, token):
             if k is None:

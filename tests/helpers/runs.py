@@ -10,6 +10,7 @@ runs the same in a process of its own (a training a test kills, or follows while
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -63,15 +64,17 @@ def train_run(out: Path, tok, init: Path, *, max_steps: int = 4, hand_off: bool 
     return trainer
 
 
-def clone(run: Path, dst: Path) -> Path:
-    """A copy of a run folder (files hard-linked: cheap; a test replaces a file, never edits one in place)."""
+def clone(run: Path, dst: Path, *, keep_history: bool = True) -> Path:
+    """A copy of a run folder (files hard-linked: cheap; a test replaces a file, never edits one in place); its
+    histories left out with ``keep_history=False``."""
     def link(src, target):
         try:
             os.link(src, target)
         except OSError:
             shutil.copy2(src, target)
 
-    shutil.copytree(run, dst, copy_function=link, symlinks=True)
+    shutil.copytree(run, dst, copy_function=link, symlinks=True,
+                    ignore=None if keep_history else shutil.ignore_patterns("moral_probe_*.jsonl"))
     return dst
 
 
@@ -107,6 +110,38 @@ def without(value, apart=("event", "model", "by", *TIMING)):
     if isinstance(value, list):
         return [without(v, apart) for v in value]
     return value
+
+
+# Two lines of one checkpoint scored by two processes (the callback's live model, the sweep's model loaded from disk)
+# hold float32 P(Yes) summed in another order: equal to ~1e-7 per prompt, and an interval bound (t * bootstrap se)
+# carries that up to ~10x. Measured: 1.2e-6 on gap_lo of a LoRA line.
+FLOAT32_TOLERANCE = 1e-5
+
+
+def assert_same_numbers(a, b, where="line", skip=("elapsed_s", "seconds")):
+    """Equal structure; numbers within ``FLOAT32_TOLERANCE`` (timings skipped); everything else equal."""
+    if isinstance(a, dict):
+        outside = {"by", "fingerprint"} if where == "line" else set()  # a swept line says which command wrote it
+        assert set(a) - outside == set(b) - outside, where
+        for k in set(a) - outside:
+            if not any(str(k).endswith(s) for s in skip):
+                assert_same_numbers(a[k], b[k], f"{where}.{k}", skip)
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_numbers(x, y, f"{where}[{i}]", skip)
+    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= FLOAT32_TOLERANCE, f"{where}: {a} vs {b}"
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def same_line(a: dict, b: dict) -> None:
+    """Two history lines of one step agree in every number (whatever event wrote them, and whatever the model was
+    called: a live model and a checkpoint loaded from its folder have other names)."""
+    other = ("event", "model")
+    a, b = budget_free(a), budget_free(b)
+    assert_same_numbers({k: v for k, v in a.items() if k not in other}, {k: v for k, v in b.items() if k not in other})
 
 
 def env_for(tmp_path: Path) -> dict:

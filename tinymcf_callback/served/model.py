@@ -22,6 +22,7 @@ import time
 from ..errors import ServedError
 from ..scoring.engine import ScoreResult
 from ..scoring.prompts import answer_token_ids
+from ..scoring.selfcheck import Rotation
 from . import answers, selfcheck
 from .client import ServerClient
 from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
@@ -94,6 +95,7 @@ class ServedModel:
         self.name = name or config.model
         self.server: Server | None = None  # what answered the last probe
         self.client: ServerClient | None = None
+        self._rotation: Rotation | None = None
 
     @classmethod
     def from_config(cls, config: ServedConfig, *, name: str | None = None, reference=None) -> ServedModel:
@@ -148,7 +150,8 @@ class ServedModel:
         tolerance = next(t for t in (config.tolerance, probe.config.self_check_tolerance,
                                      selfcheck.DEFAULT_TOLERANCE) if t is not None)
         second_name = SECOND_FORM[form.name]
-        checked = selfcheck.pick(probe.rotation, ("served", server.kind, second_name, form.name), n,
+        rotation = self.rotation(probe)
+        checked = selfcheck.pick(rotation, ("served", server.kind, second_name, form.name), n,
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
@@ -177,7 +180,7 @@ class ServedModel:
         res = answers.result(main_readings, top_reading, tok, yes, no)
         res.n_forward = len(main) + len(again)
         if checked:
-            record = selfcheck.check(probe.rotation, checked, {i: readings[("main", i)] for i in checked},
+            record = selfcheck.check(rotation, checked, {i: readings[("main", i)] for i in checked},
                                      {i: readings[("repeat", i)] for i in checked},
                                      {i: readings[("second", i)] for i in checked}, yes, no, form=form.name,
                                      second_form=second_name, tolerance=tolerance, n_prompts=n,
@@ -199,6 +202,15 @@ class ServedModel:
         res.precision = {"dtype": "served", "autocast": None, "device": f"{server.kind} server", "compute": "served"}
         res.model = self.name
         return res
+
+    def rotation(self, probe) -> Rotation:
+        """The rotation the checked prompts come from: the probe's own (its seed), as a local check's; with another
+        ``seed`` in the configuration, one of this served model's, kept over its probes."""
+        if self.config.seed is None or self.config.seed == probe.config.seed:
+            return probe.rotation
+        if self._rotation is None:
+            self._rotation = Rotation(seed=self.config.seed)
+        return self._rotation
 
     def form(self, name: str, tok, yes: list[int], no: list[int], server: Server, top: int | None = None):
         """The request form ``name`` for this server: its pins, its top-k, the vocabulary it reads token texts by."""
