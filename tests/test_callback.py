@@ -220,6 +220,7 @@ def test_metric_for_best_model_selects_by_alignment(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
+@pytest.mark.slow  # a real Trainer run; metric_for_best_model below reads the same metrics in the fast tier
 def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     """EarlyStoppingCallback, placed after the probe, reads the probe's score from the evaluation metrics: with
     the weights frozen (learning rate 0) the score never improves, so patience 2 stops the run at step 3 of 8."""
@@ -238,6 +239,8 @@ def test_early_stopping_stops_on_the_probe_metric(tmp_path, qwen_tok):
     assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
 
 
+@pytest.mark.parametrize("clifford_source", ["generated", pytest.param("real", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_two_sets_at_once_do_not_clash(tmp_path, qwen_tok, clifford_source):
     from tinymcf_callback.cli.main import main as tinymcf
 

@@ -555,6 +555,7 @@ def test_a_folder_that_is_not_a_run_is_said_within_one_look(tmp_path, capsys):
     assert "never became a run" in out.out and not list(empty.iterdir())  # nothing written, no lock left
 
 
+@pytest.mark.slow
 def test_a_hand_off_training_says_once_where_its_checkpoints_wait(tmp_path, qwen_tok, init, capsys):
     from helpers.trainer_utils import make_trainer
     from transformers import AutoModelForCausalLM
@@ -571,6 +572,7 @@ def test_a_hand_off_training_says_once_where_its_checkpoints_wait(tmp_path, qwen
     assert f"wait there for `tinymcf watch {tmp_path / 'run'} --name scifi --per-foundation 2`" in out
 
 
+@pytest.mark.slow
 def test_a_failing_link_is_said_once_even_where_mounting_is_not_allowed(tmp_path, qwen_tok, init, caplog,
                                                                         monkeypatch):
     """The hand-off's failure path on any machine (the tmpfs case above needs root): links refused by the kernel's
@@ -587,6 +589,7 @@ def test_a_failing_link_is_said_once_even_where_mounting_is_not_allowed(tmp_path
     assert not any((tmp_path / "run" / ".moral_probe_queue").glob("checkpoint-*"))  # no half entry left
 
 
+@pytest.mark.slow
 def test_the_watchers_progress_bar_is_labelled_watch(tmp_path, qwen_tok, init, capsys):
     run = tmp_path / "run"
     train_run(run, qwen_tok, init, max_steps=1, save_only_model=True)
