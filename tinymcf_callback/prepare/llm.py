@@ -89,16 +89,8 @@ class ChatClient:
 
     @property
     def cancel(self) -> threading.Event:
+        """The event that stops the work (and its waits) when set: Ctrl-C, or a fatal answer."""
         return self.api.cancel
-
-    @property
-    def retries(self) -> int:
-        return self.api.retries
-
-    @property
-    def retried(self) -> int:
-        """Requests sent again after a retryable failure (each one logged)."""
-        return self.api.retried
 
     def chat(self, model: str, messages: list[dict]) -> Answer:
         while True:

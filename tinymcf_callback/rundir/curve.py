@@ -157,7 +157,8 @@ class Curve:
                     target = self.path
                 written = append_line(self.path, line, once=line is once_for)
             except OSError as e:
-                raise Unwritten(target, e.strerror or str(e), [pending["step"] for pending, _ in self.pending]) from None
+                steps = [pending["step"] for pending, _ in self.pending]
+                raise Unwritten(target, e.strerror or str(e), steps) from None
             self.pending.pop(0)
         return written
 

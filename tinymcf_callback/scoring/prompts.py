@@ -208,10 +208,10 @@ def _format_ids(tok) -> dict[str, tuple[list[int], list[int]]]:
 
 
 def answer_candidates(tok) -> list[int]:
-    """The ids that may decode to an answer word: those whose vocabulary entry holds one, in any case (a BPE, SentencePiece
-    or WordPiece entry spells a token's letters as they are, with its space marker beside them). Decoding these few
-    (1,322 of Qwen3's 151,669) instead of the whole vocabulary finds the same ids, about 4x faster; a tokenizer
-    without a vocabulary to read is decoded whole."""
+    """The ids that may decode to an answer word: those whose vocabulary entry holds one, in any case (a BPE,
+    SentencePiece or WordPiece entry spells a token's letters as they are, with its space marker beside them).
+    Decoding these few (1,322 of Qwen3's 151,669) instead of the whole vocabulary finds the same ids, about 4x
+    faster; a tokenizer without a vocabulary to read is decoded whole."""
     n = len(tok)
     try:
         vocab = tok.get_vocab()

@@ -22,9 +22,10 @@ QUIET = (400, 404, 405, 422, 501)  # a route the server lacks (a probe of what i
 class ServerClient:
     """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON.
 
-    ``retries``: how many times a request that may succeed later is sent again (each logged; ``retried``
-    counts them); ``timeout``: seconds per request. A request that cannot succeed raises :class:`ServedError`
-    with one line (the server, the route, what went wrong and what to do), never the key.
+    ``retries``: how many times a request that may succeed later is sent again (each logged; ``api.retried``
+    counts them, ``api.requests`` the requests answered); ``timeout``: seconds per request. A request that cannot
+    succeed raises :class:`ServedError` with one line (the server, the route, what went wrong and what to do),
+    never the key.
     """
 
     def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4, environ=None):
@@ -37,16 +38,6 @@ class ServerClient:
         self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
                              retry_timeouts=False)
         self.timeout, self.retries = self.api.timeout, self.api.retries
-
-    @property
-    def count(self) -> int:
-        """Requests answered."""
-        return self.api.requests
-
-    @property
-    def retried(self) -> int:
-        """Requests sent again after a retryable failure."""
-        return self.api.retried
 
     def scrub(self, text) -> str:
         return self.api.scrub(text)

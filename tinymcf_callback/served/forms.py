@@ -129,10 +129,10 @@ class Form:
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
         except (KeyError, TypeError, AttributeError):
             choices = None
-        if not isinstance(choices, list) or len(choices) != n or not all(
-                isinstance(c, dict) and isinstance(c.get("logprobs"), dict) for c in choices):
-            got = len([c for c in choices if isinstance(c, dict) and isinstance(c.get("logprobs"), dict)]) if isinstance(
-                choices, list) else 0
+        usable = [c for c in choices if isinstance(c, dict) and isinstance(c.get("logprobs"), dict)] if isinstance(
+            choices, list) else []
+        if len(usable) != n or len(choices) != n:
+            got = len(usable)
             raise ServedError(f"the server at {shown} gave {got} choice(s) with logprobs on {self.route} for {n} "
                               "prompt(s): it does not return log-probabilities for a list of token-id prompts (or "
                               "ignored the request's logprobs); use --form echo, or another server")

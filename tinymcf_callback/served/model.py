@@ -57,11 +57,14 @@ class ServedModel:
         form: the request form (:data:`~tinymcf_callback.served.forms.FORMS`), default the exact one of the
             server found: ``logprob_token_ids`` on vLLM, ``token_ids_logprob`` on SGLang, ``n_probs`` on
             llama.cpp, ``echo`` elsewhere.
-        concurrency: requests in flight at once (a bounded pool); default 8, and 1 on llama.cpp, whose
-            batched decoding changes a prompt's numbers.
-        batch: prompts per request where the server takes a list of them (default 16; 1 on llama.cpp).
-        timeout, retries: per request; 408/409/429/5xx, timeouts and dropped connections are retried with
-            backoff, each retry logged and counted (``info.backend.retries``).
+        concurrency: requests in flight at once (a bounded pool); default about 8 sequences in flight (2
+            requests of 4 prompts, 8 of one; echo: 1 request of one prompt's answer tokens), and 1 on llama.cpp,
+            whose batched decoding changes a prompt's numbers.
+        batch: prompts per request where the server takes a list of them (default 4; echo 1: its request holds the
+            prompt once per answer token; llama.cpp 1).
+        timeout, retries: per request; 408/409/429/5xx and dropped connections are retried with backoff, each
+            retry logged and counted (``info.backend.retries``); a request that timed out is not sent again (the
+            error names ``--request-timeout``).
         top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
         reference: the same weights as a local model, to score the checked prompts with the forward pass too.
         check_prompts: prompts the self-check asks again per probe (0: no self-check).
@@ -193,8 +196,8 @@ class ServedModel:
         bound = answers.bounds(main_readings, yes, no)
         res.backend = {"kind": server.kind, "version": server.version, "url": client.shown,
                        "served_model": config.model, "form": form.name, "exact": bound is None,
-                       "logprobs_mode": found.mode, "template": template, "requests": client.count,
-                       "retries": client.retried, "concurrency": concurrency,
+                       "logprobs_mode": found.mode, "template": template, "requests": client.api.requests,
+                       "retries": client.api.retried, "concurrency": concurrency,
                        "batch": size if form.batched else 1,
                        "p_yes_bound": None if bound is None else bound[0],
                        "mass_bound": None if bound is None else bound[1]}
