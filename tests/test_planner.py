@@ -293,14 +293,14 @@ def test_the_queues_entries_come_first_and_each_consumer_plans_its_own(tmp_path)
 
 
 # ---- the run's end and its training's life -----------------------------------------------------------------------
-@pytest.mark.parametrize("attempt, alive, why", [
-    ({"host": socket.gethostname(), "pid": os.getpid()}, True, "is running"),
-    ({"host": socket.gethostname(), "pid": "gone"}, False, "is gone"),
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 60}, True, "gave a sign of life"),
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, False, "has given no sign of life for"),
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": None}, None, "left no heartbeat"),
+@pytest.mark.parametrize("attempt, life, why", [
+    ({"host": socket.gethostname(), "pid": os.getpid()}, "alive", "is running"),
+    ({"host": socket.gethostname(), "pid": "gone"}, "gone", "is gone"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 60}, "alive", "gave a sign of life"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, "quiet", "has given no sign of life for"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": None}, "unknown", "left no heartbeat"),
 ], ids=["this process", "a dead process here", "a heartbeat elsewhere", "a stale heartbeat", "no heartbeat"])
-def test_the_training_is_told_alive_dead_or_unknown(tmp_path, attempt, alive, why):
+def test_the_training_is_told_alive_gone_quiet_or_unknown(tmp_path, attempt, life, why):
     from tinymcf_callback.rundir.record import boot_id, process_start
 
     here = Attempt.here(0)
@@ -315,7 +315,7 @@ def test_the_training_is_told_alive_dead_or_unknown(tmp_path, attempt, alive, wh
     fake_checkpoint(tmp_path, 2)
     write_history(tmp_path, [line(2, fingerprint=fingerprint(tmp_path / "checkpoint-2"))])
     plan = planner_for(tmp_path).look()
-    assert plan.alive is alive and why in plan.liveness
+    assert plan.life == life and why in plan.liveness
 
 
 @pytest.mark.parametrize("record, max_steps, ended", [

@@ -226,25 +226,25 @@ def test_a_killed_training_ends_the_watch_with_a_status_that_says_so(tmp_path, i
     assert steps_events(history(run)) == [(0, "train_begin"), (1, "watch"), (2, "watch")]
 
 
-def test_a_training_on_another_machine_is_told_dead_by_its_heartbeat(tmp_path):
+def test_a_training_on_another_machine_that_goes_silent_is_quiet_and_one_here_that_is_gone_is_gone(tmp_path):
     from tinymcf_callback.rundir.record import Attempt
 
     now = 1_000_000.0
     elsewhere = Attempt(from_step=0, started=now - 5000, host="gpu-node-7", pid=4242, heartbeat=now - 120)
     record = RunRecord(attempts=[elsewhere])
-    assert record.liveness(now, dead_after=900) == (True, "process 4242 on gpu-node-7 gave a sign of life 120 s ago")
+    assert record.liveness(now, dead_after=900) == ("alive", "process 4242 on gpu-node-7 gave a sign of life 120 s ago")
     elsewhere.heartbeat = now - 1200
-    alive, why = record.liveness(now, dead_after=900)
-    assert alive is False and "has given no sign of life for 1200 s (more than 900 s)" in why
+    life, why = record.liveness(now, dead_after=900)
+    assert life == "quiet" and "has given no sign of life for 1200 s (more than 900 s; its last heartbeat was at" in why
     here = Attempt.here(0)
-    assert RunRecord(attempts=[here]).liveness()[0] is True  # this very process
+    assert RunRecord(attempts=[here]).liveness()[0] == "alive"  # this very process
     gone = Attempt(**{**here.__dict__, "pid": _a_pid_that_is_gone()})
-    assert RunRecord(attempts=[gone]).liveness()[0] is False
+    assert RunRecord(attempts=[gone]).liveness()[0] == "gone"
     reused = Attempt(**{**here.__dict__, "pid_started": "1"})  # the pid lives, but it is another process now
-    assert RunRecord(attempts=[reused]).liveness() == (False, f"process {os.getpid()} on {here.host} is gone (its "
-                                                              f"process id now belongs to another process)")
-    assert RunRecord(attempts=[gone], ended=True).liveness() == (False, "the run ended")
-    assert RunRecord().liveness()[0] is None
+    assert RunRecord(attempts=[reused]).liveness() == ("gone", f"process {os.getpid()} on {here.host} is gone (its "
+                                                               f"process id now belongs to another process)")
+    assert RunRecord(attempts=[gone], ended=True).liveness() == ("ended", "the run ended")
+    assert RunRecord().liveness()[0] == "unknown"
 
 
 def _a_pid_that_is_gone() -> int:

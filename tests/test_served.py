@@ -109,13 +109,29 @@ def test_a_server_with_another_template_is_refused(kind, probe, tiny_qwen):
     assert "\n" not in str(err.value) and not scored  # refused before a prompt was scored
 
 
-def test_processed_logprobs_are_refused(probe, tiny_qwen):
-    """vLLM's --logprobs-mode processed_logprobs (TRL's vllm-serve): the numbers move with the temperature."""
+def test_processed_logprobs_at_the_pinned_settings_are_scored_exactly(probe, tiny_qwen, local_report):
+    """vLLM's --logprobs-mode processed_logprobs (TRL's vllm-serve): the numbers move with the temperature, so the probe
+    pins every setting they depend on, checks its reading against the prompt's own log-probabilities and scores the
+    server exactly, saying it is processed."""
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", processed=True) as server:
-        with pytest.raises(ServedError, match="processed log-probabilities.*raw_logprobs"):
+        report = probe.run(ServedModel(server.url, "served-model"))
+        bodies = [b for route, b in server.requests if route == "/v1/completions"]
+    backend = report["info"]["backend"]
+    assert backend["logprobs_mode"] == "processed" and backend["pinned_diff"] < 1e-5 and backend["exact"]
+    assert np.abs(p_yes(report) - p_yes(local_report)).max() < 1e-5
+    assert [b["temperature"] for b in bodies[:3]] == [1.0, 0.5, 1.0]  # the temperature found it processed
+    scored = [b for b in bodies if "logprob_token_ids" in b]
+    assert all((b["temperature"], b["top_p"], b["top_k"], b["min_p"], b["repetition_penalty"]) == (1.0, 1.0, -1, 0.0,
+                                                                                                    1.0)
+               for b in scored[3:])  # every scoring request pins them
+
+
+def test_a_processed_server_that_ignores_a_pinned_setting_is_refused(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm", processed="ignores pins") as server:
+        with pytest.raises(ServedError, match="does not honour a pinned setting.*--logprobs-mode raw_logprobs"):
             probe.run(ServedModel(server.url, "served-model"))
-        temps = [b.get("temperature") for route, b in server.requests if route == "/v1/completions"]
-    assert temps == [1.0, 0.5, 1.0]  # three requests found it, nothing else was scored
+        scored = [b for route, b in server.requests if route == "/v1/completions" and "logprob_token_ids" in b]
+    assert len(scored) == 3  # refused after the check: nothing else was scored
 
 
 def test_an_order_dependent_server_fails_the_self_check(probe, tiny_qwen):
@@ -371,3 +387,35 @@ def test_a_followed_run_asks_one_served_model_whose_checked_prompts_rotate_over_
         checked = [probe.run(cache.served())["info"]["self_check"]["checked"] for _ in range(2)]
     assert cache.served() is cache.served()
     assert all(len(c) == 4 for c in checked) and sorted(checked[0] + checked[1]) == list(range(8))  # all 8 prompts
+
+
+def test_llama_cpp_pythons_own_server_is_named_in_one_line_with_what_to_run_instead(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="llama-cpp-python") as server:
+        with pytest.raises(ServedError, match="is llama-cpp-python's Python server .* takes no token-id prompts: serve "
+                                              "the GGUF with llama.cpp's own server instead .*llama-server"):
+            probe.run(ServedModel(server.url, "served-model"))
+        sent = [route for route, _ in server.requests if route == "/v1/completions"]
+    assert sent == []  # named before a prompt is sent, so never retried
+
+
+def test_a_server_that_refuses_token_id_prompts_is_said_at_its_first_answer_without_retries(probe, tiny_qwen,
+                                                                                          monkeypatch):
+    from tinymcf_callback.served import server as server_module
+
+    monkeypatch.setattr(server_module, "refuse_python_llama_cpp", lambda client: None)  # as if it did not say its name
+    with FakeServed(tiny_qwen, probe.tok, kind="llama-cpp-python") as server:
+        with pytest.raises(ServedError, match="takes no token-id prompts .*Input should be a valid string.*serve the "
+                                              "model with vLLM, SGLang or llama.cpp's own llama-server") as err:
+            probe.run(ServedModel(server.url, "served-model"))
+        sent = [route for route, _ in server.requests if route == "/v1/completions"]
+    assert len(sent) == 1 and "\n" not in str(err.value)
+
+
+def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes_doing(probe, tiny_qwen):
+    with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
+        server.faults.extend(["ok"] * 14 + ["die"])
+        with pytest.raises(ServedError, match=r"stopped answering during the probe, after answering \d+ of its "
+                                              r"requests: the probe's own requests may have caused it .*--check-form "
+                                              r"logprob_token_ids or --no-self-check.*--concurrency 1") as err:
+            probe.run(ServedModel(server.url, "served-model", retries=1))
+    assert "\n" not in str(err.value)

@@ -153,7 +153,7 @@ class RecordingClient:
         self.fail_at, self.closed = fail_at, False
         self.lock = threading.Lock()
 
-    def post(self, route, body):
+    def post(self, route, body, retries=None):
         with self.lock:
             self.bodies.append(body)
             n = len(self.bodies)

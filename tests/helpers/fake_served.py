@@ -12,12 +12,16 @@ numbers are exact and a served report can be held to a local one at 1e-5:
                (``n_probs``) and ``/v1/completions`` (which ignores ``echo``, as llama.cpp's does)
 ``plain``      ``/v1/models`` and ``/v1/completions`` only, one prompt per request, ignoring ``logprob_token_ids``
                (an older server)
+``llama-cpp-python``  its FastAPI ``/openapi.json`` title, and a 500 carrying a validation error for a token-id
+               prompt (it takes text only)
 
 What can be made wrong, to test the refusals: ``template`` (another chat template for ``/tokenize`` and
-``/apply-template``), ``processed`` (log-probabilities after temperature, as vLLM's
-``processed_logprobs``), ``drift`` (each request's logits shifted by up to this: an order dependence),
-``api_key`` (a 401 echoing the key it got, unless it is this one), and ``faults`` (``"429"``,
-``"500"``, ``"slow"``, consumed one per request). ``requests`` records each request's route and body.
+``/apply-template``), ``processed`` (the sampled position's log-probabilities after the request's temperature and
+top-k, as vLLM's ``processed_logprobs``; prompt log-probabilities stay raw, as vLLM's do; ``"ignores pins"``: also
+after a top-k of 20 whatever the request says, as a server whose generation defaults win would), ``drift`` (each
+request's logits shifted by up to this: an order dependence), ``api_key`` (a 401 echoing the key it got, unless it
+is this one), and ``faults`` (``"429"``, ``"500"``, ``"slow"``, ``"die"``: the server goes away at that request;
+consumed one per request). ``requests`` records each request's route and body.
 ``POST /admin/load {"path": folder}`` makes it serve a saved checkpoint (what a ``--reload`` script asks).
 """
 
@@ -31,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-KINDS = ("vllm", "sglang", "llama.cpp", "plain")
+KINDS = ("vllm", "sglang", "llama.cpp", "plain", "llama-cpp-python")
 
 
 class FakeServed:
@@ -108,6 +112,9 @@ class FakeServed:
             return 500, {"error": {"message": "boom"}}
         if fault == "slow":
             time.sleep(3)
+        if fault == "die":  # the server process is gone: this connection and every later one
+            threading.Thread(target=self.close, daemon=True).start()
+            raise ConnectionAbortedError("the fake server died")
         route = self._routes().get((method, path))
         if route is None:
             return 404, {"detail": "Not Found"}
@@ -136,6 +143,11 @@ class FakeServed:
         if self.kind == "sglang":
             r |= {("GET", "/get_server_info"): lambda _: (200, {"tp_size": 1, "disable_radix_cache": False}),
                   ("GET", "/version"): lambda _: (200, {"version": "0.0-fake"}), ("POST", "/generate"): self.generate}
+        if self.kind == "llama-cpp-python":
+            r |= {("GET", "/openapi.json"): lambda _: (200, {"info": {"title": "🦙 llama.cpp Python API"}}),
+                  ("POST", "/v1/completions"): lambda b: (500, {"error": {"message": (
+                      "1 validation error for CreateCompletionRequest\nprompt\n  Input should be a valid string "
+                      f"[type=string_type, input_value={b.get('prompt')!r}, input_type=list]")}})}
         if self.kind == "llama.cpp":
             r |= {("GET", "/props"): lambda _: (200, {"build_info": "b0-fake", "default_generation_settings": {}}),
                   ("POST", "/tokenize"): self.tokenize, ("POST", "/apply-template"): self.apply_template,
@@ -143,7 +155,8 @@ class FakeServed:
         return r
 
     # ------------------------------------------------------------------ the model
-    def logprobs(self, ids: list[int], temperature: float = 1.0, every: bool = False) -> torch.Tensor:
+    def logprobs(self, ids: list[int], temperature: float = 1.0, every: bool = False,
+                 top_k: int | None = None) -> torch.Tensor:
         """``[n, vocab]`` log-probabilities of the next token after each prefix (what the server computes): after the
         whole prompt (``n`` = 1), or after every prefix (``every``: echo's prompt log-probabilities)."""
         with self._lock:
@@ -159,8 +172,12 @@ class FakeServed:
         if shift:
             logits = logits.clone()
             logits[:, :: 7] += shift
-        if self.processed and temperature > 0:
-            logits = logits / temperature
+        if self.processed and not every:  # the sampled position only: prompt log-probabilities are raw
+            logits = logits / temperature if temperature > 0 else logits
+            k = 20 if self.processed == "ignores pins" else (top_k if top_k and top_k > 0 else None)
+            if k:
+                cut = torch.topk(logits, k, dim=-1).values[..., -1:]
+                logits = logits.masked_fill(logits < cut, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
     def load(self, body):
@@ -215,7 +232,7 @@ class FakeServed:
         as_ids = bool(body.get("return_tokens_as_token_ids")) and self.kind == "vllm"
         k = body.get("logprobs")
         echo = bool(body.get("echo")) and self.kind != "llama.cpp"
-        lp = self.logprobs(ids, body.get("temperature", 1.0), every=echo)
+        lp = self.logprobs(ids, body.get("temperature", 1.0), every=echo, top_k=body.get("top_k"))
         nxt = int(lp[-1].argmax())
         wanted = body.get("logprob_token_ids") if self.kind == "vllm" else None
 

@@ -27,6 +27,8 @@ from ..data.home import HOME_VAR, using_home
 from ..errors import ConfigError, TinymcfError
 
 EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+# a sweep's and a watcher's outcome (tinymcf sweep / watch): 0 only when every saved step is scored
+EXIT_UNSCORED, EXIT_TRAINING_GONE, EXIT_GAPS, EXIT_TRAINING_QUIET = 1, 3, 4, 5
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -127,6 +129,9 @@ def add_served(parser, *, run: bool = False) -> None:
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
     g.add_argument("--concurrency", type=int, default=None, metavar="N",
                    help="requests in flight at once (default 8; 1 on llama.cpp, whose batching moves the numbers)")
+    g.add_argument("--check-form", default="auto", metavar="FORM",
+                   help="the self-check's second request form (default auto: another route through the server than "
+                        "the scoring's, echo on vLLM and SGLang)")
     g.add_argument("--batch-prompts", type=int, default=None, metavar="N",
                    help="prompts per request where the server takes a list of them (default 16; 1 on llama.cpp)")
     g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
@@ -149,7 +154,8 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
     without ``--reload``."""
     options = ("--served-model", "--reload") if run else ("--tokenizer", "--reference", "--reference-tolerance")
     if not getattr(args, "endpoint", None):
-        given = [o for o in (*options, "--form", "--concurrency", "--batch-prompts") if _given(args, o)]
+        given = [o for o in (*options, "--form", "--check-form", "--concurrency", "--batch-prompts")
+                 if _given(args, o)]
         if run and given:
             raise ConfigError(f"{given[0]} goes with --endpoint URL, the server it loads each checkpoint into")
         if given:
@@ -162,8 +168,8 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
     from ..served import ServedConfig
 
     return ServedConfig(args.endpoint, args.served_model if run else args.model, form=args.form,
-                        concurrency=args.concurrency, batch=args.batch_prompts, timeout=args.request_timeout,
-                        retries=args.request_retries,
+                        check_form=args.check_form, concurrency=args.concurrency, batch=args.batch_prompts,
+                        timeout=args.request_timeout, retries=args.request_retries,
                         tolerance=config.self_check_tolerance if config is not None else None,
                         seed=config.seed if config is not None else None, reference=getattr(args, "reference", None),
                         reference_tolerance=getattr(args, "reference_tolerance", None),
@@ -172,7 +178,7 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
 
 def _given(args: argparse.Namespace, option: str) -> bool:
     value = getattr(args, option[2:].replace("-", "_"), None)
-    return value is not None and not (option == "--form" and value == "auto")
+    return value is not None and not (option in ("--form", "--check-form") and value == "auto")
 
 
 def add_dashboards(parser, *, default: str) -> None:

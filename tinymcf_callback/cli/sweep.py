@@ -1,7 +1,8 @@
 """``tinymcf sweep RUN_DIR``: score every checkpoint of a Trainer output folder into its history.
 
-See :mod:`tinymcf_callback.follow.sweep`. Exit status 0 when every pending checkpoint was scored,
-1 when some could not be (listed, each a gap line; a rerun tries them again), 2 for bad input.
+See :mod:`tinymcf_callback.follow.sweep`. Exit status 0 when every saved step is scored; 1 when some checkpoints
+could not be read (listed, each a gap line; a rerun tries them again) or some points did not reach a dashboard;
+2 for bad input; 4 when saved steps are gaps in the curve (deleted before they could be scored).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .options import (
+    EXIT_GAPS,
+    EXIT_UNSCORED,
     add_dashboards,
     add_home,
     add_loading,
@@ -136,19 +139,27 @@ def in_processes(args, score):
 
 
 def said_failures(result) -> int:
-    """What did not get done, on stderr: the checkpoints that could not be scored (status 1), the points a
-    dashboard did not get (status 1); else 0."""
+    """What did not get done, on stderr, and the status that says it: checkpoints that could not be scored or points
+    a dashboard did not get (1); saved steps that are gaps in the curve (4); else 0."""
     status = 0
     if result.failures:
         print(f"error: {len(result.failures)} checkpoint(s) could not be read after every try (each is a gap line; "
               f"a new sweep or watch tries them again):", file=sys.stderr)
         for o in result.failures:
             print(f"  {o.folder}: {o.error}", file=sys.stderr)
-        status = 1
+        status = EXIT_UNSCORED
     if result.undelivered:
         print("error: some points did not reach a dashboard (they are in the history; once it works again, run the "
               "same command with --report-to naming it: it sends the history's lines to it again):", file=sys.stderr)
         for line in result.undelivered:
             print(f"  {line}", file=sys.stderr)
-        status = 1
+        status = EXIT_UNSCORED
+    unread = {o.step for o in result.failures}
+    gaps = [step for step in result.gaps if step not in unread]
+    if gaps:
+        shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
+        print(f"error: {len(gaps)} saved step(s) are gaps in the curve, never scored: {shown} (each a gap line with "
+              f"its cause in {result.history.name}; MoralProbeCallback(hand_off=True) keeps a run's checkpoints "
+              f"until they are scored; exit status {EXIT_GAPS})", file=sys.stderr)
+        status = status or EXIT_GAPS
     return status

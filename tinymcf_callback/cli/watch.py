@@ -1,20 +1,22 @@
 """``tinymcf watch RUN_DIR``: score each checkpoint of a run as it is saved, beside the training, into its dashboards.
 
-See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over. Exit status: 0 the run
-ended and everything it saved is scored; 1 some checkpoints could not be read, or some points did not
-reach a dashboard (listed); 2 bad input; 3 the training is gone without ending (killed or crashed), and
-everything it saved is scored. Killed and started again, it picks up where the history says it was.
+See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over. Exit status, the first that
+applies: 1 some checkpoints could not be read, or some points did not reach a dashboard (listed); 2 bad input;
+3 the training is gone without ending (its process, on this machine); 5 the training has gone quiet (no heartbeat
+from another machine for ``--dead-after``: paused or gone); 4 some saved steps are gaps in the curve (deleted
+before they could be scored); 0 the run ended and every step it saved is scored. Killed and started again, it picks
+up where the history says it was.
 """
 
 from __future__ import annotations
 
 import sys
 
+from .options import EXIT_TRAINING_GONE, EXIT_TRAINING_QUIET
 from .sweep import add_run_arguments, check_retries, counts, in_processes, said_failures, settings_of
 
 NAME = "watch"
 SUMMARY = "follow a training run: score each checkpoint once it is saved, into the history and the run's dashboards"
-EXIT_TRAINING_GONE = 3
 
 
 def add_arguments(p) -> None:
@@ -51,8 +53,13 @@ def run(args) -> int:
     print(f"[tinymcf] watch of {settings.run.run_dir} stopped: {result.why_stopped}. {counts(result)}{behind}; "
           f"history: {result.history}")
     status = said_failures(result)
-    if status == 0 and result.training_gone:
+    if result.training_gone:
         print(f"error: the training stopped without ending: {result.training_gone} (exit status "
               f"{EXIT_TRAINING_GONE}); resume it and start the watcher again", file=sys.stderr)
-        return EXIT_TRAINING_GONE
+        return status if status == 1 else EXIT_TRAINING_GONE
+    if result.training_quiet:
+        print(f"error: the training has gone quiet: {result.training_quiet} (exit status {EXIT_TRAINING_QUIET}); "
+              "if it is still running, start the watcher again (it picks up where it stopped, or raise "
+              "--dead-after); if it died, resume it", file=sys.stderr)
+        return status if status == 1 else EXIT_TRAINING_QUIET
     return status

@@ -55,7 +55,7 @@ from ..rundir.checkpoints import (
 )
 from ..rundir.curve import HistoryView
 from ..rundir.queue import HandOffQueue, queue_dir
-from ..rundir.record import Attempt, RunRecord
+from ..rundir.record import UNKNOWN, Attempt, RunRecord
 from .guards import check_same_format, check_same_vignettes
 from .settings import RunSettings
 
@@ -106,8 +106,8 @@ class Plan:
     base_model: str | None = None  # the run's starting model (step 0, adapters, sharded checkpoints' config)
     notes: list[str] = field(default_factory=list)  # what to say once, before scoring
     ended: str | None = None  # why the run is over, when it is
-    alive: bool | None = None  # whether the training still runs (None: cannot be told)
-    liveness: str = ""
+    life: str = "unknown"  # the training: alive, gone, quiet (no heartbeat from another machine), ended or unknown
+    liveness: str = ""  # what was seen, and where
 
     @property
     def behind(self) -> int:
@@ -407,9 +407,9 @@ class Planner:
     def _run_state(self, plan: Plan, record: RunRecord | None, present: dict[int, Checkpoint],
                    newest: dict[int, dict]) -> None:
         if record is None:
-            plan.alive, plan.liveness = None, "the run has no moral_probe_run.json (MoralProbeCallback writes it)"
+            plan.life, plan.liveness = UNKNOWN, "the run has no moral_probe_run.json (MoralProbeCallback writes it)"
         else:
-            plan.alive, plan.liveness = record.liveness(dead_after=self.dead_after or 900.0)
+            plan.life, plan.liveness = record.liveness(dead_after=self.dead_after or 900.0)
         if plan.pending:
             return
         done = set(newest)

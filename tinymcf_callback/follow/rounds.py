@@ -53,6 +53,8 @@ class RunResult:
     deleted: list[int] = field(default_factory=list)  # saved, gone before they could be scored (a gap line each)
     why_stopped: str = ""
     training_gone: str | None = None  # the training died without ending (the watcher's status says so)
+    training_quiet: str | None = None  # the training gave no sign of life for --dead-after (the status says so)
+    gaps: list[int] = field(default_factory=list)  # saved steps whose newest line is a gap, at the end
     most_behind: int = 0  # the most complete checkpoints that waited at one look
     undelivered: list[str] = field(default_factory=list)  # per tracker, the points it did not get
 

@@ -63,6 +63,8 @@ def run_sweep(settings: RunSettings, *, retries: int = 4, backoff: float = 2.0) 
             rounds.run(plan)
             wait = agree(state, rounds.next_retry() if state.is_main_process else None)
             if wait is None:
+                if state.is_main_process:
+                    result.gaps = planner.curve.read().gaps()  # every saved step not scored, this sweep's or not
                 return result
             time.sleep(wait)
 

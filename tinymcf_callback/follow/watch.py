@@ -19,8 +19,9 @@ training process pays nothing. What it does through a run's whole life:
   ``save_steps``) that is gone is recorded once as a gap line with its cause. With the callback's hand-off
   the model files of each save are kept for every consumer of the run (:mod:`~tinymcf_callback.rundir.queue`).
 - **The end**: the run's record says it ended; or a checkpoint at ``max_steps`` is scored; or ``--stop-at``;
-  or ``--idle-timeout``; or the training is gone without ending (its process, on this machine; its heartbeat,
-  from another one): once what it saved is scored, the watcher ends and its status says so.
+  or ``--idle-timeout``; or the training is gone without ending (its process, on this machine), or has gone
+  quiet (no heartbeat for ``--dead-after``, from another machine: paused or gone, which cannot be told apart):
+  once what it saved is scored, the watcher ends and its status says which.
 - **Restartable**: the history says what is done; the history's writer lock keeps a second watcher (or a
   sweep) of the same probe out.
 - **Several processes** (``accelerate launch``): each round's checkpoints are shared out as the sweep does.
@@ -37,7 +38,7 @@ from ..errors import SweepError
 from ..results.history import history_path
 from ..rundir.checkpoints import CHECKPOINT_NAME
 from ..rundir.queue import HandOffQueue, queue_dir
-from ..rundir.record import RUN_INFO, RunRecord
+from ..rundir.record import GONE, QUIET, RUN_INFO, UNKNOWN, RunRecord
 from .planner import Plan, Planner
 from .processes import agree, process_state
 from .rounds import Rounds, RunResult
@@ -84,6 +85,8 @@ class Follower:
                 self._open_trackers()
             while not self._step():
                 pass
+            if self.main:
+                self.result.gaps = self.planner.curve.read().gaps()  # every saved step not scored, at the end
         return self.result
 
     # ---- before the first look -----------------------------------------------------------------------------
@@ -143,13 +146,17 @@ class Follower:
     def _why_stop(self, plan: Plan) -> str | None:
         if plan.ended:
             return plan.ended
-        if plan.alive is False:
+        if plan.life == GONE:
             self.result.training_gone = plan.liveness
             return f"the training is gone without ending ({plan.liveness}); everything it saved is scored"
+        if plan.life == QUIET:
+            self.result.training_quiet = plan.liveness
+            return (f"the training has gone quiet ({plan.liveness}): paused, slow, or gone on its machine, which "
+                    "cannot be told from here; everything it saved so far is scored")
         stop_at = self.settings.stop_at
         if stop_at is not None and any(s >= stop_at for s in plan.done):
             return f"step {stop_at} is done (--stop-at)"
-        if plan.alive is None and self.main:
+        if plan.life == UNKNOWN and self.main:
             self._say(f"{plan.liveness}: the watcher cannot tell when the training ends or dies; it stops at the "
                       f"run's max_steps, --stop-at or --idle-timeout")
         idle = self.settings.idle_timeout

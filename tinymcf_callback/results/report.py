@@ -84,12 +84,17 @@ BACKEND_FIELDS = {
     "form": (STR, "how the log-probabilities were asked: forward, logprob_token_ids, token_ids_logprob, n_probs, "
                   "echo, top_logprobs"),
     "exact": (BOOL, "every answer token's log-probability was read; false: a top-k bound (p_yes_bound)"),
-    "logprobs_mode": (STR, "raw: checked not to move with the sampling temperature (processed ones are refused)"),
+    "logprobs_mode": (STR, "raw (the numbers do not move with the sampling temperature) or processed (they do: read at "
+                           "settings pinned to leave the model's distribution as it is, checked against the prompt's "
+                           "own log-probabilities)"),
+    "pinned_diff": (NUM_OR_NULL, "processed: the largest |log P| difference between the pinned reading and the "
+                                 "prompt's own log-probabilities (null: raw)"),
     "template": (STR, "whether the server's tokenizer and chat template were checked against the local ones"),
     "requests": (INT, "HTTP requests the probe made (0 in this process)"),
     "retries": (INT, "requests sent again after a timeout, a dropped connection or a 408/409/429/5xx (each logged)"),
     "concurrency": (NUM_OR_NULL, "requests in flight at once"),
     "batch": (NUM_OR_NULL, "prompts per request (1: one at a time; null in this process)"),
+    "check_form": (STR_OR_NULL, "the self-check's second request form (null: no self-check, or in this process)"),
     "p_yes_bound": (NUM_OR_NULL, "a top-k form: the widest P(Yes) interval over the prompts"),
     "mass_bound": (NUM_OR_NULL, "a top-k form: the most answer mass the unread tokens can hold"),
 }

@@ -38,6 +38,7 @@ from ..results.history import (
     current_run,
     gap_line,
     history_path,
+    is_point,
     read_lines,
     resume_line,
     resume_marks,
@@ -72,6 +73,10 @@ class HistoryView:
     def precision(self) -> Precision | None:
         """The precision the history's lines were scored in (the last one that records it), or None."""
         return next((p for p in map(Precision.of, reversed(self.lines)) if p is not None), None)
+
+    def gaps(self) -> list[int]:
+        """The steps whose newest line is a gap (a saved checkpoint deleted before it was scored, or unreadable)."""
+        return sorted(step for step, line in self.newest().items() if not is_point(line))
 
     def resume_line(self, name: str, answer_format: str, *, from_step: int, started: float | None) -> dict | None:
         """The resume line to write for a training attempt that resumed from ``from_step`` (started at ``started``),

@@ -16,7 +16,7 @@ undo each other's update):
   process id and its start time, and a **heartbeat** refreshed while it trains (at most every
   ``heartbeat_every`` seconds, at steps, logs, evaluations and saves): how a follower tells a live training
   from a dead one, on this machine by its process and on another machine sharing the folder by the
-  heartbeat's age (:meth:`Attempt.liveness`);
+  heartbeat's age, which says it has gone quiet, not that it died (:meth:`Attempt.liveness`);
 - the saves that could not be handed off (``hand_off_failures``: step -> why), so that a follower gives a
   checkpoint it never saw its real cause.
 """
@@ -37,6 +37,7 @@ from filelock import FileLock
 from .._io import atomic_write_json
 
 RUN_INFO = "moral_probe_run.json"
+ALIVE, GONE, QUIET, UNKNOWN, ENDED = "alive", "gone", "quiet", "unknown", "ended"  # what a follower can tell
 HEARTBEAT_EVERY_S = 30.0  # the callback refreshes the heartbeat at most this often
 DEAD_AFTER_S = 900.0  # a heartbeat older than this, from another machine, means the training is gone
 
@@ -64,27 +65,28 @@ class Attempt:
         now = time.time()
         return cls(from_step, now, socket.gethostname(), os.getpid(), boot_id(), process_start(os.getpid()), now)
 
-    def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[bool | None, str]:
-        """``(alive, why)``: True or False when it can be told, None when not (no heartbeat recorded).
-
-        On the machine that trains, the process itself says (gone, or its pid reused by another process); from
-        another machine sharing the folder, the heartbeat's age (older than ``dead_after`` seconds: gone).
-        """
+    def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[str, str]:
+        """``(life, why)``: ``alive``; ``gone`` (known: on the machine that trains, its process is gone or its id
+        belongs to another process now); ``quiet`` (on another machine sharing the folder, no heartbeat for more than
+        ``dead_after`` seconds: paused, slow, or gone, which cannot be told from here); ``unknown`` (no heartbeat
+        recorded). ``why`` says what was seen, and where."""
         now = time.time() if now is None else now
         where = f"process {self.pid} on {self.host}"
         if self.host == socket.gethostname() and self.pid is not None and self.boot_id == boot_id():
             started = process_start(self.pid)
             if started is None and not pid_exists(self.pid):
-                return False, f"{where} is gone"
+                return GONE, f"{where} is gone"
             if started is not None and self.pid_started is not None and started != self.pid_started:
-                return False, f"{where} is gone (its process id now belongs to another process)"
-            return True, f"{where} is running"
+                return GONE, f"{where} is gone (its process id now belongs to another process)"
+            return ALIVE, f"{where} is running"
         if self.heartbeat is None:
-            return None, f"{where} left no heartbeat"
+            return UNKNOWN, f"{where} left no heartbeat"
         age = now - self.heartbeat
+        last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.heartbeat))
         if age > dead_after:
-            return False, f"{where} has given no sign of life for {age:.0f} s (more than {dead_after:g} s)"
-        return True, f"{where} gave a sign of life {age:.0f} s ago"
+            return QUIET, (f"{where} has given no sign of life for {age:.0f} s (more than {dead_after:g} s; its last "
+                           f"heartbeat was at {last})")
+        return ALIVE, f"{where} gave a sign of life {age:.0f} s ago"
 
 
 @dataclass
@@ -152,13 +154,13 @@ class RunRecord:
         """The newest attempt (the one that trains now, or trained last)."""
         return self.attempts[-1] if self.attempts else None
 
-    def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[bool | None, str]:
-        """Whether the training is still going: ended runs are not; else the newest attempt's process or
-        heartbeat (:meth:`Attempt.liveness`); None when the record says nothing about it."""
+    def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[str, str]:
+        """Whether the training is still going (:meth:`Attempt.liveness`'s states): ``ended`` when the record says
+        so; else the newest attempt's process or heartbeat; ``unknown`` when the record names no process."""
         if self.ended:
-            return False, "the run ended"
+            return ENDED, "the run ended"
         if self.attempt is None:
-            return None, "the run's record names no training process"
+            return UNKNOWN, "the run's record names no training process"
         return self.attempt.liveness(now, dead_after)
 
 

@@ -26,7 +26,9 @@ def difference(a: Reading, b: Reading, yes: list[int], no: list[int]) -> tuple[f
     n = [t for t in no if t in a.logp and t in b.logp]
     p0, m0 = answer(a, y, n)
     p1, m1 = answer(b, y, n)
-    dp = abs(p0 - p1) if y and n else 0.0
+    if (m0 > 0) != (m1 > 0):  # one reads the answers as impossible, the other does not
+        return 1.0, math.inf
+    dp = abs(p0 - p1) if y and n and m0 > 0 else 0.0
     dm = abs(math.log(m0) - math.log(m1)) if m0 > 0 and m1 > 0 else 0.0
     return dp, dm
 

@@ -19,6 +19,10 @@ KEY_VARS = SERVED_KEYS
 QUIET = (400, 404, 405, 422, 501)  # a route the server lacks (a probe of what it is)
 
 
+class ServerGone(ServedError):
+    """The server stopped answering (its connection refused or lost): down, or crashed."""
+
+
 class ServerClient:
     """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON.
 
@@ -63,8 +67,8 @@ class ServerClient:
         """One line for a request that did not succeed: what happened, and what to do."""
         where = f"the server at {self.shown}"
         if e.kind == "connection":
-            return ServedError(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "
-                               f"start it or check --endpoint ({e.detail})")
+            return ServerGone(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "
+                              f"start it or check --endpoint ({e.detail})")
         if e.kind == "timeout":
             return ServedError(f"{where} did not answer {route} within {self.timeout:g} s: raise --request-timeout "
                                "if it is busy or slow (or lower --concurrency / --batch-prompts), or check that it is "

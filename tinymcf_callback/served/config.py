@@ -38,6 +38,8 @@ class ServedConfig:
         timeout, retries: per request (``--request-timeout``, ``--request-retries``).
         top: how many top tokens a top-k form asks for (None: llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
         check_prompts: prompts the self-check asks again per probe (0: none).
+        check_form: the self-check's second form (``--check-form``; ``auto``: another route through the server than
+            the scoring's, echo where that is logprob_token_ids or token_ids_logprob).
         tolerance: what the self-check holds the server's two readings of a prompt to (None: the probe's
             ``self_check_tolerance``, else 1e-3).
         seed: the seed of the rotation of checked prompts (None: the probe's ``seed``).
@@ -56,6 +58,7 @@ class ServedConfig:
     retries: int = DEFAULT_RETRIES
     top: int | None = None
     check_prompts: int = N_CHECKED
+    check_form: str = "auto"
     tolerance: float | None = None
     seed: int | None = None
     reference: str | None = None
@@ -68,8 +71,9 @@ class ServedConfig:
             split_url(self.endpoint)
         except ApiError as e:
             raise ServedError(str(e)) from None
-        if self.form != "auto" and self.form not in FORMS:
-            raise ServedError(f"--form must be auto or one of {', '.join(FORMS)}, got {self.form!r}")
+        for option, value in (("--form", self.form), ("--check-form", self.check_form)):
+            if value != "auto" and value not in FORMS:
+                raise ServedError(f"{option} must be auto or one of {', '.join(FORMS)}, got {value!r}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ServedError(f"--model must name the served model (GET <endpoint>/v1/models lists them), got "
                               f"{self.model!r}")

@@ -17,6 +17,7 @@ Nothing is cached between probes: a model reloaded into the server is read afres
 
 from __future__ import annotations
 
+import math
 import time
 
 from ..errors import ServedError
@@ -24,11 +25,13 @@ from ..scoring.engine import ScoreResult
 from ..scoring.prompts import answer_token_ids
 from ..scoring.selfcheck import Rotation
 from . import answers, selfcheck
-from .client import ServerClient
+from .client import ServerClient, ServerGone
 from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
-from .forms import FORM_CLASSES, PINS
-from .server import Server, check_logprobs, check_template, discover
+from .forms import FORM_CLASSES, PINS, Reading
+from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
 from .transport import Ask, Transport, batches
+
+PINNED_TOLERANCE = 1e-3  # log P: the pinned numbers of a processed server against its prompt log-probabilities
 
 AUTO_FORM = {"vllm": "logprob_token_ids", "sglang": "token_ids_logprob", "llama.cpp": "n_probs"}
 SECOND_FORM = {"logprob_token_ids": "echo", "token_ids_logprob": "echo", "n_probs": "top_logprobs",
@@ -129,6 +132,16 @@ class ServedModel:
             self.close()
 
     def _score(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
+        try:
+            return self._ask(probe, client, progress)
+        except ServerGone as e:
+            if not client.api.requests:
+                raise  # it was not answering to begin with
+            raise ServerGone(f"the server at {client.shown} stopped answering during the probe, after answering "
+                             f"{client.api.requests} of its requests: the probe's own requests may have caused it "
+                             f"(see the server's log). {avoid(self.server)} ({e})") from None
+
+    def _ask(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
         config, tok = self.config, probe.tok
         yes, no = answer_token_ids(tok, probe.answer_format)
         check_vocabulary(probe, [*yes, *no])
@@ -140,31 +153,28 @@ class ServedModel:
         template = check_template(client, server, tok, probe.encoded[sample], probe.prompts[sample],
                                   probe.turn(sample))
         transport = Transport(client, concurrency)
-        ids = list(probe.encoded[sample])
-        found = check_logprobs(tuple(transport.ask(Ask(form, ["s"], [ids], {"temperature": t}))[0]
-                                     for t in (1.0, 0.5, 1.0)))
-        if found.mode == "processed":
-            raise ServedError(f"the server at {client.shown} returns processed log-probabilities: the same prompt "
-                              f"read at temperature 1 and 0.5 differs by {found.moved:.3g} in log P(answer). The probe "
-                              "needs the model's own distribution: start vLLM with --logprobs-mode raw_logprobs (TRL's "
-                              "vllm-serve passes processed_logprobs; a second vLLM with raw logprobs can serve the "
-                              "probe), or SGLang/llama.cpp without sampling on the returned probabilities")
+        prompts = [list(e) for e in probe.encoded]
+        found = self.check_logprobs(transport, form, prompts[sample], server, tok, yes, no)
         n = len(probe.encoded)
         tolerance = next(t for t in (config.tolerance, probe.config.self_check_tolerance,
                                      selfcheck.DEFAULT_TOLERANCE) if t is not None)
-        second_name = SECOND_FORM[form.name]
+        second = self.form(check_form(config, form, server), tok, yes, no, server)
         rotation = self.rotation(probe)
-        checked = selfcheck.pick(rotation, ("served", server.kind, second_name, form.name), n,
+        checked = selfcheck.pick(rotation, ("served", server.kind, second.name, form.name), n,
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
-        second = self.form(second_name, tok, yes, no, server)
-        prompts = [list(e) for e in probe.encoded]
         main = batches(form, ((("main", i), prompts[i]) for i in range(n)), size)
-        check = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
-        check += batches(second, ((("second", i), prompts[i]) for i in checked), size,
-                         only=pair if second.name == "echo" else None)
-        extra = list(check)
+        repeat = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
+        # on a vLLM with LoRA adapters the second form's prompt log-probabilities go one sequence at a time, alone
+        # (batched with other requests they crash vLLM-CPU's LoRA kernels: issue 33, measured)
+        alone = server.lora and second.name == "echo"
+        keyed = [(("second", i), prompts[i]) for i in checked]
+        if alone:
+            second_asks = [Ask(second, [k], [p], {"only": [a]}) for k, p in keyed for a in pair]
+        else:
+            second_asks = batches(second, keyed, size, only=pair if second.name == "echo" else None)
+        extra = list(repeat) + ([] if alone else list(second_asks))
         if form.name in ("logprob_token_ids", "echo"):  # their readings hold no top tokens: the sample's, asked apart
             top_form = self.form("top_logprobs" if form.name == "logprob_token_ids" else "echo", tok, yes, no, server,
                                  top=10)
@@ -174,6 +184,10 @@ class ServedModel:
         order = main[:half] + extra + main[half:]  # the check's requests among the others, far from the first reading
         started = time.perf_counter()
         readings = transport.run(order, progress=progress, desc=f"moral probe [{probe.name}] @ {client.shown}")
+        if alone:
+            for ask in second_asks:  # one at a time, nothing else in flight
+                [reading] = transport.ask(ask)
+                readings.setdefault(ask.keys[0], Reading({})).logp.update(reading.logp)
         again = batches(form, ((("main", i), prompts[i]) for i in range(n) if form.incomplete(readings[("main", i)])),
                         size, whole=True)
         if again:  # an answer token below the top-k: those prompts asked again for the whole vocabulary
@@ -186,9 +200,9 @@ class ServedModel:
             record = selfcheck.check(rotation, checked, {i: readings[("main", i)] for i in checked},
                                      {i: readings[("repeat", i)] for i in checked},
                                      {i: readings[("second", i)] for i in checked}, yes, no, form=form.name,
-                                     second_form=second_name, tolerance=tolerance, n_prompts=n,
-                                     requests=len(check), started=started, labels=probe.labels, shown=client.shown,
-                                     concurrency=concurrency)
+                                     second_form=second.name, tolerance=tolerance, n_prompts=n,
+                                     requests=len(repeat) + len(second_asks), started=started, labels=probe.labels,
+                                     shown=client.shown, concurrency=concurrency)
             if self.reference is not None:
                 selfcheck.compare_local(record, self.reference, probe, {i: readings[("main", i)] for i in checked},
                                         yes, no, config.reference_tolerance)
@@ -196,9 +210,9 @@ class ServedModel:
         bound = answers.bounds(main_readings, yes, no)
         res.backend = {"kind": server.kind, "version": server.version, "url": client.shown,
                        "served_model": config.model, "form": form.name, "exact": bound is None,
-                       "logprobs_mode": found.mode, "template": template, "requests": client.api.requests,
-                       "retries": client.api.retried, "concurrency": concurrency,
-                       "batch": size if form.batched else 1,
+                       "logprobs_mode": found.mode, "pinned_diff": found.pinned_diff, "template": template,
+                       "requests": client.api.requests, "retries": client.api.retried, "concurrency": concurrency,
+                       "batch": size if form.batched else 1, "check_form": second.name if checked else None,
                        "p_yes_bound": None if bound is None else bound[0],
                        "mass_bound": None if bound is None else bound[1]}
         res.strategy = form.name
@@ -206,6 +220,41 @@ class ServedModel:
         res.model = self.name
         return res
 
+    def check_logprobs(self, transport: Transport, form, ids: list[int], server: Server, tok, yes, no):
+        """The sample prompt read at temperature 1, 0.5 and 1 (every other sampling setting pinned): raw numbers do not
+        move; a server that returns processed ones (TRL's vllm-serve: vLLM with --logprobs-mode processed_logprobs) is
+        scored when its numbers at the pinned settings are the model's own, checked against the prompt
+        log-probabilities of the same prompt (the echo form), and refused when they are not (a pin it ignores)."""
+        try:
+            first = transport.ask(Ask(form, ["s"], [ids], {"temperature": 1.0}), retries=0)[0]
+        except ServedError as e:
+            if token_ids_refused(e):
+                raise ServedError(f"the server at {transport.client.shown} takes no token-id prompts ({e}): the probe "
+                                  "sends the prompts as the local tokenizer's token ids so that the server cannot "
+                                  "tokenize them otherwise; serve the model with vLLM, SGLang or llama.cpp's own "
+                                  "llama-server") from None
+            raise
+        found = check_logprobs((first, *(transport.ask(Ask(form, ["s"], [ids], {"temperature": t}))[0]
+                                         for t in (0.5, 1.0))))
+        if found.mode == "raw" and all(math.isfinite(v) for v in found.reading.logp.values()):
+            return found  # (an answer token read as impossible may be a top-k cut: checked against the prompt's own)
+        echo = self.form("echo", tok, yes, no, server)
+        raw = Reading({})
+        for a in [*yes, *no]:  # one sequence per request: safe on every server that takes echo
+            raw.logp.update(transport.ask(Ask(echo, ["raw"], [ids], {"only": [a]}))[0].logp)
+        found.pinned_diff = change(found.reading, raw)
+        if found.pinned_diff > max(PINNED_TOLERANCE, 10 * found.noise):
+            moved = (f"the same prompt read at temperature 1 and 0.5 differs by {found.moved:.3g} in log P(answer)"
+                     if found.mode == "processed" else "an answer token comes back impossible")
+            raise ServedError(f"the server at {transport.client.shown} returns processed log-probabilities ({moved}), "
+                              "and at the settings the probe pins (temperature 1, no top-k, top-p or min-p cut, no "
+                              f"penalties) they still differ from the prompt's own log-probabilities by "
+                              f"{found.pinned_diff:.3g}: it does not honour a pinned setting. Start vLLM with "
+                              "--logprobs-mode raw_logprobs, or score it with --form echo (the prompt "
+                              "log-probabilities, raw on every vLLM)")
+        if found.mode == "raw":
+            found.pinned_diff = None  # a raw server whose reading was confirmed
+        return found
     def rotation(self, probe) -> Rotation:
         """The rotation the checked prompts come from: the probe's own (its seed), as a local check's; with another
         ``seed`` in the configuration, one of this served model's, kept over its probes."""
@@ -227,6 +276,19 @@ class ServedModel:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def check_form(config: ServedConfig, form, server: Server) -> str:
+    """The self-check's second form: ``--check-form``, else another route through the server than ``form``."""
+    return config.check_form if config.check_form != "auto" else SECOND_FORM[form.name]
+
+
+def avoid(server: Server | None) -> str:
+    """What keeps the probe's requests from harming ``server``: the settings to try."""
+    lora = " (a vLLM with LoRA adapters crashes on some prompt log-probability batches on the CPU)" if (
+        server is not None and server.lora) else ""
+    return (f"To ask it less: --check-form logprob_token_ids or --no-self-check (no prompt log-probabilities){lora}, "
+            "--concurrency 1 and --batch-prompts 1 (one prompt at a time)")
 
 
 def load(config: ServedConfig, form, server: Server) -> tuple[int, int]:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..errors import ServedError
@@ -60,6 +59,7 @@ def discover(client: ServerClient, model: str) -> Server:
         elif isinstance(version, dict) and "version" in version:
             server = Server("vllm", str(version["version"]), models, adapters)
         else:
+            refuse_python_llama_cpp(client)
             server = Server("openai-compatible", None, models)
     server.model = model
     if server.kind != "llama.cpp" and models and model not in models:
@@ -69,6 +69,24 @@ def discover(client: ServerClient, model: str) -> Server:
         raise ServedError(f"the server at {client.shown} answers but has no /v1/models: not an OpenAI-compatible "
                           "server, or --endpoint is not its root (give http://host:port)")
     return server
+
+
+def refuse_python_llama_cpp(client: ServerClient) -> None:
+    """llama-cpp-python's own server (its FastAPI title says so) takes no token-id prompts and keys log-probabilities
+    by detokenized text: refused in one line, with what to run instead."""
+    schema = client.get("/openapi.json", quiet=True)
+    title = str(((schema or {}).get("info") or {}).get("title", "")) if isinstance(schema, dict) else ""
+    if "llama.cpp python" in title.lower() or "llama_cpp" in title.lower():
+        raise ServedError(f"the server at {client.shown} is llama-cpp-python's Python server ({title!r}), which takes "
+                          f"no token-id prompts: serve the GGUF with llama.cpp's own server instead (llama-server -m "
+                          "MODEL.gguf --port 8080 --jinja), or the model's weights with vLLM or SGLang")
+
+
+def token_ids_refused(e: ServedError) -> bool:
+    """Whether a failed request says the server wants the prompt as text, not token ids (a validation error)."""
+    text = str(e).lower()
+    return "prompt" in text and any(w in text for w in ("valid string", "str type", "type=string", "must be a string",
+                                                        "should be a valid", "validation error"))
 
 
 def check_template(client: ServerClient, server: Server, tok, ids: list[int], text: str, turn: list[dict]) -> str:
@@ -116,21 +134,24 @@ def first_difference(a, b) -> int:
 
 
 def change(a: Reading, b: Reading) -> float:
-    """The largest log-probability difference between two readings, on the answer tokens both read."""
-    common = [t for t in a.logp if t in b.logp and math.isfinite(a.logp[t])]
-    return max((abs(a.logp[t] - b.logp[t]) for t in common), default=0.0)
+    """The largest log-probability difference between two readings, on the answer tokens both read (infinite where
+    one reads a token as impossible and the other does not)."""
+    diffs = [0.0 if a.logp[t] == b.logp[t] else abs(a.logp[t] - b.logp[t]) for t in a.logp if t in b.logp]
+    return max(diffs, default=0.0)
 
 
 @dataclass
 class LogprobsCheck:
     """What :func:`check_logprobs` found: ``mode`` is ``raw`` (the numbers do not move with the temperature) or
     ``processed`` (they do: a server that applies sampling to the log-probabilities it returns); ``moved`` how
-    much they moved between temperature 1 and 0.5, ``noise`` between the two asks at temperature 1."""
+    much they moved between temperature 1 and 0.5, ``noise`` between the two asks at temperature 1; ``pinned_diff``
+    (processed only) how far the reading at the pinned settings is from the prompt's own log-probabilities."""
 
     mode: str
     moved: float
     noise: float
     reading: Reading  # the first reading at the pinned settings
+    pinned_diff: float | None = None  # processed: the pinned reading against the prompt's own log-probabilities
 
 
 def check_logprobs(readings: tuple[Reading, Reading, Reading]) -> LogprobsCheck:

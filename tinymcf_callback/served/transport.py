@@ -46,9 +46,9 @@ class Transport:
         self.client, self.concurrency = client, max(1, int(concurrency))
         self.sent = 0  # requests answered through this transport
 
-    def ask(self, ask: Ask) -> list[Reading]:
-        """One request, sent now: its readings, in the order of its prompts."""
-        data = self.client.post(ask.form.route, ask.form.payload(ask.prompts, **ask.options))
+    def ask(self, ask: Ask, *, retries: int | None = None) -> list[Reading]:
+        """One request, sent now: its readings, in the order of its prompts (``retries``: the client's unless given)."""
+        data = self.client.post(ask.form.route, ask.form.payload(ask.prompts, **ask.options), retries=retries)
         self.sent += 1
         read = {k: v for k, v in ask.options.items() if k != "temperature"}  # what shapes the answer, not its values
         return ask.form.parse(data, ask.prompts, shown=self.client.shown, **read)
