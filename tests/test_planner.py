@@ -345,3 +345,15 @@ def test_the_history_is_refused_when_a_line_is_not_one(tmp_path):
     with pytest.raises(HistoryError, match="the history is only ever appended to; repair or move that line"):
         planner_for(tmp_path).look()
 
+
+
+def test_a_refused_sweep_or_watch_leaves_no_lock_behind(tmp_path, capsys):
+    from helpers.cli_checks import one_error_line
+
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    fake_checkpoint(tmp_path, 2, adapter_of="no/such-model-here")  # refused at the first look, the lock held
+    for command in ("sweep", "watch"):
+        rc = tinymcf([command, str(tmp_path), "--limit", "2", "--no-progress", "--report-to", "none"])
+        one_error_line(rc, capsys.readouterr().err, "pass --base-model PATH")
+        assert not list(tmp_path.glob(".*lock")), command

@@ -225,6 +225,10 @@ def sole_writer(path: str | os.PathLike, command: str):
     try:
         yield
     finally:
+        # the lock file goes while it is still held (a refused or finished command leaves nothing behind); a second
+        # writer that opened it just before is refused at once (it never waits), so none can hold a stale copy long
+        with contextlib.suppress(OSError):
+            os.unlink(lock.lock_file)
         lock.release()
 
 
