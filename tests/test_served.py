@@ -419,3 +419,80 @@ def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes
                                               r"logprob_token_ids or --no-self-check.*--concurrency 1") as err:
             probe.run(ServedModel(server.url, "served-model", retries=1))
     assert "\n" not in str(err.value)
+
+
+# ---- a server that follows the run by itself: --reload vllm / sglang / lora -------------------------------------
+def saved_run(tmp_path, qwen_tok, *, adapters: bool = False) -> tuple[Path, Path]:
+    """A run folder of two checkpoints (other weights each, or two adapters on the base) and its starting model."""
+    from helpers.fake_runs import fake_model  # noqa: F401 - (the file layout helpers)
+
+    from tinymcf_callback.rundir.record import RunRecord
+    from tinymcf_callback.testing import tiny_qwen3
+
+    init = tmp_path / "init"
+    tiny_qwen3(seed=0).save_pretrained(init)
+    qwen_tok.save_pretrained(init)
+    run = tmp_path / "run"
+    for step in (1, 2):
+        folder = run / f"checkpoint-{step}"
+        if adapters:
+            from peft import LoraConfig, get_peft_model
+
+            torch.manual_seed(step)
+            model = get_peft_model(tiny_qwen3(seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                  init_lora_weights=False))
+            model.save_pretrained(folder)
+        else:
+            tiny_qwen3(seed=step).save_pretrained(folder)
+        qwen_tok.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": step / 2}))
+    RunRecord(base_model=str(init), saves=[1, 2], ended=True).write(run)
+    return run, init
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, builtin", [("vllm", "vllm"), ("sglang", "sglang"), ("vllm", "lora")])
+def test_a_builtin_reload_loads_each_checkpoint_and_each_line_says_which_weights_answered(tmp_path, qwen_tok, kind,
+                                                                                          builtin):
+    from helpers.runs import assert_same_numbers, clone, history
+
+    from tinymcf_callback.cli.main import main as tinymcf
+    from tinymcf_callback.rundir.checkpoints import fingerprint
+    from tinymcf_callback.testing import tiny_qwen3
+
+    run, init = saved_run(tmp_path, qwen_tok, adapters=builtin == "lora")
+    local = clone(run, tmp_path / "local")
+    probe = ["--limit", "2", "--n-resamples", "0", "--no-progress", "--report-to", "none", "--retries", "0"]
+    assert tinymcf(["sweep", str(local), *probe]) == 0
+    lora = "policy" if builtin == "lora" else None
+    with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind=kind, dev=True, lora=lora) as server:
+        name = ["--served-model", lora] if lora else []
+        rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", builtin, *name, *probe])
+    assert rc == 0
+    by_server, by_local = history(run), history(local)
+    steps = [1, 2] if builtin == "lora" else [0, 1, 2]  # an adapter server starts on the base: step 0 is not reloaded
+    assert [line["step"] for line in by_server][-len(steps):] == steps
+    for line in by_server:
+        if line["step"] == 0 and builtin == "lora":
+            continue
+        folder = init if line["step"] == 0 else run / f"checkpoint-{line['step']}"
+        expected = fingerprint(folder) if builtin != "lora" else str(folder)  # an adapter: the folder it came from
+        assert line["info"]["backend"]["weight_version"] == expected, line["step"]
+        assert_same_numbers(numbers(line), numbers(next(x for x in by_local if x["step"] == line["step"])),
+                            where=f"step {line['step']}")
+
+
+def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok, capsys):
+    from tinymcf_callback.cli.main import main as tinymcf
+    from tinymcf_callback.testing import tiny_qwen3
+
+    run, _ = saved_run(tmp_path, qwen_tok)
+    with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True, stuck=True) as server:
+        rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "vllm", "--reload-timeout", "1",
+                      "--limit", "2", "--n-resamples", "0", "--no-progress", "--retries", "0", "--no-baseline"])
+        scored = [b for route, b in server.requests if route == "/v1/completions"]
+    err = capsys.readouterr().err
+    assert rc == 1 and scored == []  # never scored on the old weights
+    assert "--reload vllm could not load step 1" in err and "still answers with weight version 'initial'" in err
+    lines = [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["event"]) for x in lines] == [(1, "unreadable"), (2, "unreadable")]

@@ -41,9 +41,16 @@ KINDS = ("vllm", "sglang", "llama.cpp", "plain", "llama-cpp-python")
 class FakeServed:
     def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
                  processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0,
-                 vocab: int | None = None):
+                 vocab: int | None = None, dev: bool = False, lora: str | None = None, stuck: bool = False):
         assert kind in KINDS
         self.model, self.tok, self.kind, self.name = model.eval().float(), tok, kind, name
+        # vLLM's dev-mode routes (its in-place reload and weight versions) and SGLang's weight-update routes; with
+        # ``lora`` (a name) the served model is an adapter of that name on the base ``name``; ``stuck``: a reload
+        # is acknowledged but the weights never change (a server whose update did not take)
+        self.dev, self.lora, self.stuck = dev, lora, stuck
+        self.base = self.model
+        self.version = "initial"
+        self.adapter_root: str | None = None
         self.template, self.processed, self.drift, self.api_key, self.delay = template, processed, drift, api_key, delay
         self.vocab = vocab or len(tok)  # a smaller one: a server whose model has fewer tokens than the tokenizer
         self.faults: deque = deque()
@@ -134,13 +141,27 @@ class FakeServed:
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    def _models(self, _):
+        rows = [{"id": self.name, "object": "model", "root": self.name, "parent": None}]
+        if self.lora:
+            rows.append({"id": self.lora, "object": "model", "root": self.adapter_root, "parent": self.name})
+        return 200, {"object": "list", "data": rows}
+
     def _routes(self):
-        models = lambda _: (200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})  # noqa: E731
+        models = self._models
         r = {("GET", "/v1/models"): models, ("POST", "/v1/completions"): self.completions,
              ("GET", "/health"): lambda _: (200, {}), ("POST", "/admin/load"): self.load}
         if self.kind == "vllm":
             r |= {("GET", "/version"): lambda _: (200, {"version": "0.0-fake"}), ("POST", "/tokenize"): self.tokenize}
+            if self.dev:
+                r |= {("POST", "/collective_rpc"): self.collective_rpc, ("POST", "/reset_prefix_cache"):
+                      lambda _: (200, {}), ("POST", "/update_weight_version"): self.update_version,
+                      ("GET", "/weight_info"): lambda _: (200, {"weight_version": self.version})}
+            if self.lora:
+                r |= {("POST", "/v1/load_lora_adapter"): self.load_lora}
         if self.kind == "sglang":
+            r |= {("POST", "/update_weights_from_disk"): self.update_from_disk,
+                  ("GET", "/get_weight_version"): lambda _: (200, {"weight_version": self.version})}
             r |= {("GET", "/get_server_info"): lambda _: (200, {"tp_size": 1, "disable_radix_cache": False}),
                   ("GET", "/version"): lambda _: (200, {"version": "0.0-fake"}), ("POST", "/generate"): self.generate}
         if self.kind == "llama-cpp-python":
@@ -190,6 +211,42 @@ class FakeServed:
             self.loaded.append(body["path"])
         return 200, {"loaded": body["path"]}
 
+    def _reload(self, path: str) -> None:
+        if not self.stuck:
+            self.load({"path": path})
+
+    def collective_rpc(self, body):
+        if body.get("method") != "reload_weights":
+            return 400, {"error": {"message": f"this fake knows reload_weights only, not {body.get('method')!r}"}}
+        self._reload(body["kwargs"]["weights_path"])
+        return 200, [None]
+
+    def update_version(self, body):
+        if not self.stuck:
+            self.version = body["new_version"]
+        return 200, {"success": True, "new_version": body["new_version"]}
+
+    def update_from_disk(self, body):
+        self._reload(body["model_path"])
+        if not self.stuck:
+            self.version = body.get("weight_version") or self.version
+        return 200, {"success": True, "message": "Succeeded to update model weights."}
+
+    def load_lora(self, body):
+        """vLLM's /v1/load_lora_adapter: the adapter in ``lora_path`` applied to the base (merged, as it computes)."""
+        import copy
+
+        from peft import PeftModel
+
+        if body.get("lora_name") != self.lora:
+            return 400, {"error": {"message": f"no adapter {body.get('lora_name')!r} is served"}}
+        if not self.stuck:
+            merged = PeftModel.from_pretrained(copy.deepcopy(self.base), body["lora_path"]).merge_and_unload()
+            with self._lock:
+                self.model, self.adapter_root = merged.eval(), body["lora_path"]
+                self.loaded.append(body["lora_path"])
+        return 200, f"Success: LoRA adapter '{self.lora}' added successfully."
+
     def _key(self, token: int, as_ids: bool) -> str:
         return f"token_id:{token}" if as_ids else self.tok.decode([token])
 
@@ -212,7 +269,7 @@ class FakeServed:
         return 200, {"prompt": self._render(body["messages"])}
 
     def completions(self, body):
-        if body.get("model") != self.name and self.kind != "llama.cpp":
+        if body.get("model") not in (self.name, self.lora) and self.kind != "llama.cpp":
             return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                    "code": "model_not_found"}}
         prompt = body["prompt"]

@@ -114,8 +114,13 @@ def add_served(parser, *, run: bool = False) -> None:
         g.add_argument("--served-model", default=None, metavar="NAME",
                        help="the name the server serves the model under (default: the one it lists)")
         g.add_argument("--reload", default=None, metavar="CMD",
-                       help="a shell command that loads a checkpoint into the server and exits 0 once it serves it; "
-                            "{checkpoint} and {step} are replaced (also $TINYMCF_CHECKPOINT and $TINYMCF_STEP)")
+                       help="how each checkpoint is loaded into the server: vllm (a vLLM in VLLM_SERVER_DEV_MODE=1: "
+                            "weights reloaded in place), sglang (/update_weights_from_disk), lora (a vLLM with "
+                            "--enable-lora: the adapter loaded in place under --served-model), or a shell command "
+                            "that exits 0 once the server serves it ({checkpoint} and {step} are replaced; also "
+                            "$TINYMCF_CHECKPOINT and $TINYMCF_STEP)")
+        g.add_argument("--reload-timeout", type=float, default=1800.0, metavar="S",
+                       help="seconds a reload may take before the step is left unscored (default 1800)")
     else:
         g.add_argument("--endpoint", default=None, metavar="URL",
                        help="score the model through this OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...) "
@@ -173,7 +178,8 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
                         tolerance=config.self_check_tolerance if config is not None else None,
                         seed=config.seed if config is not None else None, reference=getattr(args, "reference", None),
                         reference_tolerance=getattr(args, "reference_tolerance", None),
-                        reload=getattr(args, "reload", None))
+                        reload=getattr(args, "reload", None),
+                        reload_timeout=getattr(args, "reload_timeout", None) or 1800.0)
 
 
 def _given(args: argparse.Namespace, option: str) -> bool:

@@ -54,7 +54,7 @@ class ProbeCache:
         self.config = config
         self.served_config = settings.served
         self._probes: dict[str, Probe] = {}
-        self._served = None
+        self._served = self._served_base = None
 
     def __len__(self) -> int:
         return len(self._probes)
@@ -67,18 +67,24 @@ class ProbeCache:
             self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), config=self.config)
         return self._probes[key]
 
-    def served(self):
+    def served(self, *, base: bool = False):
         """The run's :class:`~tinymcf_callback.served.ServedModel` (the served name: ``--served-model``, else the one
-        the server lists), built once."""
-        if self._served is None:
-            from ..served import ServedModel
-            from ..served.reload import served_name
+        the server lists), built once; ``base``: the model an adapter it serves sits on (a LoRA run's step 0)."""
+        from ..served import ServedModel
+        from ..served.reload import base_name, served_name
 
+        if self._served is None:
             config = self.served_config
             if not config.model:
                 config = config.replace(model=served_name(config.endpoint))
             self._served = ServedModel.from_config(config)
-        return self._served
+        if not base:
+            return self._served
+        if self._served_base is None:
+            config = self._served.config
+            self._served_base = ServedModel.from_config(config.replace(model=base_name(config.endpoint,
+                                                                                         config.model)))
+        return self._served_base
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str):
     """The checkpoint's model on ``device`` in the run's dtype: full weights, the base model with its adapter, or a
@@ -115,10 +121,14 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
         probe = probes.get(task.tokenizer)
         if settings.served is not None:
-            served = probes.served()
+            config = settings.served
+            base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
+            served = probes.served(base=base)
             where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
-            if settings.served.reload:
-                reload_into(settings.served.reload, where, checkpoint.step, timeout=settings.served.reload_timeout)
+            if config.reload and not base:  # a built-in sets the checkpoint's fingerprint as the version, waits for it
+                served.expected_version = reload_into(config.reload, where, checkpoint.step,
+                                                      timeout=config.reload_timeout, endpoint=config.endpoint,
+                                                      model=served.model, version=before or f"step-{checkpoint.step}")
             served.name = checkpoint.shown_as or where
             report = probe.run(served)
         else:

@@ -95,6 +95,9 @@ BACKEND_FIELDS = {
     "concurrency": (NUM_OR_NULL, "requests in flight at once"),
     "batch": (NUM_OR_NULL, "prompts per request (1: one at a time; null in this process)"),
     "check_form": (STR_OR_NULL, "the self-check's second request form (null: no self-check, or in this process)"),
+    "weight_version": (STR_OR_NULL, "the weight version the server answered with (vLLM's /weight_info, SGLang's "
+                                    "/get_weight_version; set by a --reload built-in to the checkpoint's fingerprint); "
+                                    "null where it has none"),
     "p_yes_bound": (NUM_OR_NULL, "a top-k form: the widest P(Yes) interval over the prompts"),
     "mass_bound": (NUM_OR_NULL, "a top-k form: the most answer mass the unread tokens can hold"),
 }

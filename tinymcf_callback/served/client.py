@@ -64,7 +64,13 @@ class ServerClient:
             raise self.failure(e, route) from None
 
     def failure(self, e: ApiError, route: str) -> ServedError:
-        """One line for a request that did not succeed: what happened, and what to do."""
+        """One line for a request that did not succeed: what happened, and what to do (``.status``: the HTTP status
+        the server answered, None when it did not answer)."""
+        error = self._failure(e, route)
+        error.status = e.status
+        return error
+
+    def _failure(self, e: ApiError, route: str) -> ServedError:
         where = f"the server at {self.shown}"
         if e.kind == "connection":
             return ServerGone(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "

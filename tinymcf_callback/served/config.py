@@ -83,7 +83,7 @@ class ServedConfig:
                 raise ServedError(f"{option} must be a whole number >= {least}, got {value!r}")
         if isinstance(self.check_prompts, bool) or not isinstance(self.check_prompts, int) or self.check_prompts < 0:
             raise ServedError(f"check_prompts must be a whole number >= 0, got {self.check_prompts!r}")
-        for option, value in (("--request-timeout", self.timeout), ("the reload timeout", self.reload_timeout)):
+        for option, value in (("--request-timeout", self.timeout), ("--reload-timeout", self.reload_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ServedError(f"{option} must be a number of seconds above 0, got {value!r}")
         for option, value in (("--self-check-tolerance", self.tolerance),

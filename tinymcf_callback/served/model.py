@@ -28,6 +28,7 @@ from . import answers, selfcheck
 from .client import ServerClient, ServerGone
 from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
 from .forms import FORM_CLASSES, PINS, Reading
+from .reload import weight_version
 from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
 from .transport import Ask, Transport, batches
 
@@ -102,6 +103,7 @@ class ServedModel:
         self.server: Server | None = None  # what answered the last probe
         self.client: ServerClient | None = None
         self._rotation: Rotation | None = None
+        self.expected_version: str | None = None  # the weight version a reload just set (checked at the probe)
 
     @classmethod
     def from_config(cls, config: ServedConfig, *, name: str | None = None, reference=None) -> ServedModel:
@@ -146,6 +148,10 @@ class ServedModel:
         yes, no = answer_token_ids(tok, probe.answer_format)
         check_vocabulary(probe, [*yes, *no])
         server = self.server = discover(client, config.model)
+        version = self.weights_of(client, server)
+        if self.expected_version is not None and version not in (None, self.expected_version):
+            raise ServedError(f"the server at {client.shown} answers with weight version {version!r}, not the "
+                              f"{self.expected_version!r} just loaded into it: another process changed its weights")
         form = self.form(config.form if config.form != "auto" else AUTO_FORM.get(server.kind, "echo"), tok, yes, no,
                          server)
         size, concurrency = load(config, form, server)
@@ -207,12 +213,17 @@ class ServedModel:
                 selfcheck.compare_local(record, self.reference, probe, {i: readings[("main", i)] for i in checked},
                                         yes, no, config.reference_tolerance)
             res.check = record.as_dict()
+        after = self.weights_of(client, server, again=True)
+        if after != version:
+            raise ServedError(f"the server at {client.shown} changed its weights during the probe (weight version "
+                              f"{version!r}, then {after!r}): its answers would mix two models; score it again")
         bound = answers.bounds(main_readings, yes, no)
         res.backend = {"kind": server.kind, "version": server.version, "url": client.shown,
                        "served_model": config.model, "form": form.name, "exact": bound is None,
                        "logprobs_mode": found.mode, "pinned_diff": found.pinned_diff, "template": template,
                        "requests": client.api.requests, "retries": client.api.retried, "concurrency": concurrency,
                        "batch": size if form.batched else 1, "check_form": second.name if checked else None,
+                       "weight_version": version,
                        "p_yes_bound": None if bound is None else bound[0],
                        "mass_bound": None if bound is None else bound[1]}
         res.strategy = form.name
@@ -255,6 +266,16 @@ class ServedModel:
         if found.mode == "raw":
             found.pinned_diff = None  # a raw server whose reading was confirmed
         return found
+    def weights_of(self, client: ServerClient, server: Server, *, again: bool = False) -> str | None:
+        """Which weights answer: the server's weight version, or for a LoRA adapter the folder it was loaded from
+        (``again``: asked afresh, not as discovery found it)."""
+        if self.model not in server.adapters:
+            return weight_version(client, server.kind)
+        if not again:
+            return server.roots.get(self.model)
+        rows = [m for m in (client.get("/v1/models", quiet=True) or {}).get("data", []) if isinstance(m, dict)]
+        return next((m.get("root") for m in rows if m.get("id") == self.model), None)
+
     def rotation(self, probe) -> Rotation:
         """The rotation the checked prompts come from: the probe's own (its seed), as a local check's; with another
         ``seed`` in the configuration, one of this served model's, kept over its probes."""

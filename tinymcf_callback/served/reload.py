@@ -1,16 +1,52 @@
-"""Loading a checkpoint into the user's server before it is scored (the sweep's and watcher's ``--reload``)."""
+"""Loading a checkpoint into the server before it is scored (the sweep's and the watcher's ``--reload``).
+
+``--reload`` is either a built-in that drives the server's own weight-update API, or a shell command of the user's:
+
+``vllm``   a vLLM started with ``VLLM_SERVER_DEV_MODE=1``: the weights reloaded in place from the checkpoint's folder
+           (``POST /collective_rpc`` ``reload_weights`` with ``weights_path``), the prefix cache cleared (its entries
+           were computed with the old weights), the weight version set (``POST /update_weight_version``);
+``sglang`` SGLang: ``POST /update_weights_from_disk`` with the folder and the weight version;
+``lora``   a vLLM with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the checkpoint's adapter
+           loaded in place under the served name (``POST /v1/load_lora_adapter`` with ``load_inplace``), the prefix
+           cache cleared where the server has that route;
+a command  run with ``{checkpoint}`` and ``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``); it
+           must exit 0 once the server serves that checkpoint.
+
+A built-in does not trust that its request returned: it polls the server until it answers with that checkpoint's
+weight version (vLLM ``GET /weight_info``, SGLang ``GET /get_weight_version``; for an adapter, ``GET /v1/models``
+listing it from the checkpoint's folder). The version is the checkpoint's fingerprint, so every served history line
+records which weights answered (``info.backend.weight_version``). A reload that fails or does not take within its
+time is one line (:class:`~tinymcf_callback.errors.ServedError`), and the step is not scored on the old weights.
+"""
 
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
+import time
 
 from ..errors import ServedError
 from .client import ServerClient
 
+BUILTINS = ("vllm", "sglang", "lora")
+POLL_S = 0.5  # between two questions to the server whether it serves the new weights yet
 
-def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0) -> None:
+
+def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0,
+                endpoint: str | None = None, model: str | None = None, version: str | None = None) -> str | None:
+    """Load ``checkpoint`` (step ``step``) into the server: a built-in (:data:`BUILTINS`, at ``endpoint``, the served
+    name ``model``, the weight version ``version``) or the user's ``command``. The weight version the server now
+    answers with (None for a command). :class:`ServedError` naming what failed."""
+    if command in BUILTINS:
+        if endpoint is None:
+            raise ServedError(f"--reload {command} needs --endpoint, the server to load each checkpoint into")
+        return Builtin(command, endpoint, model, timeout=timeout).load(str(checkpoint), step, version or f"step-{step}")
+    run_command(command, checkpoint, step, timeout=timeout)
+    return None
+
+
+def run_command(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0) -> None:
     """Run ``command`` with ``{checkpoint}``/``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``).
 
     It must exit 0 once the server serves that checkpoint; any other status, or running past
@@ -26,6 +62,103 @@ def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: flo
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:300]
         raise ServedError(f"--reload exited {done.returncode} for step {step} ({last}): {filled}")
+
+
+class Builtin:
+    """One of the built-in reloads against the server at ``endpoint`` (see the module)."""
+
+    def __init__(self, kind: str, endpoint: str, model: str | None, *, timeout: float):
+        self.kind, self.endpoint, self.model, self.timeout = kind, endpoint, model, timeout
+
+    def load(self, folder: str, step: int, version: str) -> str:
+        client = ServerClient(self.endpoint, timeout=self.timeout, retries=2)
+        try:
+            getattr(self, f"_load_{self.kind}")(client, folder, version)
+            return self._wait(client, folder, step, version)
+        except ServedError as e:
+            raise ServedError(f"--reload {self.kind} could not load step {step} ({folder}) into the server: {e}; it is "
+                              "not scored on the old weights") from None
+        finally:
+            client.close()
+
+    def _load_vllm(self, client: ServerClient, folder: str, version: str) -> None:
+        self._post(client, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}},
+                   "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-reload routes)")
+        self._post(client, "/reset_prefix_cache", {}, "start vLLM with VLLM_SERVER_DEV_MODE=1")
+        self._post(client, "/update_weight_version", {"new_version": version}, "start vLLM with VLLM_SERVER_DEV_MODE=1")
+
+    def _load_sglang(self, client: ServerClient, folder: str, version: str) -> None:
+        answer = self._post(client, "/update_weights_from_disk", {"model_path": folder, "weight_version": version},
+                            "an SGLang server with /update_weights_from_disk")
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise ServedError(f"it refused: {answer.get('message')}")
+
+    def _load_lora(self, client: ServerClient, folder: str, version: str) -> None:
+        if not self.model:
+            raise ServedError("name the adapter the server serves with --served-model")
+        self._post(client, "/v1/load_lora_adapter", {"lora_name": self.model, "lora_path": folder,
+                                                     "load_inplace": True},
+                   "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+        client.post("/reset_prefix_cache", {}, quiet=True)  # where the server has it (dev mode): stale prefixes go
+
+    @staticmethod
+    def _post(client: ServerClient, route: str, body: dict, needs: str):
+        try:
+            return client.post(route, body)
+        except ServedError as e:
+            if getattr(e, "status", None) in (404, 405):
+                raise ServedError(f"the server has no {route}: {needs}") from None
+            raise
+
+    def _wait(self, client: ServerClient, folder: str, step: int, version: str) -> str:
+        """Poll until the server answers with the new weights; their version (an adapter's: its folder)."""
+        deadline = time.monotonic() + self.timeout
+        expected = folder if self.kind == "lora" else version
+        seen = None
+        while True:
+            seen = self.serving(client, folder)
+            if seen == expected:
+                return expected
+            if time.monotonic() > deadline:
+                raise ServedError(f"it still answers with weight version {seen!r}, not {expected!r}, after "
+                                  f"{self.timeout:g} s")
+            time.sleep(POLL_S)
+
+    def serving(self, client: ServerClient, folder: str) -> str | None:
+        """What the server serves now: its weight version, or for an adapter the folder it was loaded from."""
+        if self.kind == "lora":
+            listed = client.get("/v1/models") or {}
+            rows = [m for m in listed.get("data", []) if isinstance(m, dict) and m.get("id") == self.model]
+            return rows[0].get("root") if rows else None
+        return weight_version(client, self.kind)
+
+
+def weight_version(client: ServerClient, kind: str, adapter_root: str | None = None) -> str | None:
+    """The weight version the server reports (vLLM in dev mode: ``/weight_info``; SGLang: ``/get_weight_version``;
+    a LoRA adapter: the folder it was loaded from, ``adapter_root``), or None where it has none."""
+    if adapter_root is not None:
+        return adapter_root
+    route = {"vllm": "/weight_info", "sglang": "/get_weight_version"}.get(kind)
+    if route is None:
+        return None
+    answer = client.get(route, quiet=True)
+    version = answer.get("weight_version") if isinstance(answer, dict) else None
+    return None if version is None else str(version)
+
+
+def base_name(endpoint: str, adapter: str) -> str:
+    """The model the server's adapter ``adapter`` sits on (vLLM's ``parent`` in ``/v1/models``)."""
+    client = ServerClient(endpoint)
+    try:
+        rows = [m for m in (client.get("/v1/models") or {}).get("data", []) if isinstance(m, dict)]
+    finally:
+        client.close()
+    parent = next((m.get("parent") for m in rows if m.get("id") == adapter), None)
+    if not isinstance(parent, str) or not parent:
+        raise ServedError(f"the server at {client.shown} does not list {adapter!r} as an adapter on a base model "
+                          "(--reload lora scores step 0 on the adapter's base): start it with --enable-lora and "
+                          "--lora-modules NAME=PATH, NAME being --served-model")
+    return parent
 
 
 def served_name(endpoint: str) -> str:

@@ -35,6 +35,7 @@ class Server:
     models: list[str] = field(default_factory=list)
     adapters: dict[str, str] = field(default_factory=dict)
     model: str | None = None
+    roots: dict[str, str] = field(default_factory=dict)  # each listed model's root (an adapter's: its folder)
 
     @property
     def lora(self) -> bool:
@@ -48,6 +49,7 @@ def discover(client: ServerClient, model: str) -> Server:
     rows = [m for m in (listed or {}).get("data", []) if isinstance(m, dict)]
     models = [m.get("id") for m in rows]
     adapters = {m["id"]: m["parent"] for m in rows if isinstance(m.get("parent"), str) and m.get("parent") != m["id"]}
+    roots = {m["id"]: m["root"] for m in rows if isinstance(m.get("root"), str)}
     props = client.get("/props", quiet=True)
     if isinstance(props, dict) and ("default_generation_settings" in props or "build_info" in props):
         server = Server("llama.cpp", str(props.get("build_info") or "") or None, models)
@@ -61,7 +63,7 @@ def discover(client: ServerClient, model: str) -> Server:
         else:
             refuse_python_llama_cpp(client)
             server = Server("openai-compatible", None, models)
-    server.model = model
+    server.model, server.roots = model, roots
     if server.kind != "llama.cpp" and models and model not in models:
         raise ServedError(f"the server at {client.shown} serves {', '.join(map(repr, models))}, not {model!r}: "
                           f"pass one of those with --model")
