@@ -331,9 +331,13 @@ def test_the_run_is_over_when_its_record_says_so_or_its_last_step_is_scored(tmp_
     assert planner_for(tmp_path).look().ended == ended
 
 
-def test_a_folder_of_no_checkpoints_is_refused_by_the_sweep_at_once(tmp_path):
-    with pytest.raises(SweepError, match="holds no checkpoint-<step> folders"):
+def test_a_folder_of_no_checkpoints_is_refused_by_the_sweep_at_once_naming_the_layouts_it_reads(tmp_path):
+    (tmp_path / "weights_final").mkdir()  # nothing of a layout it knows
+    with pytest.raises(SweepError, match="holds no saved model of a layout tinymcf reads") as refused:
         planner_for(tmp_path, following=False).look()
+    for layout in ("checkpoint-<step>", "verl global_step_<N>/actor", "OpenRLHF global_step<N>_hf", "NeMo-RL step_<N>",
+                   "torchtitan step-<N>", "step_<N>"):
+        assert layout in str(refused.value)
     assert not (tmp_path / HISTORY).exists()
 
 

@@ -350,6 +350,7 @@ def test_the_starting_weights_come_from_base_model_the_record_or_an_adapters_con
     run, local = tmp_path / "run", tmp_path / "base"
     (run / "checkpoint-1").mkdir(parents=True)
     (run / "checkpoint-1" / "tokenizer_config.json").write_text("{}")
+    (run / "checkpoint-1" / "trainer_state.json").write_text("{}")  # the Trainer's last write: complete
     local.mkdir()
     (local / "config.json").write_text("{}")
     assert base() is None

@@ -36,7 +36,9 @@ def add_arguments(p) -> None:
 
 def add_run_arguments(p, *, dashboards: str) -> None:
     """The options of scoring a run's checkpoints: the sweep's, and the watcher's (with ``auto`` dashboards)."""
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a Trainer output directory (TrainingArguments.output_dir)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a training run's output folder: a Trainer's output_dir (checkpoint-<step>), or where verl, "
+                        "OpenRLHF, NeMo-RL, torchtitan or a loop of your own saves its models (docs/rl.md)")
     p.add_argument("--base-model", metavar="PATH", default=None,
                    help="the run's starting weights: scored as the step-0 baseline, and what PEFT adapters and "
                         "sharded checkpoints without a config build on (default: the one the run's "
@@ -62,6 +64,9 @@ def add_run_arguments(p, *, dashboards: str) -> None:
     p.add_argument("--retries", type=int, default=4, metavar="N",
                    help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N "
                         "times, after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
+    p.add_argument("--settle", type=float, default=5.0, metavar="S",
+                   help="a save without a completion marker (a save_pretrained folder, verl with async_save) counts "
+                        "once none of its files changed for S seconds (default 5)")
     add_served(p, run=True)
     add_dashboards(p, default=dashboards)
     add_home(p)
@@ -79,7 +84,7 @@ def settings_of(args):
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
                        baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
                        tensorboard_dir=args.tensorboard_dir, restart=args.restart,
-                       served=served_config(args, config, run=True))
+                       served=served_config(args, config, run=True), settle=args.settle)
 
 
 def run(args) -> int:

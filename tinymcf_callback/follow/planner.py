@@ -47,13 +47,13 @@ from ..rundir.checkpoints import (
     adapter_base_name,
     checkpoint_folders,
     fingerprint,
-    read_checkpoint,
     read_trainer_state,
     same_model_source,
     saved_dtype,
     weight_files,
 )
 from ..rundir.curve import HistoryView
+from ..rundir.layouts import DCP, LAYOUTS, TRAINER, Found, find_saves, read_save
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import UNKNOWN, Attempt, RunRecord
 from .guards import check_same_format, check_same_vignettes
@@ -123,6 +123,7 @@ class Planner:
         self.curve = settings.curve()  # the run's history and baseline report
         self.dead_after = dead_after
         self.seen: dict[int, float | None] = {}  # every step listed at some look, with its epoch
+        self.saves = Found(None, {})  # the run folder's layout and saves, at the last look
         self.base: tuple[str | None, str] | None = None  # the starting model and how it was found, once known
         self.precision: Precision | None = None
         self.baseline: dict | None = None
@@ -146,7 +147,7 @@ class Planner:
         plan.resume = self._resume_mark(view, record)
         if plan.resume is not None:
             view.lines = [line for line in view.lines if line["step"] <= plan.resume["step"]]
-        present = self._present(record)
+        present = self._present(record, plan)
         for step, checkpoint in present.items():
             self.seen.setdefault(step, checkpoint.epoch)
         newest = view.newest()
@@ -177,30 +178,38 @@ class Planner:
         return plan
 
     # ---- what is there -------------------------------------------------------------------------------------
-    def _present(self, record: RunRecord | None) -> dict[int, Checkpoint]:
-        """The checkpoints to consider, by step: the queue's first, then the run folder's."""
+    def _present(self, record: RunRecord | None, plan: Plan) -> dict[int, Checkpoint]:
+        """The complete saves to consider, by step: the hand-off queue's first, then the run folder's, in the layout
+        the run folder holds (:mod:`~tinymcf_callback.rundir.layouts`: one rule, the sweep's and the watcher's)."""
         s = self.settings
         if not self.following and not s.run_dir.is_dir():
-            raise SweepError(f"no such folder {s.run_dir}: tinymcf sweep takes a Trainer output directory "
-                             f"(TrainingArguments.output_dir)")
+            raise SweepError(f"no such folder {s.run_dir}: tinymcf sweep takes a training run's output folder (a "
+                             f"Trainer's output_dir, or the folder an RL trainer saves its checkpoints in)")
         attempt = record.attempt if record else None
         found: dict[int, Checkpoint] = {}
-        folders = checkpoint_folders(s.run_dir)
         for step, folder in checkpoint_folders(queue_dir(s.run_dir)).items():
-            checkpoint = read_checkpoint(step, folder, shown_as=str(s.run_dir / folder.name))
+            checkpoint = read_save(TRAINER, step, folder, s.run_dir)
             if checkpoint is not None and _of_branch(step, folder, attempt):
-                found[step] = checkpoint
-        for step, folder in folders.items():
+                found[step] = dataclasses.replace(checkpoint, shown_as=str(s.run_dir / folder.name))
+        saves = self.saves = find_saves(s.run_dir)
+        if saves.layout is not None:
+            plan.notes.append(f"{s.run_dir} holds {saves.described}")
+        expect_state = record is not None or any((f / "trainer_state.json").exists() for f in saves.saves.values())
+        waiting = []
+        for step, folder in saves.saves.items():
             if step in found:
                 continue
-            checkpoint = read_checkpoint(step, folder, require_complete=self.following)
-            if checkpoint is None and not self.following:  # a sweep tries it anyway, and says what is missing
-                checkpoint = Checkpoint(step, folder, None, format="")
-            if checkpoint is not None and _of_branch(step, folder, attempt):
+            checkpoint = read_save(saves.layout, step, folder, s.run_dir, settle=s.settle, expect_state=expect_state)
+            if checkpoint is None:
+                waiting.append(folder.name if folder.parent == s.run_dir else str(folder.relative_to(s.run_dir)))
+            elif _of_branch(step, folder, attempt):
                 found[step] = checkpoint
-        if not self.following and not found and not folders:
-            raise SweepError(f"{s.run_dir} holds no checkpoint-<step> folders: pass the output_dir of a Trainer run "
-                             f"that saved checkpoints (save_strategy other than 'no')")
+        if waiting and not self.following:
+            plan.notes.append(f"not complete yet, so not scored now (a later sweep scores them): {', '.join(waiting)}")
+        if not self.following and not found and not saves.saves and not queue_dir(s.run_dir).is_dir():
+            known = "; ".join(LAYOUTS.values())
+            raise SweepError(f"{s.run_dir} holds no saved model of a layout tinymcf reads ({known}): pass the folder "
+                             f"a training run saved its checkpoints in")
         return found
 
     def fingerprint(self, checkpoint: Checkpoint) -> str | None:
@@ -209,7 +218,7 @@ class Planner:
             files = weight_files(checkpoint.folder, checkpoint.format or None)
             key = tuple((str(p), st.st_size, st.st_mtime_ns, st.st_ino) for p in files for st in [os.stat(p)])
             if key not in self._fingerprints:
-                self._fingerprints[key] = fingerprint(checkpoint.folder)
+                self._fingerprints[key] = fingerprint(checkpoint.folder, checkpoint.format)
             return self._fingerprints[key]
         except OSError:
             return None  # being written or deleted: not known at this look
@@ -353,10 +362,11 @@ class Planner:
         """Every pending checkpoint has what loading it needs: a base model, a tokenizer, peft or deepspeed."""
         for task in plan.pending:
             c = task.checkpoint
-            if c.format in (ADAPTER, FSDP) and not plan.base_model:
+            if (c.format in (ADAPTER, FSDP) or c.needs_base) and not plan.base_model:
                 named = adapter_base_name(c.folder) if c.adapter else None
                 what = (f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)" if c.adapter else
-                        "an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)")
+                        "an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)" if c.format == FSDP else
+                        "a torch distributed checkpoint" if c.format == DCP else "weights without a config.json")
                 hint = f"; its {ADAPTER_CONFIG} names {named!r}, which is not here" if named else ""
                 raise SweepError(f"{c.folder.name} is {what}{hint}: pass --base-model PATH, the model the run "
                                  f"started from")
@@ -375,10 +385,13 @@ class Planner:
             require("deepspeed")
 
     def tokenizer_source(self, checkpoint: Checkpoint, plan: Plan) -> str | None:
-        """``--tokenizer``, else the checkpoint's own files, else the run's starting model."""
+        """``--tokenizer``, else the checkpoint's own files (where its layout keeps them), else the run's starting
+        model."""
         s = self.settings
         if s.tokenizer:
             return s.tokenizer
+        if checkpoint.tokenizer is not None:
+            return str(checkpoint.tokenizer)
         if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
             return str(checkpoint.folder)
         if checkpoint.baseline and not checkpoint.folder.exists():
@@ -390,7 +403,7 @@ class Planner:
               hold: Collection[int]) -> list[Gap]:
         known = set(self.seen) | saved_steps(record, present)
         run_dir = self.settings.run_dir
-        there = set(checkpoint_folders(run_dir)) | set(checkpoint_folders(queue_dir(run_dir)))  # incomplete: not gone
+        there = set(self.saves.saves) | set(checkpoint_folders(queue_dir(run_dir)))  # incomplete: not gone
         gone = sorted(known - set(present) - there - set(newest) - set(hold))
         return [Gap(step, self.seen.get(step), self._why_gone(step, record)) for step in gone if step > 0]
 

@@ -23,10 +23,11 @@ from ..results.metrics import baseline_record
 from ..results.precision import Precision
 from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, fingerprint, tokenizer_fingerprint
 from ..rundir.curve import usable_baseline
+from ..rundir.layouts import DCP, VERL_SHARDS
 from ..served.reload import reload_into
 from .planner import Plan, Task
 from .settings import RunSettings
-from .sharded import load_fsdp, load_zero
+from .sharded import load_dcp, load_fsdp, load_verl, load_without_config, load_zero
 
 
 @dataclass
@@ -88,16 +89,24 @@ class ProbeCache:
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str):
     """The checkpoint's model on ``device`` in the run's dtype: full weights, the base model with its adapter, or a
-    sharded checkpoint read through the library that wrote it."""
+    sharded or config-less checkpoint read through the library that wrote it (its config from where the layout keeps
+    it, or the run's starting model)."""
     dtype = plan.dtype or "auto"
-    if checkpoint.format == ADAPTER:
-        return load_model(plan.base_model, device=device, dtype=dtype, adapter=checkpoint.folder)
-    if checkpoint.format == FSDP:
-        return load_fsdp(checkpoint.folder, plan.base_model, dtype=dtype, device=device)
-    if checkpoint.format == ZERO:
-        config = str(checkpoint.folder) if (checkpoint.folder / "config.json").exists() else plan.base_model
-        return load_zero(checkpoint.folder, config, dtype=dtype, device=device)
-    return load_model(str(checkpoint.folder), device=device, dtype=dtype)  # a Hub id as the base model too
+    c = checkpoint
+    if c.format == ADAPTER:
+        return load_model(plan.base_model, device=device, dtype=dtype, adapter=c.folder)
+    if c.format == FSDP:
+        return load_fsdp(c.folder, plan.base_model, dtype=dtype, device=device)
+    if c.format == ZERO:
+        config = str(c.folder) if (c.folder / "config.json").exists() else plan.base_model
+        return load_zero(c.folder, config, dtype=dtype, device=device)
+    if c.format == VERL_SHARDS:
+        return load_verl(c.folder, str(c.config), dtype=dtype, device=device)
+    if c.format == DCP:
+        return load_dcp(c.folder, plan.base_model, dtype=dtype, device=device)
+    if c.needs_base:
+        return load_without_config(c.folder, plan.base_model, dtype=dtype, device=device)
+    return load_model(str(c.folder), device=device, dtype=dtype)  # a Hub id as the base model too
 
 
 @contextlib.contextmanager
@@ -118,7 +127,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
     checkpoint = task.checkpoint
     try:
-        before = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
+        before = fingerprint(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         probe = probes.get(task.tokenizer)
         if settings.served is not None:
             config = settings.served
@@ -139,7 +148,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
             finally:
                 del model
                 release_memory()
-        after = fingerprint(checkpoint.folder) if checkpoint.folder.is_dir() else None
+        after = fingerprint(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         if after != before:
             raise OSError(f"{checkpoint.folder} was written to while it was scored (fingerprint {before} then "
                           f"{after}): its weights changed under the probe")

@@ -11,6 +11,7 @@ from ..results.history import history_path
 from ..results.metrics import probe_key
 from ..results.precision import AUTOCASTS, COMPUTES, Precision
 from ..rundir.curve import Curve
+from ..rundir.layouts import SETTLE_S
 from ..rundir.record import DEAD_AFTER_S
 from ..served.config import ServedConfig
 
@@ -36,12 +37,15 @@ class RunSettings:
     tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
     restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
     served: ServedConfig | None = None  # score through a server (--endpoint, --reload) instead of loading each
+    settle: float = SETTLE_S  # a save without a completion marker counts once its files are this long unchanged
 
     def __post_init__(self):
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.autocast is not None and self.autocast not in AUTOCASTS:
             raise ConfigError(f"--autocast must be one of {', '.join(AUTOCASTS)}, got {self.autocast!r}")
+        if not isinstance(self.settle, (int, float)) or self.settle < 0:
+            raise ConfigError(f"--settle must be a number of seconds >= 0, got {self.settle!r}")
         if self.autocast is not None and self.dtype not in ("auto", "float32"):
             raise ConfigError(f"--autocast runs float32 weights under autocast: pass --dtype float32 (or leave it "
                               f"out) with --autocast {self.autocast}, not --dtype {self.dtype}")

@@ -1,4 +1,5 @@
-"""Checkpoints whose model is sharded across files of the training's ranks, read through the libraries that own them.
+"""Checkpoints whose model is not one ``save_pretrained`` folder, read in this one process: sharded across files of the
+training's ranks, or written without a config.
 
 - **FSDP** with ``SHARDED_STATE_DICT`` (``checkpoint-<step>/pytorch_model_fsdp_0/``): a torch distributed
   checkpoint (DCP) holding ``model.<name>`` entries, written by every rank. The Trainer saves no
@@ -7,6 +8,15 @@
 - **DeepSpeed ZeRO** (``checkpoint-<step>/global_step<N>/``): with ZeRO-3 (and ZeRO-1/2) the float32 weights
   live in the optimizer states of each rank; DeepSpeed's own ``zero_to_fp32`` utilities gather them
   (:func:`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, the ``[deepspeed]`` extra).
+
+- **verl** (``global_step_<N>/actor/model_world_size_<W>_rank_<R>.pt``): each rank's ``torch.save`` of its FSDP
+  ``SHARDED_STATE_DICT`` (DTensors), merged here: each weight's local shards concatenated along the dimension its
+  placement names, in rank order (one replica of a hybrid-sharded mesh), into the model of ``actor/huggingface/``.
+- **A torch distributed checkpoint of a whole model** (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``): read
+  by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's config; its names are the
+  model's own, with or without a ``model.`` prefix (NeMo-RL), or torchtitan's (:data:`TITAN_NAMES`: Llama 3 with
+  its query and key rows in the interleaved order of its rotary embedding, put back in Hugging Face's; Qwen3).
+- **Weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
 
 Either way the model is built in the run's dtype, every weight is checked to have come from the checkpoint
 (ties to another weight excepted), and the model is returned in eval mode on the device.
@@ -34,7 +44,9 @@ def empty_model(config_source: str, dtype: str):
         raise LoadError(f"cannot read the model config of {config_source}: {' '.join(str(e).split())}") from None
     dtype = torch_dtype(dtype)
     with _no_init():
-        return AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype)
+    model.tie_weights()  # an output layer tied to the embedding shares it from the start (a checkpoint may omit it)
+    return model
 
 
 @contextlib.contextmanager
@@ -65,6 +77,153 @@ def load_fsdp(folder: Path, config_source: str, *, dtype: str, device: str):
                  planner=DefaultLoadPlanner(allow_partial_load=True))
     model.tie_weights()
     return model.eval().to(device)
+
+
+def load_verl(actor: Path, config_source: str, *, dtype: str, device: str):
+    """The model of a verl FSDP actor folder: its rank shards merged (see the module) into ``config_source``'s model."""
+    import torch
+
+    from ..rundir.layouts import verl_shards
+
+    shards = verl_shards(actor)
+    with warnings.catch_warnings():  # "unpickling of DeviceMesh before the process groups were created": no group
+        warnings.simplefilter("ignore")
+        per_rank = [torch.load(path, map_location="cpu", weights_only=False) for path in shards.values()]
+    merged = {name: merge_shards([state[name] for state in per_rank]) for name in per_rank[0]}
+    del per_rank
+    return _into_model(merged, config_source, dtype, device, f"{actor} (verl's FSDP rank shards)")
+
+
+def merge_shards(values: list):
+    """One weight from its rank shards: DTensor local shards concatenated along their ``Shard`` dimension (replicated
+    ones taken once; on a hybrid-sharded mesh the shards of one replica), plain tensors taken once."""
+    import torch
+
+    first = values[0]
+    if not hasattr(first, "placements"):  # a plain tensor, the same on every rank
+        return first
+    mesh = first.device_mesh
+    placement = first.placements[-1]
+    within = mesh.shape[-1]  # the ranks of one replica come first
+    local = [v._local_tensor for v in values[:within]]
+    if placement.is_shard():
+        return torch.cat(local, dim=placement.dim)
+    if placement.is_replicate():
+        return local[0]
+    raise LoadError(f"a verl shard's placement {placement} cannot be merged (only Shard and Replicate can)")
+
+
+def load_dcp(folder: Path, config_source: str, *, dtype: str, device: str):
+    """The model of a torch distributed checkpoint of a whole model (NeMo-RL, torchtitan; see the module)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    model = empty_model(config_source, dtype)
+    own = model.state_dict()
+    stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    prefix = "model." if stored and all(k.startswith("model.") for k in stored) and not set(own) & stored else ""
+    names = {k: f"{prefix}{k}" for k in own if f"{prefix}{k}" in stored}
+    rows = {}
+    if len(names) < len([k for k in own if not _tied(model, k)]):  # not the model's own names: torchtitan's?
+        names, rows = titan_names(model, stored)
+    wanted = {k: own[k] for k in names}
+    _check_all_there(model, set(wanted), f"{folder} (a torch distributed checkpoint)")
+    buffers = {names[k]: v for k, v in wanted.items()}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load(buffers, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=True))
+    for name, heads in rows.items():  # Llama 3's interleaved query and key rows, in Hugging Face's order again
+        own[name].copy_(rope_halves(own[name], heads))
+    model.tie_weights()
+    return model.eval().to(device)
+
+
+def load_without_config(folder: Path, config_source: str, *, dtype: str, device: str):
+    """Whole-model safetensors without a config (torchtitan's HF export), read into ``config_source``'s model."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    return _into_model(state, config_source, dtype, device, f"{folder} (weights without a config)")
+
+
+def _into_model(state: dict, config_source: str, dtype: str, device: str, what: str):
+    model = empty_model(config_source, dtype)
+    own = model.state_dict()
+    _check_all_there(model, set(state) & set(own), what)
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items() if k in own}, strict=False)
+    model.tie_weights()
+    return model.eval().to(device)
+
+
+# torchtitan's names of a Llama 3 or Qwen3 model's weights, from the Hugging Face ones (its state-dict adapters, read
+# 2026-12; older ones named Qwen3's feed_forward ``mlp`` and its output ``output``, newer ones its q/k/v
+# ``attention.qkv_linear.w*``: every spelling seen is accepted)
+TITAN_NAMES = (
+    (r"model\.embed_tokens\.weight", ("tok_embeddings.weight",)),
+    (r"model\.norm\.weight", ("norm.weight",)),
+    (r"lm_head\.weight", ("output.weight", "lm_head.weight")),
+    (r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight",
+     ("layers.{0}.attention.w{1}.weight", "layers.{0}.attention.qkv_linear.w{1}.weight")),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", ("layers.{0}.attention.wo.weight",)),
+    (r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight", ("layers.{0}.attention.{1}_norm.weight",)),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", ("layers.{0}.feed_forward.w1.weight",
+                                                        "layers.{0}.mlp.w1.weight")),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", ("layers.{0}.feed_forward.w3.weight", "layers.{0}.mlp.w3.weight")),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", ("layers.{0}.feed_forward.w2.weight",
+                                                        "layers.{0}.mlp.w2.weight")),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", ("layers.{0}.attention_norm.weight",)),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", ("layers.{0}.ffn_norm.weight",)),
+)
+TITAN_FAMILIES = ("llama", "qwen3")
+
+
+def titan_names(model, stored: set[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """The model's weight names -> the stored torchtitan names (a ``model.`` prefix allowed), and the weights whose
+    rows are in Llama 3's interleaved rotary order (name -> its heads). :class:`LoadError` for a model torchtitan's
+    names do not cover."""
+    import re
+
+    family = getattr(model.config, "model_type", "")
+    if family not in TITAN_FAMILIES:
+        raise LoadError(f"the checkpoint's weight names are not the model's own, and torchtitan's names are read for "
+                        f"{' and '.join(TITAN_FAMILIES)} models only, not {family!r}: save it with torchtitan's "
+                        "checkpoint.last_save_in_hf, or give the --base-model it was trained from")
+    prefix = "model." if stored and all(k.startswith("model.") for k in stored) else ""
+    heads = {"q": model.config.num_attention_heads,
+             "k": getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads}
+    names, rows = {}, {}
+    for name in model.state_dict():
+        for pattern, spellings in TITAN_NAMES:
+            match = re.fullmatch(pattern, name)
+            if match is None:
+                continue
+            found = next((f"{prefix}{s.format(*match.groups())}" for s in spellings
+                          if f"{prefix}{s.format(*match.groups())}" in stored), None)
+            if found is not None:
+                names[name] = found
+                if family == "llama" and match.groups()[1:] in (("q",), ("k",)) and "proj" in name:
+                    rows[name] = heads[match.group(2)]
+            break
+    return names, rows
+
+
+def rope_halves(weight, heads: int):
+    """Query or key projection rows from the interleaved pairs of Llama 3's rotary embedding (torchtitan) to the
+    halves of Hugging Face's: per head, row 2i goes to i and row 2i+1 to i + head_dim/2."""
+    out_dim, in_dim = weight.shape
+    head_dim = out_dim // heads
+    return weight.reshape(heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def _tied(model, name: str) -> bool:
+    """A weight that shares its storage with an earlier one (an output layer tied to the embedding)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    if name not in params:
+        return False
+    first = next(k for k, v in params.items() if v.data_ptr() == params[name].data_ptr())
+    return first != name
 
 
 def load_zero(folder: Path, config_source: str, *, dtype: str, device: str):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..errors import SweepError
 from ..results.history import history_path
-from ..rundir.checkpoints import CHECKPOINT_NAME
+from ..rundir.layouts import find_saves
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import GONE, QUIET, RUN_INFO, UNKNOWN, RunRecord
 from .planner import Plan, Planner
@@ -196,23 +196,21 @@ class Follower:
 
 
 def what_is_missing(run_dir: Path, history: Path) -> str | None:
-    """None when ``run_dir`` holds something of a run (its record, a checkpoint, the queue, the history); else what
-    is missing, said so a user sees a typo. A folder that holds runs instead of being one is a
+    """None when ``run_dir`` holds something of a run (its record, a save of a layout tinymcf reads, the queue, the
+    history); else what is missing, said so a user sees a typo. A folder that holds runs instead of being one is a
     :class:`SweepError` naming them."""
     if not run_dir.exists():
         return "no such folder yet (the training creates it; a typo?)"
     if not run_dir.is_dir():
-        raise SweepError(f"{run_dir} is a file: tinymcf watch takes the Trainer's output directory")
-    entries = list(run_dir.iterdir())
-    if (run_dir / RUN_INFO).exists() or history.exists() or queue_dir(run_dir).exists() or any(
-            CHECKPOINT_NAME.fullmatch(p.name) for p in entries):
+        raise SweepError(f"{run_dir} is a file: tinymcf watch takes the training run's output folder")
+    if (run_dir / RUN_INFO).exists() or history.exists() or queue_dir(run_dir).exists() or find_saves(run_dir).saves:
         return None
-    runs = sorted(p.name for p in entries if p.is_dir() and ((p / RUN_INFO).exists() or any(
-        CHECKPOINT_NAME.fullmatch(q.name) for q in p.iterdir())))
+    runs = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and ((p / RUN_INFO).exists() or find_saves(p).saves))
     if runs:
         shown = ", ".join(str(run_dir / r) for r in runs[:5])
-        raise SweepError(f"{run_dir} holds runs rather than being one ({shown}): pass one of them (the Trainer's "
-                         f"output_dir)")
+        raise SweepError(f"{run_dir} holds runs rather than being one ({shown}): pass one of them (the training run's "
+                         f"output folder)")
     name = Path(history_path(str(run_dir), "x")).name.replace("_x", "_<name>")
-    return (f"no {RUN_INFO}, no checkpoint-<step> folder and no {name} yet (MoralProbeCallback writes the first "
-            f"when the training starts, the Trainer the second at its first save)")
+    return (f"no {RUN_INFO}, no saved model of a layout tinymcf reads (checkpoint-<step>, global_step_<N>/actor, "
+            f"step_<N>, ...) and no {name} yet (MoralProbeCallback writes the first when the training starts, the "
+            f"trainer the second at its first save)")

@@ -44,7 +44,8 @@ _SAMPLE = 64  # bytes read per sample
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One ``checkpoint-<step>`` folder (or the run's starting weights as step 0, ``baseline``)."""
+    """One saved model of a run (or the run's starting weights as step 0, ``baseline``): its folder, in the layout's
+    format (:data:`FORMATS`, or :mod:`~tinymcf_callback.rundir.layouts`' ``verl-fsdp`` and ``dcp``)."""
 
     step: int
     folder: Path
@@ -52,6 +53,9 @@ class Checkpoint:
     format: str = FULL
     baseline: bool = False  # the run's starting weights (not a checkpoint-<step> folder): step 0
     shown_as: str | None = None  # the path its report names, when it is read from elsewhere (the hand-off queue)
+    tokenizer: Path | None = None  # its tokenizer's folder, when not the checkpoint's own (verl, NeMo-RL)
+    config: Path | None = None  # the folder of its model's config, when not its own (verl's huggingface/)
+    needs_base: bool = False  # its architecture comes from the run's starting model (DCP, an export without config)
 
     @property
     def adapter(self) -> bool:
@@ -100,6 +104,10 @@ def weight_files(folder: Path, form: str | None = None) -> list[Path]:
     if form == ZERO:
         sub = zero_folder(folder)
         return sorted(p for p in sub.iterdir() if p.is_file() and "states" in p.name) if sub else []
+    if form == "verl-fsdp":  # verl's rank shards of the model
+        return sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model_world_size_"))
+    if form == "dcp":  # a torch distributed checkpoint
+        return sorted(p for p in folder.iterdir() if p.is_file() and (p.suffix == ".distcp" or p.name == ".metadata"))
     return []
 
 
@@ -111,12 +119,13 @@ def _subfolders(folder: Path) -> list[Path]:
 
 
 # ---- what the weights are -------------------------------------------------------------------------------------
-def fingerprint(folder: Path) -> str | None:
-    """A digest of the weights ``folder`` holds (see the module), or None when it holds none it can read.
+def fingerprint(folder: Path, form: str | None = None) -> str | None:
+    """A digest of the weights ``folder`` holds (see the module; ``form``: its format, when not one a Trainer
+    checkpoint has), or None when it holds none it can read.
 
     Raises ``OSError`` when a weight file disappears or cannot be read while it is read (the caller retries).
     """
-    files = weight_files(folder)
+    files = weight_files(folder, form)
     if not files:
         return None
     digest = hashlib.sha256()
