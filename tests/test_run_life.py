@@ -551,7 +551,8 @@ def test_a_folder_that_is_not_a_run_is_said_within_one_look(tmp_path, capsys):
     rc = tinymcf(["watch", str(empty), "--no-progress", "--report-to", "none", "--poll", "0.05", "--idle-timeout",
                   "0.1"])
     out = capsys.readouterr()
-    assert rc == 0 and f"waiting for {empty}: no moral_probe_run.json, no saved model of a layout tinymcf reads" in out.err
+    assert rc == 0 and f"waiting for {empty}: no moral_probe_run.json, no saved model of a layout tinymcf reads" in (
+        out.err)
     assert "never became a run" in out.out and not list(empty.iterdir())  # nothing written, no lock left
 
 
