@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers.fake_runs import HISTORY, fake_checkpoint, fake_model, line, planner_for, write_history
@@ -361,3 +362,35 @@ def test_a_refused_sweep_or_watch_leaves_no_lock_behind(tmp_path, capsys):
         rc = tinymcf([command, str(tmp_path), "--limit", "2", "--no-progress", "--report-to", "none"])
         one_error_line(rc, capsys.readouterr().err, "pass --base-model PATH")
         assert not list(tmp_path.glob(".*lock")), command
+
+
+# ---- what the exit status says ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("attempt, status, said", [
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, 5, "the training has gone quiet: process 42 on "
+     "gpu-node-7 has given no sign of life for"),
+    ({"host": socket.gethostname(), "pid": "gone"}, 3, "the training stopped without ending: process"),
+], ids=["quiet elsewhere", "gone here"])
+def test_a_watcher_says_a_quiet_training_apart_from_a_dead_one(tmp_path, capsys, attempt, status, said):
+    from tinymcf_callback.cli.main import main as tinymcf
+    from tinymcf_callback.rundir.record import boot_id
+
+    pid = gone_pid() if attempt["pid"] == "gone" else attempt["pid"]
+    RunRecord(saves=[2], attempts=[Attempt(**{**attempt, "pid": pid, "boot_id": boot_id(), "started": NOW - 6000,
+                                              "heartbeat": attempt.get("heartbeat")})]).write(tmp_path)
+    fake_checkpoint(tmp_path, 2)
+    write_history(tmp_path, [line(2, fingerprint=fingerprint(tmp_path / "checkpoint-2"))])  # nothing left to score
+    rc = tinymcf(["watch", str(tmp_path), "--limit", "2", "--no-progress", "--report-to", "none", "--poll", "0.05",
+                  "--no-baseline"])
+    err = capsys.readouterr().err
+    assert rc == status and said in err, err
+    if status == 5:
+        assert "if it is still running, start the watcher again" in err and "resume it and start" not in err
+
+
+def test_saved_steps_that_are_gaps_give_their_own_status_and_say_which():
+    from tinymcf_callback.cli.options import EXIT_GAPS
+    from tinymcf_callback.cli.sweep import said_failures
+    from tinymcf_callback.follow.rounds import RunResult
+
+    assert said_failures(RunResult(Path("h.jsonl"))) == 0
+    assert said_failures(RunResult(Path("h.jsonl"), gaps=[2, 4])) == EXIT_GAPS == 4

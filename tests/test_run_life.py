@@ -190,8 +190,9 @@ def test_a_consumer_that_came_late_gets_gaps_with_their_real_cause(tmp_path, qwe
     train_run(run, qwen_tok, init, max_steps=3, save_total_limit=1)  # only the Yes/No probe hands off
     assert watch(run) == 0 and not (run / ".moral_probe_queue").exists()
     capsys.readouterr()
-    assert watch(run, "--answer-format", "json") == 0
+    assert watch(run, "--answer-format", "json") == 4  # a curve with gaps: its own status
     out = capsys.readouterr()
+    assert "error: 2 saved step(s) are gaps in the curve, never scored: 1, 2" in out.err
     lines = history(run, JSON_HISTORY)
     assert steps_events(lines) == [(0, "train_begin"), (1, "deleted"), (2, "deleted"), (3, "watch")]
     assert "gone from the hand-off queue before the 'scifi_json' probe scored it" in lines[1]["info"]["deleted"]
@@ -279,7 +280,7 @@ def test_a_queue_on_another_filesystem_is_said_once_and_its_gaps_name_the_cause(
         assert len(said) == 1 and "Invalid cross-device link" in said[0] and "docs/watch.md" in said[0]
         record = RunRecord.read(run)
         assert sorted(record.hand_off_failures) == [1, 2, 3, 4]
-        assert watch(run) == 0
+        assert watch(run) == 4  # three saved steps are gaps
     lines = history(run)
     assert steps_events(lines) == [(0, "train_begin"), (1, "deleted"), (2, "deleted"), (3, "deleted"), (4, "watch")]
     for line in lines[1:4]:

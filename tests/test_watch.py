@@ -171,7 +171,8 @@ def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path
     shutil.rmtree(run / ".moral_probe_queue")  # as if the hand-off had been off
     p = watcher(run, tmp_path, "--report-to", "none")
     out, _ = p.communicate(timeout=600)
-    assert p.returncode == 0, out
+    assert p.returncode == 4, out  # the curve has gaps: a launch script can tell it from a whole one
+    assert "error: 4 saved step(s) are gaps in the curve, never scored: 1, 2, 3, 4" in out
     lines = sorted(history(run), key=lambda line: line["step"])  # the gaps are written once step 0 is in
     assert [(line["step"], line["event"]) for line in lines] == [
         (0, "train_begin"), (1, DELETED_EVENT), (2, DELETED_EVENT), (3, DELETED_EVENT), (4, DELETED_EVENT),
@@ -180,7 +181,7 @@ def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path
     assert lines[1]["score"] is None and lines[1]["metrics"] == {} and "deleted" in lines[1]["info"]
     again = watcher(run, tmp_path, "--report-to", "none")
     out, _ = again.communicate(timeout=600)
-    assert again.returncode == 0 and "0 checkpoint(s) scored" in out and len(history(run)) == 7
+    assert again.returncode == 4 and "0 checkpoint(s) scored" in out and len(history(run)) == 7  # still gaps
 
 
 # ---- one look at a run folder (no model) ---------------------------------------------------------
