@@ -170,7 +170,7 @@ def test_llama_cpp_n_probs_is_exact_once_every_answer_token_is_listed(probe, tin
 def test_requests_run_in_a_bounded_pool_and_survive_rate_limits_each_retry_logged_and_counted(probe, tiny_qwen,
                                                                                                caplog):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", delay=0.03) as server:
-        server.faults.extend(["ok"] * 12 + ["429", "500", "429"])  # among the scoring's requests, in flight together
+        server.completion_faults.extend(["ok"] * 3 + ["429", "500", "429"])  # among the scoring's, in flight together
         with caplog.at_level(logging.INFO, logger="tinymcf_callback"):
             report = probe.run(ServedModel(server.url, "served-model", concurrency=3, batch=1))
         assert 1 < server.most_in_flight <= 3
@@ -183,7 +183,7 @@ def test_requests_run_in_a_bounded_pool_and_survive_rate_limits_each_retry_logge
 
 def test_a_request_that_times_out_is_not_sent_again_and_the_message_names_the_timeout(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
-        server.faults.extend(["ok"] * 10 + ["slow"])  # discovery, the template, the log-probability check: then slow
+        server.completion_faults.extend(["ok"] * 3 + ["slow"])  # the log-probability check's three, then slow
         with pytest.raises(ServedError, match=r"did not answer /v1/completions within 1 s: raise --request-timeout"):
             probe.run(ServedModel(server.url, "served-model", timeout=1, concurrency=1))
         slow = [b for route, b in server.requests if route == "/v1/completions"]
@@ -413,7 +413,7 @@ def test_a_server_that_refuses_token_id_prompts_is_said_at_its_first_answer_with
 
 def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes_doing(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
-        server.faults.extend(["ok"] * 14 + ["die"])
+        server.completion_faults.extend(["ok"] * 5 + ["die"])
         with pytest.raises(ServedError, match=r"stopped answering during the probe, after answering \d+ of its "
                                               r"requests: the probe's own requests may have caused it .*--check-form "
                                               r"logprob_token_ids or --no-self-check.*--concurrency 1") as err:

@@ -54,6 +54,7 @@ class FakeServed:
         self.template, self.processed, self.drift, self.api_key, self.delay = template, processed, drift, api_key, delay
         self.vocab = vocab or len(tok)  # a smaller one: a server whose model has fewer tokens than the tokenizer
         self.faults: deque = deque()
+        self.completion_faults: deque = deque()  # the same, consumed by /v1/completions requests only
         self.requests: list[tuple[str, dict]] = []
         self.loaded: list[str] = []  # what /admin/load was given, in order
         self.count = 0
@@ -99,6 +100,8 @@ class FakeServed:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             fault = self.faults.popleft() if self.faults else None
+            if fault is None and path == "/v1/completions" and self.completion_faults:
+                fault = self.completion_faults.popleft()
         try:
             reply = self._answer(h, method, path, body, fault)
         finally:

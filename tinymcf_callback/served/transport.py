@@ -31,6 +31,21 @@ class Ask:
     options: dict = field(default_factory=dict)
 
 
+def merge(out: dict, key: Hashable, reading: Reading) -> None:
+    """``reading`` into ``out[key]``: a prompt asked in parts (one answer token per request) gathers them."""
+    if key not in out:
+        out[key] = reading
+        return
+    out[key].logp.update(reading.logp)
+    out[key].top = out[key].top or reading.top
+
+
+def one_token_each(form: Form, keyed: Iterable[tuple[Hashable, list[int]]], answers: list[int]) -> list[Ask]:
+    """Echo asked one sequence per request (each prompt with one answer token): what a server that fails on several
+    prompt log-probability sequences in one batch takes (a vLLM with LoRA adapters on the CPU)."""
+    return [Ask(form, [k], [p], {"only": [a]}) for k, p in keyed for a in answers]
+
+
 def batches(form: Form, keyed: Iterable[tuple[Hashable, list[int]]], size: int, **options) -> list[Ask]:
     """``keyed`` (key, prompt) pairs as requests of at most ``size`` prompts (1 where the form takes one at a time)."""
     keyed = list(keyed)
@@ -65,7 +80,8 @@ class Transport:
         def work(ask: Ask) -> None:
             readings = self.ask(ask)
             with lock:
-                out.update(zip(ask.keys, readings, strict=True))
+                for key, reading in zip(ask.keys, readings, strict=True):
+                    merge(out, key, reading)
                 bar.update(len(ask.keys))
 
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="tinymcf-served")
