@@ -162,7 +162,12 @@ class ServedModel:
                                   probe.turn(sample))
         transport = Transport(client, concurrency)
         prompts = [list(e) for e in probe.encoded]
-        found = self.check_logprobs(transport, form, prompts[sample], server, tok, yes, no)
+        # one sequence per request where the server takes no list of them (a plain one), or fails on a batch of
+        # prompt log-probabilities (a vLLM with LoRA adapters: its CPU engine dies; measured, issue 33)
+        single = server.lora or not self.takes_lists(transport, form, prompts[sample], server)
+        if single:
+            size = 1
+        found = self.check_logprobs(transport, form, prompts[sample], server, tok, yes, no, single=single)
         n = len(probe.encoded)
         tolerance = next(t for t in (config.tolerance, probe.config.self_check_tolerance,
                                      selfcheck.DEFAULT_TOLERANCE) if t is not None)
@@ -172,17 +177,15 @@ class ServedModel:
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
-        # a vLLM with LoRA adapters fails (on the CPU its engine dies) on a batch of several prompt log-probability
-        # sequences: there echo goes one sequence per request, one request at a time (measured: issue 33)
-        lora_echo = server.lora and form.name == "echo"
-        if lora_echo:
+        lora_echo = single and form.name == "echo"
+        if lora_echo and server.lora:  # and one request at a time: nothing else batched beside it
             transport = Transport(client, concurrency := 1)
         answers_of = [*yes, *no]
         main = (one_token_each(form, ((("main", i), prompts[i]) for i in range(n)), answers_of) if lora_echo else
                 batches(form, ((("main", i), prompts[i]) for i in range(n)), size))
         repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if lora_echo else
                   batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
-        alone = server.lora and second.name == "echo"  # the check's echo, after the others, one sequence at a time
+        alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
         keyed = [(("second", i), prompts[i]) for i in checked]
         if alone:
             second_asks = one_token_each(second, keyed, pair)
@@ -239,13 +242,28 @@ class ServedModel:
         res.model = self.name
         return res
 
-    def check_logprobs(self, transport: Transport, form, ids: list[int], server: Server, tok, yes, no):
+    def takes_lists(self, transport: Transport, form, ids: list[int], server: Server) -> bool:
+        """Whether the server takes several prompts in one request: vLLM and SGLang do; a server of another kind is
+        asked once (the sample prompt twice in one request), and one that refuses it gets one prompt at a time."""
+        if server.kind in ("vllm", "sglang") or not form.batched:
+            return True
+        try:
+            transport.ask(Ask(form, ["a", "b"], [ids, ids], {"only": form.answers[:1]} if form.name == "echo" else {}),
+                          retries=0)
+        except ServedError as e:
+            if getattr(e, "status", None) in (400, 413, 422):
+                return False
+            raise
+        return True
+
+    def check_logprobs(self, transport: Transport, form, ids: list[int], server: Server, tok, yes, no, *,
+                       single: bool = False):
         """The sample prompt read at temperature 1, 0.5 and 1 (every other sampling setting pinned): raw numbers do not
         move; a server that returns processed ones (TRL's vllm-serve: vLLM with --logprobs-mode processed_logprobs) is
         scored when its numbers at the pinned settings are the model's own, checked against the prompt
         log-probabilities of the same prompt (the echo form), and refused when they are not (a pin it ignores)."""
         def read(temperature: float, retries: int | None = None) -> Reading:
-            if not (server.lora and form.name == "echo"):
+            if not (single and form.name == "echo"):
                 return transport.ask(Ask(form, ["s"], [ids], {"temperature": temperature}), retries=retries)[0]
             reading = Reading({})  # one sequence per request on a LoRA server (see _ask)
             for ask in one_token_each(form, [("s", ids)], [*yes, *no]):
