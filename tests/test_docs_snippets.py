@@ -27,7 +27,9 @@ PAGES = ("index.md", "python.md", "callback.md", "steering.md", "watch.md", "pre
 NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md": "an excerpt of examples/demo.py",
            "validity.md": "synopses of examples/validity.py",
            "served.md": "an inference server to ask (tests/test_served.py makes the same calls of a test server, "
-                        "tests/servers/ of real vLLM and llama.cpp servers)"}
+                        "tests/servers/ of real vLLM and llama.cpp servers)",
+           "rl.md": "an inference server and RL trainers' runs (tests/test_rl.py, tests/test_layouts.py and "
+                    "tests/servers/ run the same; its GRPO example is callback.md's, which runs)"}
 DRIVER = r"""
 import json, subprocess, sys
 blocks = json.loads(open(sys.argv[1]).read())

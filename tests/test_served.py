@@ -496,3 +496,47 @@ def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok
     assert "--reload vllm could not load step 1" in err and "still answers with weight version 'initial'" in err
     lines = [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [(x["step"], x["event"]) for x in lines] == [(1, "unreadable"), (2, "unreadable")]
+
+
+def test_the_reload_example_restarts_a_server_on_each_checkpoint(tmp_path):
+    """examples/reload_server.py, as docs/rl.md runs it: the server of the step before stops, the next one serves."""
+    from helpers.ports import free_port
+
+    port = free_port()
+    server = """import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "policy", "root": sys.argv[1]}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", PORT), H).serve_forever()
+""".replace("PORT", str(port))
+    (tmp_path / "server.py").write_text(server)
+    example = Path(__file__).resolve().parents[1] / "examples" / "reload_server.py"
+    state = tmp_path / "state.pid"
+
+    def reload(checkpoint: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(example), "--port", str(port), "--name", "policy", "--timeout", "30",
+                               "--state", str(state), "--", sys.executable, str(tmp_path / "server.py"), checkpoint],
+                              capture_output=True, text=True, timeout=120)
+
+    try:
+        assert reload("checkpoint-1").returncode == 0
+        first = int(state.read_text())
+        assert reload("checkpoint-2").returncode == 0
+        assert int(state.read_text()) != first
+        import urllib.request
+
+        listed = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5))
+        assert listed["data"][0]["root"] == "checkpoint-2"  # the old one stopped, the new one serves
+        failed = subprocess.run([sys.executable, str(example), "--port", str(free_port()), "--name", "policy",
+                                 "--timeout", "5", "--state", str(tmp_path / "other.pid"), "--", sys.executable, "-c",
+                                 "print('no such model'); raise SystemExit(1)"], capture_output=True, text=True)
+        assert failed.returncode == 1 and "no such model" in failed.stderr
+    finally:
+        group = int(state.read_text())
+        subprocess.run([sys.executable, "-c", f"import os, signal; os.killpg({group}, signal.SIGTERM)"])

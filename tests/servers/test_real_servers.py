@@ -165,14 +165,6 @@ def test_vllm_bfloat16_differs_by_what_bfloat16_costs(tmp_path, probe, local, sm
 
 
 @needs_vllm
-def test_vllm_with_processed_logprobs_is_refused(tmp_path, probe):
-    """TRL's vllm-serve starts vLLM with --logprobs-mode processed_logprobs."""
-    with vllm(tmp_path, "--logprobs-mode", "processed_logprobs", dtype="bfloat16") as server, \
-            pytest.raises(ServedError, match="processed log-probabilities"):
-        probe.run(ServedModel(server.url, "smollm2"))
-
-
-@needs_vllm
 def test_vllm_with_another_chat_template_is_refused(tmp_path, probe):
     template = tmp_path / "other.jinja"
     template.write_text(OTHER_TEMPLATE)
