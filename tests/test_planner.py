@@ -394,3 +394,20 @@ def test_saved_steps_that_are_gaps_give_their_own_status_and_say_which():
 
     assert said_failures(RunResult(Path("h.jsonl"))) == 0
     assert said_failures(RunResult(Path("h.jsonl"), gaps=[2, 4])) == EXIT_GAPS == 4
+
+
+def test_checkpoint_folders_of_a_loop_without_trainer_state_are_read_alike_by_the_sweep_and_the_watcher(tmp_path):
+    """A loop of one's own that names its saves checkpoint-<N> but writes no trainer_state.json: once steady, the
+    sweep and the watcher both take them (the watcher used to skip them, waiting for a file that never comes)."""
+    for step in (1, 2):
+        folder = fake_checkpoint(tmp_path, step)
+        (folder / "trainer_state.json").unlink()
+    old = time.time() - 60
+    for p in tmp_path.rglob("*"):
+        os.utime(p, (old, old))
+    for following in (True, False):
+        assert [t.step for t in planner_for(tmp_path, following=following).look().pending] == [1, 2], following
+    fresh = fake_checkpoint(tmp_path, 3)
+    (fresh / "trainer_state.json").unlink()  # just written: not steady yet, for either
+    for following in (True, False):
+        assert [t.step for t in planner_for(tmp_path, following=following).look().pending] == [1, 2], following
