@@ -151,11 +151,13 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
     run = tmp_path / "run"
     (run / "checkpoint-1").mkdir(parents=True)
     (run / "checkpoint-1" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dir)}))
+    (run / "checkpoint-1" / "trainer_state.json").write_text("{}")  # the Trainer's last write: complete
     zero = tmp_path / "zero" / "checkpoint-1"
     (zero / "global_step1").mkdir(parents=True)
     (zero / "latest").write_text("global_step1")
     (zero / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x")
     (zero / "tokenizer_config.json").write_text("{}")
+    (zero / "trainer_state.json").write_text("{}")
     with FakeLLM(KEY) as server:
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         llm = ["--base-url", server.base_url, "--model", "good-model", "--no-progress"]

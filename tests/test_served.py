@@ -184,8 +184,8 @@ def test_requests_run_in_a_bounded_pool_and_survive_rate_limits_each_retry_logge
 def test_a_request_that_times_out_is_not_sent_again_and_the_message_names_the_timeout(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
         server.completion_faults.extend(["ok"] * 3 + ["slow"])  # the log-probability check's three, then slow
-        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 1 s: raise --request-timeout"):
-            probe.run(ServedModel(server.url, "served-model", timeout=1, concurrency=1))
+        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 2 s: raise --request-timeout"):
+            probe.run(ServedModel(server.url, "served-model", timeout=2, concurrency=1))  # "slow" takes 3 s
         slow = [b for route, b in server.requests if route == "/v1/completions"]
     assert len(slow) == 4  # three for the check, one that timed out: never a second copy of it
 
@@ -422,18 +422,17 @@ def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes
 
 
 # ---- a server that follows the run by itself: --reload vllm / sglang / lora -------------------------------------
-def saved_run(tmp_path, qwen_tok, *, adapters: bool = False) -> tuple[Path, Path]:
-    """A run folder of two checkpoints (other weights each, or two adapters on the base) and its starting model."""
-    from helpers.fake_runs import fake_model  # noqa: F401 - (the file layout helpers)
-
+def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model=None) -> tuple[Path, Path]:
+    """A run folder of checkpoints (other weights each, or adapters on the base; ``model``: that one everywhere) and
+    its starting model."""
     from tinymcf_callback.rundir.record import RunRecord
     from tinymcf_callback.testing import tiny_qwen3
 
     init = tmp_path / "init"
-    tiny_qwen3(seed=0).save_pretrained(init)
+    (model or tiny_qwen3(seed=0)).save_pretrained(init)
     qwen_tok.save_pretrained(init)
     run = tmp_path / "run"
-    for step in (1, 2):
+    for step in steps:
         folder = run / f"checkpoint-{step}"
         if adapters:
             from peft import LoraConfig, get_peft_model
@@ -443,10 +442,10 @@ def saved_run(tmp_path, qwen_tok, *, adapters: bool = False) -> tuple[Path, Path
                                                                   init_lora_weights=False))
             model.save_pretrained(folder)
         else:
-            tiny_qwen3(seed=step).save_pretrained(folder)
+            (model or tiny_qwen3(seed=step)).save_pretrained(folder)
         qwen_tok.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": step / 2}))
-    RunRecord(base_model=str(init), saves=[1, 2], ended=True).write(run)
+    RunRecord(base_model=str(init), saves=list(steps), ended=True).write(run)
     return run, init
 
 
@@ -482,22 +481,22 @@ def test_a_builtin_reload_loads_each_checkpoint_and_each_line_says_which_weights
                             where=f"step {line['step']}")
 
 
-def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok, capsys):
+def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok, tiny_qwen, capsys):
     from tinymcf_callback.cli.main import main as tinymcf
-    from tinymcf_callback.testing import tiny_qwen3
 
-    run, _ = saved_run(tmp_path, qwen_tok)
-    with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True, stuck=True) as server:
-        rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "vllm", "--reload-timeout", "1",
+    run, _ = saved_run(tmp_path, qwen_tok, steps=(1,), model=tiny_qwen)
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm", dev=True, stuck=True) as server:
+        rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "vllm", "--reload-timeout", "0.3",
                       "--limit", "2", "--n-resamples", "0", "--no-progress", "--retries", "0", "--no-baseline"])
         scored = [b for route, b in server.requests if route == "/v1/completions"]
     err = capsys.readouterr().err
     assert rc == 1 and scored == []  # never scored on the old weights
     assert "--reload vllm could not load step 1" in err and "still answers with weight version 'initial'" in err
     lines = [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
-    assert [(x["step"], x["event"]) for x in lines] == [(1, "unreadable"), (2, "unreadable")]
+    assert [(x["step"], x["event"]) for x in lines] == [(1, "unreadable")]
 
 
+@pytest.mark.slow  # subprocesses
 def test_the_reload_example_restarts_a_server_on_each_checkpoint(tmp_path):
     """examples/reload_server.py, as docs/rl.md runs it: the server of the step before stops, the next one serves."""
     from helpers.ports import free_port

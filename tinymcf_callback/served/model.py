@@ -251,6 +251,8 @@ class ServedModel:
             transport.ask(Ask(form, ["a", "b"], [ids, ids], {"only": form.answers[:1]} if form.name == "echo" else {}),
                           retries=0)
         except ServedError as e:
+            if token_ids_refused(e):
+                raise no_token_ids(transport.client.shown, e) from None
             if getattr(e, "status", None) in (400, 413, 422):
                 return False
             raise
@@ -275,10 +277,7 @@ class ServedModel:
             first = read(1.0, retries=0)
         except ServedError as e:
             if token_ids_refused(e):
-                raise ServedError(f"the server at {transport.client.shown} takes no token-id prompts ({e}): the probe "
-                                  "sends the prompts as the local tokenizer's token ids so that the server cannot "
-                                  "tokenize them otherwise; serve the model with vLLM, SGLang or llama.cpp's own "
-                                  "llama-server") from None
+                raise no_token_ids(transport.client.shown, e) from None
             raise
         found = check_logprobs((first, read(0.5), read(1.0)))
         if found.mode == "raw" and all(math.isfinite(v) for v in found.reading.logp.values()):
@@ -336,6 +335,12 @@ class ServedModel:
 def check_form(config: ServedConfig, form, server: Server) -> str:
     """The self-check's second form: ``--check-form``, else another route through the server than ``form``."""
     return config.check_form if config.check_form != "auto" else SECOND_FORM[form.name]
+
+
+def no_token_ids(shown: str, e: ServedError) -> ServedError:
+    return ServedError(f"the server at {shown} takes no token-id prompts ({e}): the probe sends the prompts as the "
+                       "local tokenizer's token ids so that the server cannot tokenize them otherwise; serve the model "
+                       "with vLLM, SGLang or llama.cpp's own llama-server")
 
 
 def avoid(server: Server | None) -> str:
