@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 
 from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
+from .results.sequential import check_until, check_width
 from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
@@ -164,6 +165,12 @@ class ProbeConfig:
                                                  shown_default="by the compute precision")
     self_check_budget: float = setting(0.045, "the share of a run's probe time the self-check spends (a model's "
                                        "first probe is checked whatever it costs)", _check_budget, metavar="X")
+    until: str | None = setting(None, "a precision target instead of a vignette count: ask the vignettes in a seeded, "
+                                "foundation-balanced order and stop at the first look where the score's interval "
+                                "(level) or the change since the baseline (change: excludes 0, or) is narrower than "
+                                "width; per_foundation caps it", check_until, choices=("level", "change"),
+                                metavar="WHAT")
+    width: float = setting(0.05, "with until: the interval's width (hi - lo) to stop at", check_width, metavar="W")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)
@@ -183,6 +190,15 @@ class ProbeConfig:
             what = [(names or {}).get(k, k) for k in ("limit", "per_foundation")]
             raise ConfigError(f"{what[0]} and {what[1]} both choose a subset: give one (per_foundation keeps every "
                               "foundation and the control)")
+        if out.get("until") is not None:
+            what = [(names or {}).get(k, k) for k in ("until", "limit", "n_resamples")]
+            if out.get("limit") is not None:
+                raise ConfigError(f"{what[0]} asks the vignettes in a balanced order and {what[1]} keeps the first N "
+                                  f"in stored order: give per_foundation (--per-foundation N) to cap a precision "
+                                  f"target instead")
+            if out.get("n_resamples") == 0:
+                raise ConfigError(f"{what[0]} stops on an interval, and {what[2]}=0 switches the intervals off: leave "
+                                  f"{what[2]} at its default")
         fmt = out.get("answer_format", DEFAULT_ANSWER_FORMAT)
         if out.get("answer_prefix") is not None and fmt != DEFAULT_ANSWER_FORMAT:
             what = (names or {}).get("answer_prefix", "answer_prefix")
@@ -215,6 +231,8 @@ class ProbeConfig:
             options.append(subset_options(subset))
         if self.answer_format != DEFAULT_ANSWER_FORMAT:
             options.append(f"--answer-format {self.answer_format}")
+        if self.until is not None:
+            options.append(f"--until {self.until} --width {self.width:g}")
         return " ".join(options)
 
     def subset_notes(self, vignettes: list[dict]) -> list[str]:

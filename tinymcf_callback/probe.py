@@ -63,11 +63,11 @@ class Probe:
     """
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
-                 **settings):
+                 vignettes: list[dict] | None = None, **settings):
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
         self.config = config = make_config(config, **given, **settings)
         self.tok, self.name, self.answer_format = tok, config.name, config.answer_format
-        self.vignettes = config.vignettes()
+        self.vignettes = config.vignettes() if vignettes is None else list(vignettes)
         self.has_human = any("wrong" in v for v in self.vignettes)
         answer_token_ids(tok, config.answer_format)  # fail now, not at the first checkpoint, if an answer has no token
         self.prompts, self.meta = format_prompts(tok, self.vignettes, config.answer_prefix, config.answer_format)
@@ -91,6 +91,12 @@ class Probe:
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)
+        # with a precision target: the looks, and the probes that score the vignettes each one adds
+        self.stopping = None
+        if config.until is not None:
+            from .stopping import Stopping
+
+            self.stopping = Stopping(self)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -102,7 +108,7 @@ class Probe:
         return chat_turn(vignette[row["condition"]], answer_format_of(self.answer_format).questions[row["frame"]])
 
     def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None,
-              ranks: Ranks | None = None) -> ScoreResult:
+              ranks: Ranks | None = None, baseline: dict | None = None) -> ScoreResult:
         """Score the model in eval + inference mode (state restored after), in the weights' own precision.
 
         Without ``batches``: every prompt, through :func:`~tinymcf_callback.scoring.selfcheck.score_checked`
@@ -111,10 +117,20 @@ class Probe:
         scoring its share of the batches, every one ending with the whole result). With
         ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
 
+        With a precision target (``until``): look by look until the stop
+        (:class:`~tinymcf_callback.stopping.Stopping`), the change measured from ``baseline`` (a
+        :func:`~tinymcf_callback.results.metrics.baseline_record`) when given; the result is over the prompts
+        asked, ``res.asked`` says which and why it stopped.
+
         Raises :class:`~tinymcf_callback.errors.UnsupportedModelError` before any forward call when
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`
         when a prompt exceeds its context.
         """
+        if self.stopping is not None:
+            if batches is not None:
+                raise ConfigError("a probe with a precision target (until=) scores look by look: batches= does not "
+                                  "apply")
+            return self.stopping.score(model, progress=progress, ranks=ranks, baseline=baseline)
         elsewhere = scorer_of(model)
         if elsewhere is not None:  # the server scores every prompt (each process of a distributed run asks it alike)
             if batches is not None:
@@ -136,11 +152,15 @@ class Probe:
         res.precision, res.model = precision.as_dict(), model_name(model)
         return res
 
-    def report(self, res: ScoreResult, elapsed: float | None = None) -> dict:
-        """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`)."""
+    def report(self, res: ScoreResult, elapsed: float | None = None, *, level: float | None = None) -> dict:
+        """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`); ``level``: the
+        intervals' (default ``config.level``)."""
         config = self.config
-        out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed, name=self.name, level=config.level,
-                      n_resamples=config.n_resamples, seed=config.seed)
+        if getattr(res, "asked", None) is not None and self.stopping is not None:
+            return self.stopping.report(res, elapsed)
+        out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed, name=self.name,
+                      level=config.level if level is None else level, n_resamples=config.n_resamples,
+                      seed=config.seed)
         info = out["info"]
         info["yn_top3_rate"] = float(np.mean(res.yn_top3)) if len(res.yn_top3) else None
         info["sample_prompt"] = self.prompts[self.sample_index]
@@ -170,10 +190,10 @@ class Probe:
             return None
         return {**check, "checked_prompts": [self.labels[i] for i in check["checked"]]}
 
-    def run(self, model, *, progress: bool = False, ranks: Ranks | None = None) -> dict:
+    def run(self, model, *, progress: bool = False, ranks: Ranks | None = None, baseline: dict | None = None) -> dict:
         """Score ``model`` and return its report: :meth:`score` then :meth:`report`, timed."""
         start = time.perf_counter()
-        res = self.score(model, progress=progress, ranks=ranks)
+        res = self.score(model, progress=progress, ranks=ranks, baseline=baseline)
         return self.report(res, elapsed=time.perf_counter() - start)
 
 

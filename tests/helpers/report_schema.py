@@ -41,6 +41,13 @@ SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_di
               "waiting": "boolean", "coverage": DICT, "copy_bytes": INT, "scored_diff": NUM_OR_NULL,
               "scored_mass_diff": NUM_OR_NULL, "scored_tolerance": NUM_OR_NULL, "replay_note": NAME_OR_NULL,
               "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
+LOOK = {"per_foundation": INT, "vignettes": INT, "estimate": NUM_OR_NULL, "lo": NUM_OR_NULL, "hi": NUM_OR_NULL,
+        "width": NUM_OR_NULL, "p": NUM_OR_NULL}
+# info.adaptive: a probe with a precision target (until) only
+ADAPTIVE = {"until": STR, "width": NUM, "level": NUM, "per_look_level": NUM, "order": STR, "order_seed": INT,
+            "per_foundation": INT, "vignettes": INT, "of_vignettes": INT, "prompts": INT, "of_prompts": INT,
+            "asked": DICT, "stopped": STR, "why": STR, "reached": NUM_OR_NULL, "looks": LIST,
+            "change": "object or null"}
 PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
 TABLE_ROW = {
     "foundation": STR, "n": INT,
@@ -59,7 +66,7 @@ YESNO_FRAMES = {"wrong": "Is this morally wrong? Reply with just Yes or No.",
 
 
 def _is(value, kind: str) -> bool:
-    if kind in (NUM_OR_NULL, NAME_OR_NULL) and value is None:
+    if kind in (NUM_OR_NULL, NAME_OR_NULL, "object or null") and value is None:
         return True
     if kind == NAME_OR_NULL:
         return isinstance(value, str)
@@ -67,7 +74,8 @@ def _is(value, kind: str) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if kind == "boolean":
         return isinstance(value, bool)
-    return isinstance(value, {INT: int, STR: str, LIST: list, DICT: dict}[kind]) and not isinstance(value, bool)
+    return isinstance(value, {INT: int, STR: str, LIST: list, DICT: dict, "object or null": dict}[kind]) and \
+        not isinstance(value, bool)
 
 
 def check_fields(obj: dict, spec: dict, where: str) -> None:
@@ -76,6 +84,21 @@ def check_fields(obj: dict, spec: dict, where: str) -> None:
     assert set(obj) == set(spec), f"{where}: missing {set(spec) - set(obj)}, undocumented {set(obj) - set(spec)}"
     for key, kind in spec.items():
         assert _is(obj[key], kind), f"{where}: {key} = {obj[key]!r} is not a {kind}"
+
+
+def check_adaptive(adaptive: dict, info: dict) -> None:
+    """info.adaptive: its fields, and the relations the docs state (what it asked is what the report holds)."""
+    check_fields(adaptive, ADAPTIVE, "info.adaptive")
+    assert adaptive["until"] in ("level", "change") and adaptive["stopped"] in ("width", "moved", "used up", "baseline")
+    assert adaptive["vignettes"] == info["n_vignettes"] and adaptive["prompts"] == info["n_prompts"]
+    assert adaptive["vignettes"] <= adaptive["of_vignettes"] and adaptive["prompts"] == 8 * adaptive["vignettes"]
+    assert adaptive["per_look_level"] >= adaptive["level"]
+    for i, look in enumerate(adaptive["looks"]):
+        check_fields(look, LOOK, f"info.adaptive.looks[{i}]")
+    if adaptive["change"] is not None:
+        check_fields(adaptive["change"], LOOK, "info.adaptive.change")
+    if adaptive["stopped"] == "width":
+        assert adaptive["reached"] < adaptive["width"]
 
 
 def strict_json(text: str) -> dict:
@@ -98,7 +121,9 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
         assert data["score_minus_sn"] == pytest.approx(data["score"] - data["sn"], abs=1e-12)
     assert (data["level"] is None) == (data["n_resamples"] == 0)
     info = data["info"]
-    check_fields(info, INFO_FIELDS, "info")
+    check_fields(info, {**INFO_FIELDS, **({"adaptive": DICT} if "adaptive" in info else {})}, "info")
+    if "adaptive" in info:
+        check_adaptive(info["adaptive"], info)
     assert all(isinstance(w, str) for w in info["warnings"])
     check_fields(info["self_check"], SELF_CHECK, "info.self_check")
     check_fields(info["precision"], PRECISION, "info.precision")

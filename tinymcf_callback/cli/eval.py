@@ -32,6 +32,10 @@ def add_arguments(p) -> None:
     add_home(p)
     add_progress(p)
     add_probe_options(p, skip=("target",))  # one model: no change to measure a target's selectivity by
+    p.add_argument("--baseline", default=None, metavar="REPORT",
+                   help="with --until: the JSON report of the starting model (an eval of the same set, or a run's "
+                        "moral_probe_<name>_baseline.json); the change since it is measured, over the vignettes both "
+                        "asked, and with --until change the probe stops once it is known")
 
 
 def check_out_dir(out: Path) -> None:
@@ -44,6 +48,18 @@ def check_out_dir(out: Path) -> None:
         raise LoadError(f"the output folder {out} is not writable; pass a writable folder with --out")
 
 
+def read_baseline(path: str, config) -> dict:
+    """The baseline record of ``--baseline REPORT`` (before any weights load); refused without ``--until``."""
+    from ..errors import ConfigError
+    from ..results.metrics import baseline_record
+    from ..results.report import load_report
+
+    if config.until is None:
+        raise ConfigError("--baseline goes with --until: a fixed probe's change is `tinymcf compare BASELINE REPORT`")
+    report = load_report(path)
+    return baseline_record(report, int(report.get("step") or 0))
+
+
 def run(args) -> int:
     import torch
 
@@ -54,6 +70,7 @@ def run(args) -> int:
 
     config = probe_config(args)
     served = served_config(args, config)  # built once, checked once
+    baseline = read_baseline(args.baseline, config) if args.baseline else None
     out_dir = Path(args.out or ".")
     check_out_dir(out_dir)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,7 +90,7 @@ def run(args) -> int:
     else:
         probe = Probe(load_tokenizer(args.model, args.gguf_file), config=config)  # bad data fail before the weights
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
-    report = probe.run(model, progress=not args.no_progress)
+    report = probe.run(model, progress=not args.no_progress, baseline=baseline)
     print("\n".join(sanity_lines(report)))
     print(format_table(report["table"]))
     tag = args.tag or Path(str(args.model).rstrip("/")).name or "model"

@@ -217,8 +217,14 @@ def balanced_subset(rows: list[dict], per_foundation: int, seed: int = 0) -> lis
     kept: set[str] = set()
     for foundation in FOUNDATIONS:
         ids = [r["id"] for r in rows if r["foundation_coarse"] == foundation]
-        kept.update(sorted(ids, key=lambda i: md5(f"{seed}:{i}"))[:per_foundation])
+        kept.update(sorted(ids, key=lambda i: balanced_rank(seed, i))[:per_foundation])
     return [r for r in rows if r["id"] in kept]
+
+
+def balanced_rank(seed: int, vignette_id: str) -> str:
+    """Where a vignette comes in its foundation's seeded order (smaller first): what ``per_foundation`` keeps the
+    first N of, and the order a probe with a precision target asks in (``results.sequential``)."""
+    return md5(f"{seed}:{vignette_id}")
 
 
 def subset_notes(name: str, vignettes: list[dict], *, limit: int | None = None,

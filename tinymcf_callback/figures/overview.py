@@ -70,10 +70,25 @@ def draw_headline(subfig, histories, styles, sharex=None) -> list:
             for field in fields:
                 draw_series(ax, h.steps, h.headline[field], style, field, dashed=field == "sn")
                 draw_not_answering(ax, h, field, "0.1", size=7)
+            if fields[0] == "score":
+                draw_flags(ax, h, style)
         _say_if_empty(ax, [h.headline[f] for h in histories for f in fields], "no value at any step\n" + why)
         at_least(ax)
         axes.append(ax)
     return axes
+
+
+def draw_flags(ax, h: History, style) -> None:
+    """Where the score's change since step 0 is flagged: a ring around the point when its own step's p-value is
+    below 1 - level, a black ring when the run-level p-value is too (a flag that holds over the whole run)."""
+    step, run = h.flagged()
+    score = h.headline["score"].est
+    for where, colour, size, label in ((step & ~run, style.colour, 11, "change flagged at its step"),
+                                       (run, "black", 13, "change flagged over the run")):
+        if where.any():
+            ax.plot(h.steps[where], score[where], linestyle="none", marker="o", markersize=size,
+                    markerfacecolor="none", markeredgecolor=colour, markeredgewidth=1.4,
+                    label=f"{style.label} · {label}")
 
 
 def draw_foundations(subfig, histories, styles, sharex) -> list:
@@ -137,6 +152,17 @@ def draw_legend(subfig, mpl, histories, styles) -> None:
         level = levels.pop() if len(levels) == 1 else None
         name = f"{level:.0%} interval" if level is not None else "interval"
         handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {name}"))
+    flags = [h.flagged() for h in histories]
+    if any(step.any() for step, _ in flags):
+        alpha = 1.0 - (histories[0].level or 0.95)
+        handles.append(Line2D([], [], linestyle="none", marker="o", markersize=9, markerfacecolor="none",
+                              markeredgecolor="0.3", markeredgewidth=1.4,
+                              label=f"ring: change since step 0 at p < {alpha:g} (that step alone)"))
+    if any(run.any() for _, run in flags):
+        handles.append(Line2D([], [], linestyle="none", marker="o", markersize=10, markerfacecolor="none",
+                              markeredgecolor="black", markeredgewidth=1.4,
+                              label=f"black ring: flagged over the run\n(run-level p < {alpha:g}: false flags held "
+                                    f"to {alpha:g} over all steps)"))
     handles += dose_handles(mpl, histories, colour="0.1")
     legend(ax, handles, loc="center left", title="run (folder)" if len(styles) == 1 else "runs (folders)",
               fontsize=9, title_fontsize=9, frameon=False, alignment="left")

@@ -30,7 +30,11 @@ def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> 
                              f"{subset_options(mine)}): pass {subset_options(theirs)} to extend its curve like with "
                              f"like, or --restart to start the history again")
     n_vignettes = len(config.vignettes())
-    seen = {line.get("info", {}).get("n_vignettes") for line in lines if isinstance(line.get("info"), dict)}
+    # a probe with a precision target asks a prefix of its candidates: its count says how far it went, not which
+    seen = {line["info"].get("n_vignettes") for line in lines
+            if isinstance(line.get("info"), dict) and not line["info"].get("adaptive")}
+    if config.until is not None:
+        seen = set()
     other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
     if other:
         raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "

@@ -181,6 +181,7 @@ class Rounds:
             for note in o.notes:
                 self._say(note)
             unwritten = ", ".join(str(later.step) for later in outcomes[n:] if later.line is not None)
+            self.curve.number(o.line)  # its run-level change p, as the next test of the history's run
             self.trackers.send(o.line)  # before the line: a watcher killed in between sends it again, never loses it
             try:  # the baseline's report before its line: a line without its report misleads
                 written = self.curve.append(o.line, once=True, baseline=(o.report, 0, 0.0) if o.report else None)
@@ -244,6 +245,8 @@ def summary(line: dict) -> str:
     note = f" ({warnings} warning{'s' * (warnings != 1)} in the history's info.warnings)" if warnings else ""
     change = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change")), ""))
     p = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change_p")), ""))
+    run = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change_p_run")), ""))
     since = "" if change is None or line["step"] == 0 else (
-        f" change since step 0={change:+.3f}" + ("" if p is None else f" (p={p:.3f})"))
+        f" change since step 0={change:+.3f}" + ("" if p is None else f" (p={p:.3f}")
+        + ("" if run is None else f", run-level p={run:.3f}") + ("" if p is None else ")"))
     return f"score={f('score')} gap={f('gap')} social-norms control={f('sn')}{since}{note}"

@@ -19,7 +19,7 @@ import torch
 from ..loading import load_model, release_memory
 from ..probe import Probe
 from ..results.history import probe_line
-from ..results.metrics import baseline_record
+from ..results.metrics import baseline_record, order_digest
 from ..results.precision import Precision
 from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, fingerprint, tokenizer_fingerprint
 from ..rundir.curve import usable_baseline
@@ -129,6 +129,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     try:
         before = fingerprint(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         probe = probes.get(task.tokenizer)
+        baseline = None if checkpoint.baseline else plan.baseline  # a precision target measures its change from it
         if settings.served is not None:
             config = settings.served
             base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
@@ -139,12 +140,12 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
                                                       timeout=config.reload_timeout, endpoint=config.endpoint,
                                                       model=served.model, version=before or f"step-{checkpoint.step}")
             served.name = checkpoint.shown_as or where
-            report = probe.run(served)
+            report = probe.run(served, baseline=baseline)
         else:
             model = load_checkpoint(checkpoint, plan, device)
             try:
                 with in_precision(plan.precision, device):
-                    report = probe.run(model)
+                    report = probe.run(model, baseline=baseline)
             finally:
                 del model
                 release_memory()
@@ -160,7 +161,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
     notes = []
     if baseline is not None and not checkpoint.baseline:
-        why = usable_baseline(baseline, report["prompt_digest"])
+        why = usable_baseline(baseline, order_digest(report))
         if why is not None:
             notes.append(f"the step-0 baseline of {plan.history.name} is not used for {checkpoint.name}: {why}")
     event = plan.baseline_event if checkpoint.baseline else plan.event

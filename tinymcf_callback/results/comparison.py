@@ -85,6 +85,14 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B"),
                            f"{answer_format(b)!r}: P(Yes) and P(true) are read off different questions and tokens, so "
                            f"their change is not the model's; score both with the same --answer-format")
     ids_a, ids_b = _ids(a), _ids(b)
+    adaptive = [(r.get("info") or {}).get("adaptive") for r in (a, b)]
+    if set(ids_a) != set(ids_b) and all(adaptive) and adaptive[0]["order"] == adaptive[1]["order"]:
+        k = min(x["per_foundation"] for x in adaptive)
+        raise CompareError(
+            f"{la} and {lb} are probes with a precision target that stopped after {adaptive[0]['vignettes']} and "
+            f"{adaptive[1]['vignettes']} vignettes of one order: each history line's change since the baseline is "
+            f"already paired over the vignettes both asked; to compare these two, score both with --per-foundation "
+            f"{k} --subset-seed {adaptive[0]['order_seed']} (the vignettes both asked)")
     if set(ids_a) != set(ids_b):
         only_a, only_b = [i for i in ids_a if i not in set(ids_b)], [i for i in ids_b if i not in set(ids_a)]
         raise CompareError(

@@ -99,6 +99,19 @@ class History:
     x: str = "step"  # "step" (a training history) or "coefficient" (a dose-response history)
     answering: np.ndarray | None = None  # dose-response: False where Yes+No mass fell below 0.5 ("answering": false)
     random: list[History] = field(default_factory=list)  # dose-response: one curve per random direction
+    # the change since the step-0 baseline at each point: its p-value, and the run-level one (metrics.run_level_p)
+    change_p: np.ndarray | None = None
+    change_p_run: np.ndarray | None = None
+
+    def flagged(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where the change since step 0 is flagged at ``1 - level`` (0.05 when the lines do not say): by its own
+        step's p-value, and over the run (``score_change_p_run``, whose false flags are held to that rate over
+        every step of the run together). All False without change p-values."""
+        alpha = 1.0 - (self.level or 0.95)
+        none = np.zeros(len(self.steps), dtype=bool)
+        step = none if self.change_p is None else np.nan_to_num(self.change_p, nan=1.0) < alpha
+        run = none if self.change_p_run is None else np.nan_to_num(self.change_p_run, nan=1.0) < alpha
+        return step, run
 
     def series(self, key: str) -> Series:
         """The curve of metric ``key`` (a :func:`metric_key`); all NaN for a foundation this history lacks."""
@@ -258,7 +271,20 @@ def _curves(path: Path, kept: list[tuple[int, dict]]) -> dict:
     """The fields of a :class:`History` read from ``kept`` lines (one per point, in drawing order)."""
     return {"headline": headline_series(path, kept), "foundations": foundation_series(path, kept),
             "sanity": {key: np.array([_number(path, n, key, line["info"].get(key)) for n, line in kept])
-                       for key in SANITY}}
+                       for key in SANITY},
+            "change_p": _metric(path, kept, "score_change_p"),
+            "change_p_run": _metric(path, kept, "score_change_p_run")}
+
+
+def _metric(path: Path, kept: list[tuple[int, dict]], key: str) -> np.ndarray | None:
+    """A logged metric (``.../<key>`` in the lines' ``metrics``) at each point, NaN where absent; None if nowhere."""
+    values, any_ = [], False
+    for n, line in kept:
+        metrics = line.get("metrics") or {}
+        name = next((k for k in metrics if k.endswith(f"/{key}")), None)
+        any_ = any_ or name is not None
+        values.append(_number(path, n, key, metrics.get(name)) if name else math.nan)
+    return np.array(values) if any_ else None
 
 
 def _dose_key(path: Path, lineno: int, line: dict) -> tuple[str, int, float]:

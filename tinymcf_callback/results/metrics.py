@@ -17,8 +17,10 @@ from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .stats import VignetteScores, paired_change, selectivity, vignette_scores
 
 LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
-SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s", "self_check_fallbacks")
-CHANGE_KEYS = ("score_change", "score_change_p")  # since the step-0 baseline (logged when the run has one)
+SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s", "self_check_fallbacks",
+               "vignettes", "width_reached")  # vignettes asked; with a precision target, the width it stopped at
+# since the step-0 baseline (logged when the run has one); score_change_p_run: the run-level p (run_level_p)
+CHANGE_KEYS = ("score_change", "score_change_lo", "score_change_hi", "score_change_p", "score_change_p_run")
 # with a target foundation and a baseline: the target's change minus the other real foundations' mean change
 SELECTIVITY_KEYS = ("selectivity", "selectivity_lo", "selectivity_hi", "selectivity_p")
 
@@ -76,6 +78,8 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
         # how many faster strategies the self-check left at this probe (0: the fast path held): a curve that leaves 0
         # says the engine met a model it could not score the fast way (docs/engine.md says what to do)
         names["self_check_fallbacks"]: _fallbacks(info),
+        names["vignettes"]: info.get("n_vignettes"),
+        names["width_reached"]: (info.get("adaptive") or {}).get("reached"),
     })
     prefix = f"eval_moral_{probe_key(name, _format(report))}"
     for foundation, row in report["table"].iterrows():
@@ -92,10 +96,22 @@ def _fallbacks(info: dict) -> float | None:
 
 
 # ---- the step-0 baseline: what the change since the start of training is measured from ---------------
+def order_digest(obj: dict) -> str | None:
+    """What decides whether two probes pair: the prompts of the candidates they ask from. A report's (or a
+    :func:`baseline_record`'s) own prompt digest, or, for a probe with a precision target, the digest of every
+    candidate it orders (``info.adaptive.order``): two probes of one order pair over the vignettes both asked."""
+    if "order" in obj:  # a baseline record
+        return obj["order"]
+    adaptive = (obj.get("info") or {}).get("adaptive") if isinstance(obj.get("info"), dict) else None
+    return adaptive["order"] if adaptive else obj.get("prompt_digest")
+
+
 def baseline_record(report: dict, step: int) -> dict:
-    """A report's per-vignette ``s`` and prompt digest as plain JSON values (kept in ``trainer_state.json``)."""
+    """A report's per-vignette ``s`` and prompt digest as plain JSON values (kept in ``trainer_state.json``);
+    ``order``: :func:`order_digest`."""
     scores = vignette_scores(report["scenarios"])
-    return {"step": step, "prompt_digest": report["prompt_digest"], "score": report["score"],
+    return {"step": step, "prompt_digest": report["prompt_digest"], "order": order_digest(report),
+            "score": report["score"],
             "id": [str(i) for i in scores.id], "foundation_coarse": [str(f) for f in scores.foundation_coarse],
             "s": [[None if not math.isfinite(x) else float(x) for x in row] for row in scores.s.tolist()]}
 
@@ -107,28 +123,40 @@ def baseline_scores(record: dict) -> VignetteScores:
 
 
 def change_metrics(name: str, baseline: dict | None, report: dict, target: str | None = None) -> dict[str, float]:
-    """``score_change`` (this probe's score minus the baseline's) and its paired two-sided p-value.
+    """``score_change`` (this probe's score minus the baseline's) with its bounds and paired two-sided p-value.
 
-    The p-value comes from a paired bootstrap over vignettes at the report's ``n_resamples`` and
-    ``level`` (``stats.paired_change``, seed 0); with intervals off (``n_resamples=0``) only the change
-    is logged. With a ``target`` foundation, also its ``selectivity`` (``stats.selectivity``: the
-    target's change of ``align_other`` minus the mean change of the other real foundations) with its
-    bounds and p-value. Empty without a baseline, or with one that asked other prompts (another
-    tokenizer, subset or answer format: no paired change exists); finite values only.
+    Over the vignettes both asked, when both asked from the same candidates (:func:`order_digest`): every
+    vignette of a fixed probe, a probe with a precision target's prefix. The interval and p-value come from a paired
+    bootstrap over vignettes at the report's ``n_resamples`` and ``level`` (``stats.paired_change``, seed 0); a
+    probe with a precision target measured its change at its stop (``info.adaptive.change``: the sequence's
+    interval and p-value, valid under its stopping), and that is logged. With intervals off (``n_resamples=0``)
+    only the change is logged. With a ``target`` foundation, also its ``selectivity`` (``stats.selectivity``:
+    the target's change of ``align_other`` minus the mean change of the other real foundations) with its bounds
+    and p-value. Empty without a baseline, or with one that asked other prompts (another tokenizer, subset or
+    answer format: no paired change exists); finite values only.
     """
-    if baseline is None or baseline.get("prompt_digest") != report.get("prompt_digest"):
+    if baseline is None or order_digest(baseline) != order_digest(report):
         return {}
     names = metric_names(name, _format(report))
+    a, b = _common(baseline_scores(baseline), vignette_scores(report["scenarios"]))
+    adaptive = (report.get("info") or {}).get("adaptive")
+    if adaptive and not adaptive.get("change") and adaptive.get("stopped") != "baseline":
+        return {}  # the probe could not pair with this baseline (it says why in its warnings)
+    level = adaptive["per_look_level"] if adaptive else report.get("level")
     if not report.get("n_resamples"):
-        before, now = baseline.get("score"), report["score"]
+        before, now = _score(a), _score(b)
         values = {names["score_change"]: None if before is None or now is None else now - before}
         if target is not None:
-            values[names["selectivity"]] = _plain_selectivity(baseline, report, target)
+            values[names["selectivity"]] = _plain_selectivity(a, b, target)
     else:
-        a, b = baseline_scores(baseline), vignette_scores(report["scenarios"])
-        settings = {"level": report["level"], "n_resamples": report["n_resamples"], "seed": 0}
-        change = paired_change(a, b, **settings)["headline"]["score"]
-        values = {names["score_change"]: change.change, names["score_change_p"]: change.p}
+        settings = {"level": level, "n_resamples": report["n_resamples"], "seed": 0}
+        if adaptive and adaptive.get("change"):
+            c = adaptive["change"]
+            change = (c["estimate"], c["lo"], c["hi"], c["p"])
+        else:
+            change = paired_change(a, b, **settings)["headline"]["score"]
+        values = dict(zip((names["score_change"], names["score_change_lo"], names["score_change_hi"],
+                           names["score_change_p"]), change, strict=True))
         if target is not None:
             try:
                 sel = selectivity(a, b, target, **settings)["selectivity"]
@@ -140,22 +168,79 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 
-def _plain_selectivity(baseline: dict, report: dict, target: str) -> float | None:
-    """Selectivity without intervals: the target's change minus the others' mean change, from the vignette means."""
+def _common(a: VignetteScores, b: VignetteScores) -> tuple[VignetteScores, VignetteScores]:
+    """Both reports' rows of the vignettes both asked, in ``b``'s order."""
+    if len(a.id) == len(b.id) and all(str(x) == str(y) for x, y in zip(a.id, b.id, strict=True)):
+        return a, b
+    where = {str(i): r for r, i in enumerate(a.id)}
+    keep = [r for r, i in enumerate(b.id) if str(i) in where]
+    pick = [where[str(b.id[r])] for r in keep]
+    return (VignetteScores(a.id[pick], a.foundation_coarse[pick], a.s[pick]),
+            VignetteScores(b.id[keep], b.foundation_coarse[keep], b.s[keep]))
+
+
+def _score(scores: VignetteScores) -> float | None:
+    """The score of per-vignette ``s`` (mean ``align_other`` over the real foundations present), as ``analyse``."""
     import numpy as np
 
     from ..data.sets import REAL_FOUNDATIONS
 
-    def align(scores: VignetteScores, foundation: str) -> float:
-        s = scores.s[scores.foundation_coarse == foundation]
-        if not len(s):
-            return math.nan
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a condition with no finite score: NaN
-            return float(np.nanmean(s[:, 0]) - np.nanmean(s[:, 1]))
+    values = [_align(scores, f) for f in REAL_FOUNDATIONS]
+    values = [v for v in values if math.isfinite(v)]
+    return float(np.mean(values)) if values else None
 
-    a, b = baseline_scores(baseline), vignette_scores(report["scenarios"])
-    changes = {f: align(b, f) - align(a, f) for f in REAL_FOUNDATIONS}
+
+def _align(scores: VignetteScores, foundation: str) -> float:
+    import numpy as np
+
+    s = scores.s[scores.foundation_coarse == foundation]
+    if not len(s):
+        return math.nan
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a condition with no finite score: NaN
+        return float(np.nanmean(s[:, 0]) - np.nanmean(s[:, 1]))
+
+
+# ---- a change flag that holds over a whole run --------------------------------------------------------------
+def run_level_p(p: float, test: int) -> float:
+    """The run-level p-value of the ``test``-th change test of a run (1 for the first probe after the baseline):
+    ``min(1, p * test * (test + 1))``. Test ``j`` may spend ``alpha / (j (j + 1))``, and those spends add up to
+    ``alpha`` over any number of tests, so the chance that a run whose score never moved has *any* step with a
+    run-level p below ``alpha`` is at most ``alpha``, however long it runs and whatever the tests' dependence."""
+    if not math.isfinite(p) or test < 1:
+        return math.nan
+    return min(1.0, p * test * (test + 1))
+
+
+def with_run_level(line: dict, name: str, answer_format: str, tests_before: int) -> int:
+    """Add ``score_change_p_run`` to a history line's metrics when it carries a change test (a ``score_change_p``;
+    the baseline's own line, compared with itself, is none): this test is number ``tests_before + 1`` of its run.
+    Returns the tests counted with this one."""
+    names = metric_names(name, answer_format)
+    p = line["metrics"].get(names["score_change_p"])
+    if p is None or not _is_test(line):
+        return tests_before
+    line["metrics"][names["score_change_p_run"]] = run_level_p(float(p), tests_before + 1)
+    return tests_before + 1
+
+
+def count_tests(lines: list[dict]) -> int:
+    """How many of a run's lines carry a change test (a ``score_change_p``, the baseline's line not counted)."""
+    return sum(1 for line in lines if _is_test(line) and any(k.endswith("/score_change_p")
+                                                             for k in (line.get("metrics") or {})))
+
+
+def _is_test(line: dict) -> bool:
+    from .history import BASELINE_EVENT
+
+    return line.get("event") != BASELINE_EVENT
+
+
+def _plain_selectivity(a: VignetteScores, b: VignetteScores, target: str) -> float | None:
+    """Selectivity without intervals: the target's change minus the others' mean change, from the vignette means."""
+    from ..data.sets import REAL_FOUNDATIONS
+
+    changes = {f: _align(b, f) - _align(a, f) for f in REAL_FOUNDATIONS}
     others = [c for f, c in changes.items() if f != target and math.isfinite(c)]
     if not math.isfinite(changes[target]) or not others:
         return None

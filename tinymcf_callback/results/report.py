@@ -75,6 +75,31 @@ INFO_FIELDS = {
                         "(BACKEND_FIELDS)"),
     "versions": (OBJECT, "what made the report: tinymcf_callback, torch, transformers and python versions (a "
                          "served model's server: backend.version)"),
+    "adaptive": (OBJECT, "a probe with a precision target (until) only: what it asked and why it stopped "
+                         "(ADAPTIVE_FIELDS)"),
+}
+_LOOK = "{per_foundation, vignettes, estimate, lo, hi, width, p}"
+ADAPTIVE_FIELDS = {
+    "until": (STR, "level (the score to within the width) or change (has it moved since the baseline)"),
+    "width": (NUM, "the interval's width (hi - lo) asked for"),
+    "level": (NUM, "the confidence sequence's level: every interval of the report holds, over all the looks, at "
+                   "this level"),
+    "per_look_level": (NUM, "the level each look's interval is built at so that they hold together (the level "
+                            "itself for a baseline, which scores everything without looking)"),
+    "order": (STR, "the prompt digest of every candidate vignette: two probes of one order pair over the vignettes "
+                   "both asked"),
+    "order_seed": (INT, "the seed of the foundation-balanced order (subset_seed)"),
+    "per_foundation": (INT, "vignettes per foundation asked (a foundation with fewer gave all it has)"),
+    "vignettes": (INT, "vignettes asked"), "of_vignettes": (INT, "candidate vignettes"),
+    "prompts": (INT, "prompts asked"), "of_prompts": (INT, "candidate prompts"),
+    "asked": (OBJECT, "the vignettes asked, as info.subset records a subset (per_foundation=k of the candidates)"),
+    "stopped": (STR, "width (narrow enough), moved (the change's interval excluded 0), used up (the candidates ran "
+                     "out first), or baseline"),
+    "why": (STR, "the same, in words"),
+    "reached": (NUM_OR_NULL, "the width of the interval asked about at the stop (null: a baseline)"),
+    "looks": (LIST, f"every look until the stop, {_LOOK}: the interval asked about at each"),
+    "change": ("object or null", f"the change of the score since the baseline at the stop, {_LOOK} (null without a "
+                       "baseline)"),
 }
 BACKEND_FIELDS = {
     "kind": (STR, "transformers (this process), or the server: vllm, sglang, llama.cpp, openai-compatible"),
@@ -141,7 +166,7 @@ PROMPT_FIELDS = {"id": (STR, "the vignette"), "foundation": (STR, "its label"),
                  "frame": (STR, "wrong or accept"), "p_yes": (NUM, "P(Yes) (P(true) with JSON answers)"),
                  "yn_mass": (NUM, "the answer mass"), "wrong": (NUM, "mean human wrongness (rated sets only)")}
 SCHEMA = {"report": REPORT_FIELDS, "extra": EXTRA_FIELDS, "info": INFO_FIELDS, "self_check": SELF_CHECK_FIELDS,
-          "backend": BACKEND_FIELDS,
+          "backend": BACKEND_FIELDS, "adaptive": ADAPTIVE_FIELDS,
           "table": TABLE_ROW_FIELDS, "scenarios": SCENARIO_FIELDS, "prompts": PROMPT_FIELDS}
 
 

@@ -38,8 +38,24 @@ def sanity_lines(report: dict) -> list[str]:
                                     bool(report.get("level")))
     lines.append(f"[tinymcf] score={shown('score')} gap={shown('gap')} social-norms control={shown('sn')}")
     lines.append(f"[tinymcf] score minus control={shown('score_minus_sn')}; {interval_note(report)}")
+    if info.get("adaptive"):
+        lines.append(stop_line(info["adaptive"]))
     lines += [f"[tinymcf] WARNING: {w}" for w in info["warnings"]]
     return lines
+
+
+def stop_line(adaptive: dict) -> str:
+    """What a probe with a precision target asked and why it stopped, in one line."""
+    a = adaptive
+    reached = "" if a.get("reached") is None else f", width reached {a['reached']:.3f}"
+    change = a.get("change")
+    since = "" if not change or change.get("estimate") is None else (
+        f"; change since the baseline {with_bounds(change['estimate'], change['lo'], change['hi'])}"
+        + ("" if change.get("p") is None else f" p={change['p']:.3g}"))
+    return (f"[tinymcf] until={a['until']} width={a['width']:g}: asked {a['vignettes']} of {a['of_vignettes']} "
+            f"vignettes ({a['per_foundation']} per foundation, {a['prompts']} of {a['of_prompts']} prompts) and "
+            f"stopped: {a['why']}{reached}{since}; every interval is one of a {a['level']:.0%} confidence sequence "
+            f"over the probe's looks (each look at {a['per_look_level']:.1%})")
 
 
 def with_bounds(estimate, lo, hi, intervals: bool = True) -> str:

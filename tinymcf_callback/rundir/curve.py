@@ -43,7 +43,7 @@ from ..results.history import (
     resume_line,
     resume_marks,
 )
-from ..results.metrics import baseline_record, baseline_scores
+from ..results.metrics import baseline_record, baseline_scores, count_tests, order_digest, with_run_level
 from ..results.precision import Precision
 from ..results.report import load_report, write_report
 
@@ -125,6 +125,12 @@ class Curve:
         except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the run
             return None, f"{path} cannot be read ({type(e).__name__}: {e}): no change since the baseline is logged"
 
+    def number(self, line: dict) -> dict:
+        """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
+        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now."""
+        with_run_level(line, self.name, self.answer_format, count_tests(self.read().lines))
+        return line
+
     def saved_baseline(self, prompt_digest: str) -> tuple[dict | None, str | None]:
         """:meth:`baseline_record`, used only when it asked these prompts (``prompt_digest``); else ``(None, why)``."""
         record, why = self.baseline_record()
@@ -195,7 +201,7 @@ class Curve:
 
 def usable_baseline(record, prompt_digest: str) -> str | None:
     """Why a saved baseline record cannot measure this probe's change (None: it can)."""
-    if not isinstance(record, dict) or record.get("prompt_digest") != prompt_digest:
+    if not isinstance(record, dict) or order_digest(record) != prompt_digest:
         return ("its prompts differ from this probe's (another subset, tokenizer, answer prefix or answer format): "
                 "no change since the baseline is logged")
     try:

@@ -374,6 +374,7 @@ class ScoreResult:
     precision: dict | None = None
     model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
     backend: dict | None = None  # a served model's server, request form and bounds (None: the local forward pass)
+    asked: object | None = None  # a probe with a precision target: what it asked and why it stopped (stopping.Asked)
 
 
 def empty_result(n: int) -> ScoreResult:

@@ -30,6 +30,7 @@ mode and restores the model's mode after, so it does not change the training eit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ import time
 from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..probe import Probe
 from ..results.history import BASELINE_EVENT, probe_line
-from ..results.metrics import baseline_record, dashboard_names
+from ..results.metrics import baseline_record, count_tests, dashboard_names, with_run_level
 from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten, usable_baseline
 from ..scoring.ranks import Ranks
@@ -83,6 +84,7 @@ class ProbeLogger:
         self.last_metrics: dict[str, float] = {}  # the logged names (eval_moral_<name>/...)
         self.last_line: dict | None = None  # the history line of the last probe
         self._started = False
+        self._tests: int | None = None  # change tests of this run so far (the run-level p's count)
 
     @property
     def name(self) -> str:
@@ -118,9 +120,11 @@ class ProbeLogger:
     # ---- the parts, also the callback's ----------------------------------------------------------
     def score(self, model, *, step: int, event: str) -> dict | None:
         """The report of ``model`` (scored across the processes), or None when the probe failed (warned)."""
+        self._start(event)  # a resumed loop's baseline first: a precision target measures its change from it
         try:
             start = time.perf_counter()
-            res = self.probe.score(model, ranks=Ranks.current())  # the batches shared among the processes
+            # the batches shared among the processes; a precision target measures its change from the baseline
+            res = self.probe.score(model, ranks=Ranks.current(), baseline=self.baseline_record)
             return self.probe.report(res, elapsed=time.perf_counter() - start)
         except UnsupportedModelError:
             raise  # a model the probe cannot read at all: a setup error, not a passing failure
@@ -140,15 +144,13 @@ class ProbeLogger:
         0 reads the baseline back from ``output_dir`` (``resume``). Every process computes the same
         metrics.
         """
-        if not self._started:
-            self._started = True
-            if event != BASELINE_EVENT and self.resume and self.baseline_record is None:
-                self.baseline_record = self._saved_baseline()
+        self._start(event)
         if event == BASELINE_EVENT:
             self.baseline_record = baseline_record(report, step)
         line = probe_line(self.name, report, baseline=self.baseline_record, target=self.probe.config.target,
                           step=step, epoch=epoch, event=event)
         line["fingerprint"] = fingerprint
+        self._number(line)
         metrics = line["metrics"]
         self.last_step, self.last_report, self.last_metrics, self.last_line = step, report, metrics, line
         if write if write is not None else Ranks.current().is_main:
@@ -159,6 +161,24 @@ class ProbeLogger:
             if self.output_dir is not None:
                 self._write(report, line, step=step, epoch=epoch, event=event)
         return metrics
+
+    def _start(self, event: str) -> None:
+        """At the first probe: a loop resumed after step 0 takes the baseline beside the history (``resume``)."""
+        if not self._started:
+            self._started = True
+            if event != BASELINE_EVENT and self.resume and self.baseline_record is None:
+                self.baseline_record = self._saved_baseline()
+
+    def _number(self, line: dict) -> None:
+        """The line's run-level change p: its test is the next of the run's (counted from the history at the first
+        probe, then here; every process counts alike)."""
+        if self._tests is None:
+            self._tests = 0
+            if self.curve is not None and Ranks.current().is_main:
+                with contextlib.suppress(OSError, HistoryError):
+                    self._tests = count_tests(self.curve.read().lines)
+            self._tests = Ranks.current().gather(self._tests)[0]
+        self._tests = with_run_level(line, self.name, self.probe.answer_format, self._tests)
 
     def _write(self, report: dict, line: dict, *, step: int, epoch, event: str) -> None:
         """The history line (at the step-0 probe its baseline report first); what fails is kept for the next probe."""

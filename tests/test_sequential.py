@@ -1,0 +1,166 @@
+"""results.sequential: the order a precision target asks in, its looks, and intervals that hold under the stopping.
+
+No model: per-vignette scores of a known structure, and the real scifi set's foundations and ids.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from tinymcf_callback.data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_subset, load_vignettes
+from tinymcf_callback.results.metrics import count_tests, run_level_p, with_run_level
+from tinymcf_callback.results.sequential import (
+    Boundary,
+    Look,
+    Schedule,
+    Sequential,
+    balanced_order,
+    moments,
+    stop_reason,
+)
+from tinymcf_callback.results.stats import VignetteScores, bootstrap_intervals, paired_change
+
+
+@pytest.fixture(scope="module")
+def scifi():
+    vs = load_vignettes("scifi")
+    return [v["id"] for v in vs], [v["foundation_coarse"] for v in vs]
+
+
+def _scores(ids, foundations, rng, shift=0.0, noise=0.3, base=None):
+    """Per-vignette s: a foundation mean, a vignette effect shared by the conditions, condition noise; ``base``: the
+    same vignettes' earlier scores, moved by ``shift`` on the violations plus noise (a paired change)."""
+    n = len(ids)
+    if base is None:
+        mu = np.array([[0.3, -0.2, 0.2, -0.1] if f != CONTROL else [0.05, 0.0, 0.0, 0.0] for f in foundations])
+        s = mu + noise * (rng.normal(size=(n, 1)) + rng.normal(size=(n, 4)))
+    else:
+        s = base.s + np.array([shift, 0.0, shift, 0.0]) + noise * rng.normal(size=(n, 4))
+    return VignetteScores(np.array(ids), np.array(foundations), np.clip(s, -1, 1))
+
+
+def test_the_order_asks_round_by_round_and_its_prefixes_are_per_foundation_subsets(scifi):
+    ids, foundations = scifi
+    rows = [{"id": i, "foundation_coarse": f} for i, f in zip(ids, foundations, strict=True)]
+    for seed in (0, 3):
+        order = balanced_order(ids, foundations, seed)
+        assert sorted(order) == list(range(len(ids)))
+        schedule = Schedule.of(foundations)
+        assert schedule.looks == (2, 3, 4, 5, 6, 7, 8, 9)  # Care has 9 vignettes, the others 7
+        for k, n in enumerate(schedule.looks):
+            prefix = {ids[i] for i in order[:schedule.vignettes(k)]}
+            assert prefix == {r["id"] for r in balanced_subset(rows, n, seed)}, (seed, n)
+        first_round = [foundations[i] for i in order[:7]]
+        assert first_round == list(FOUNDATIONS)  # one of each, the control kept
+    assert balanced_order(ids, foundations, 0) != balanced_order(ids, foundations, 1)
+
+
+def test_a_looks_moments_are_the_bootstraps_without_its_noise(scifi):
+    """The variance the stop uses is the one the probe's bootstrap estimates: the same interval to within the
+    resampling's noise, and the very estimate the report gives."""
+    ids, foundations = scifi
+    rng = np.random.default_rng(0)
+    a = _scores(ids, foundations, rng)
+    b = _scores(ids, foundations, rng, shift=0.1, noise=0.1, base=a)
+    level = moments(a)
+    boot = bootstrap_intervals(a, n_resamples=20000)["headline"]["score"]
+    assert level.estimate == pytest.approx(boot.estimate, abs=1e-12)
+    half = (boot.hi - boot.lo) / 2
+    from tinymcf_callback.results.stats import t_quantile
+
+    assert t_quantile(0.975, level.df) * math.sqrt(level.var) == pytest.approx(half, rel=0.03)
+    change = moments(b, a)
+    boot = paired_change(a, b, n_resamples=20000)["headline"]["score"]
+    assert change.estimate == pytest.approx(boot.change, abs=1e-12)
+    assert t_quantile(0.975, change.df) * math.sqrt(change.var) == pytest.approx((boot.hi - boot.lo) / 2, rel=0.03)
+    assert moments(a, a).var == 0.0 and moments(a, a).estimate == 0.0  # a model compared with itself
+
+
+def test_the_boundary_widens_each_look_by_what_the_looks_cost_and_its_p_value_agrees(scifi):
+    _, foundations = scifi
+    boundary = Schedule.of(foundations).boundary()
+    per_look = boundary.per_look(0.95)
+    assert 0.975 < per_look < 0.995  # 8 looks: about 98.5% each so that all hold together at 95%
+    one = Boundary.of(Schedule((2, 2, 2, 2, 2, 2, 2), (2,)))
+    assert one.per_look(0.95) == 0.95  # one look: nothing to pay
+    p_looks = [0.5, 0.1, 1 - per_look, 0.001, 1e-6]
+    p_seq = [boundary.p_value(p) for p in p_looks]
+    assert all(x >= p for x, p in zip(p_seq, p_looks, strict=True))
+    assert p_seq == sorted(p_seq, reverse=True)
+    assert p_seq[2] == pytest.approx(0.05, abs=0.002)  # at the per-look level's edge: the sequence's 5%
+
+
+def test_stop_reasons():
+    look = lambda lo, hi: Look(2, 14, (lo + hi) / 2, lo, hi)  # noqa: E731
+    assert stop_reason("level", 0.1, look(0.2, 0.25)) == "width"
+    assert stop_reason("level", 0.1, look(0.2, 0.35)) is None
+    assert stop_reason("change", 0.1, look(0.2, 0.9)) == "moved"  # excludes 0: answered, however wide
+    assert stop_reason("change", 0.1, look(-0.04, 0.05)) == "width"
+    assert stop_reason("change", 0.1, look(-0.3, 0.3)) is None
+    assert stop_reason("level", 0.1, look(math.nan, math.nan)) is None
+
+
+def _coverage(ids, foundations, *, until, width, per_look=None, n_sim=400):
+    """Simulated probes of fresh vignette draws (each its own random order): how often the interval at the stop
+    covers the population's value, and the mean vignettes asked."""
+    rng = np.random.default_rng(11)
+    covered, asked = 0, []
+    truth = np.mean([0.3 - (-0.2) for _ in REAL_FOUNDATIONS]) if until == "level" else 0.0
+    for sim in range(n_sim):
+        seq = Sequential.of(ids, foundations, until=until, width=width, level=0.95, seed=sim)
+        if per_look is not None:
+            seq.per_look = per_look
+        a = _scores(ids, foundations, rng, noise=0.35)
+        b = _scores(ids, foundations, rng, shift=0.0, noise=0.15, base=a) if until == "change" else None
+        looks, _ = seq.run(b, a) if b is not None else seq.run(a)
+        covered += looks[-1].lo <= truth <= looks[-1].hi
+        asked.append(looks[-1].vignettes)
+    return covered / n_sim, float(np.mean(asked))
+
+
+@pytest.mark.parametrize("until,width", [("level", 0.45), ("change", 0.2)])
+def test_intervals_keep_their_coverage_under_the_stopping_where_fixed_ones_do_not(scifi, until, width):
+    """Stopping at the first narrow interval: the fixed 95% interval at the stop covers the truth less often than
+    95% (a narrow interval is more often one whose spread was underestimated); the sequence's keeps it."""
+    ids, foundations = scifi
+    naive, asked_naive = _coverage(ids, foundations, until=until, width=width, per_look=0.95)
+    held, asked = _coverage(ids, foundations, until=until, width=width)
+    assert held >= 0.93, held  # 400 simulations: 95% +- 2.2% (two standard errors)
+    assert naive < held - 0.02, (naive, held)
+    assert 14 <= asked < len(ids)  # it does stop early, later than the naive rule
+    assert asked_naive <= asked
+
+
+def test_the_run_level_p_spends_alpha_over_any_number_of_tests():
+    assert run_level_p(0.01, 1) == pytest.approx(0.02)
+    assert run_level_p(0.01, 4) == pytest.approx(0.2)
+    assert run_level_p(0.2, 9) == 1.0
+    assert math.isnan(run_level_p(math.nan, 1))
+    # a run of 30 probes that never moves: correlated per-step p-values (each step's change shares the vignettes'
+    # drift); the per-step rule flags many such runs, the run-level rule at most 5%
+    rng = np.random.default_rng(5)
+    from statistics import NormalDist
+
+    step_flags = run_flags = 0
+    for _ in range(2000):
+        z = np.cumsum(rng.normal(size=30)) / np.sqrt(np.arange(1, 31))  # a random walk's standardised means
+        p = [2 * (1 - NormalDist().cdf(abs(x))) for x in z]
+        step_flags += any(x < 0.05 for x in p)
+        run_flags += any(run_level_p(x, j + 1) < 0.05 for j, x in enumerate(p))
+    assert step_flags / 2000 > 0.2
+    assert run_flags / 2000 <= 0.05
+
+
+def test_a_lines_run_level_p_counts_the_runs_earlier_tests_not_its_baseline():
+    name, fmt = "scifi", "yesno"
+    key = "eval_moral_scifi/score_change_p"
+    lines = [{"event": "train_begin", "metrics": {key: 1.0}}, {"event": "save", "metrics": {key: 0.01}},
+             {"event": "save", "metrics": {}}]
+    assert count_tests(lines) == 1
+    line = {"event": "save", "metrics": {key: 0.01}}
+    assert with_run_level(line, name, fmt, count_tests(lines)) == 2
+    assert line["metrics"]["eval_moral_scifi/score_change_p_run"] == pytest.approx(0.06)
+    baseline = {"event": "train_begin", "metrics": {key: 1.0}}
+    assert with_run_level(baseline, name, fmt, 0) == 0 and "eval_moral_scifi/score_change_p_run" not in \
+        baseline["metrics"]

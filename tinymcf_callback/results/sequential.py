@@ -1,0 +1,337 @@
+"""A probe that stops when it knows enough: the order it asks in, when it looks, and intervals that hold anyway.
+
+A probe with a precision target (``ProbeConfig(until="level" | "change", width=w)``) scores its vignettes in
+rounds of a fixed order and stops at the first *look* where it knows what it was asked. This module is that
+decision, in numpy, with no model: the same code runs inside a probe and in the simulations that measure it
+(``benchmarks/adaptive.py``, ``docs/statistics.md``).
+
+**The order.** Within each foundation the vignettes are ranked by ``md5("<seed>:<id>")``, the rank
+:func:`~tinymcf_callback.data.sets.balanced_subset` keeps the first ``N`` of; round ``r`` asks the ``r``-th
+vignette of every foundation (the Social Norms control included). So the first ``n`` rounds are exactly
+``per_foundation=n`` (the same seed), every probe of a run asks a prefix of one order, and two probes of a run
+share the shorter one's vignettes: their paired change is over vignettes both asked.
+
+**The looks.** After rounds ``2, 3, 4, ...`` (an interval needs two vignettes per foundation) until the set is
+used up: :class:`Schedule`.
+
+**The interval at a look.** The score is a stratified mean (the mean over the six real foundations of each one's
+``align_other``), so its variance is the sum of the foundations' variances of their means. At a look each
+foundation's is computed exactly from its vignettes (:func:`moments`): the variance that the probe's bootstrap
+(:mod:`~tinymcf_callback.results.stats`, vignettes resampled within foundations, scaled by ``n / (n - 1)``)
+estimates by resampling, here without the resampling's noise, so that a stop does not depend on a random draw.
+A change since the baseline is the same over each vignette's difference (paired). Degrees of freedom:
+Welch-Satterthwaite over the foundations, as for the fixed-size intervals.
+
+**Why it holds under the stopping.** Stopping at the first narrow interval looks at the data: an interval
+that covers 95% of the time at one fixed look covers less at a look chosen because it was narrow (a narrow
+interval is more often one whose spread was underestimated). The probe's intervals are instead a
+*confidence sequence over its looks*: a constant ``c`` such that the intervals ``estimate ± c * se`` at all
+the looks hold *together* with probability ``level`` (Pocock's constant boundary for a group-sequential
+design). Then any rule for when to stop (narrow enough, excludes 0, the user's patience) keeps the coverage.
+``c`` is computed for the probe's own schedule (:class:`Boundary`): the estimates at the looks are nested
+means, each look's a stratified mean over the foundations' first ``n_f`` vignettes, so their joint
+distribution is known up to the foundations' spreads; ``c`` is the ``level`` quantile of the largest
+standardised error over the looks, from 200,000 seeded draws of that Gaussian process (equal spreads), and
+each look uses it as a per-look level, through the t distribution of its own degrees of freedom. For
+``scifi`` (8 looks) the per-look level is about 98.9% where the sequence's is 95%. The coverage that
+results, for the whole set's value under random orders of real vignette scores, is measured in
+``docs/statistics.md``; a p-value is the smallest ``1 - level`` at which the sequence's interval excludes 0
+(:meth:`Boundary.p_value`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+from ..data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_rank
+from .stats import VignetteScores, t_cdf, t_quantile
+
+UNTIL = ("level", "change")  # what a precision target asks for: the score to within a width, or has it moved
+FIRST_LOOK = 2  # vignettes per foundation at the first look: the fewest with a spread to measure
+BOUNDARY_DRAWS = 200_000  # draws of the looks' joint errors behind a boundary (the level to about +-0.001)
+_BOUNDARY_SEED = 0
+_CHUNK = 25_000
+_RANGE = {"level": 2.0, "change": 4.0}  # |score| <= 2, |score change| <= 4
+STOPS = {  # why a probe stopped, as its report says it
+    "width": "its interval was narrower than the width asked",
+    "moved": "its interval of the change excluded 0: the score moved since the baseline",
+    "used up": "the vignettes were used up before the interval was as narrow as asked",
+    "baseline": "it is the baseline, which scores every vignette so that any later probe's change has its pairs",
+}
+
+
+# ---- the order and the looks ----------------------------------------------------------------------------------
+def balanced_order(ids, foundations, seed: int = 0) -> list[int]:
+    """Indices of the vignettes in the order a precision-target probe asks them: round by round, each round the
+    next vignette of every foundation (in :data:`FOUNDATIONS` order), each foundation's in
+    :func:`~tinymcf_callback.data.sets.balanced_rank` order."""
+    by_f = {f: [i for i, g in enumerate(foundations) if g == f] for f in FOUNDATIONS}
+    ranked = {f: sorted(rows, key=lambda i: balanced_rank(seed, str(ids[i]))) for f, rows in by_f.items()}
+    out = []
+    for r in range(max((len(v) for v in ranked.values()), default=0)):
+        out += [rows[r] for rows in ranked.values() if r < len(rows)]
+    return out
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a probe of a candidate set looks: after ``looks[k]`` vignettes per foundation (a foundation with fewer
+    gives all it has). ``sizes``: each foundation's candidates, in :data:`FOUNDATIONS` order."""
+
+    sizes: tuple[int, ...]
+    looks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, foundations) -> Schedule:
+        counts = tuple(sum(1 for f in foundations if f == g) for g in FOUNDATIONS)
+        top = max(counts, default=0)
+        return cls(counts, tuple(range(min(FIRST_LOOK, top), top + 1)) if top else ())
+
+    def counts(self, k: int) -> dict[str, int]:
+        """Vignettes per foundation at look ``k``."""
+        return {f: min(self.looks[k], n) for f, n in zip(FOUNDATIONS, self.sizes, strict=True)}
+
+    def vignettes(self, k: int) -> int:
+        return sum(self.counts(k).values())
+
+    def boundary(self) -> Boundary:
+        return Boundary.of(self)
+
+
+class Boundary:
+    """The constant of a confidence sequence over one schedule's looks (see the module's docstring).
+
+    ``draws``: the largest standardised error over the looks, sorted, in ``BOUNDARY_DRAWS`` seeded draws of the
+    looks' joint Gaussian errors (real foundations only: the score and its change average them).
+    """
+
+    def __init__(self, draws: np.ndarray, n_looks: int):
+        self.draws, self.n_looks = draws, n_looks
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> Boundary:
+        real = tuple(n for f, n in zip(FOUNDATIONS, schedule.sizes, strict=True) if f != CONTROL)
+        return _boundary(real, schedule.looks)
+
+    def per_look(self, level: float) -> float:
+        """The level each look's interval is built at so that all of them hold together with ``level``."""
+        if self.n_looks <= 1:
+            return level
+        c = float(np.quantile(self.draws, level))
+        return 2.0 * NormalDist().cdf(c) - 1.0
+
+    def p_value(self, p_look: float) -> float:
+        """The sequence's p-value of a look whose own (fixed-size) p-value is ``p_look``: the chance that the
+        largest standardised error over the looks reaches this look's. Never below ``p_look``."""
+        if not math.isfinite(p_look):
+            return math.nan
+        if self.n_looks <= 1 or p_look >= 1.0 or p_look <= 0.0:
+            return float(p_look)
+        z = -NormalDist().inv_cdf(p_look / 2.0)  # the look's |z| (its lower tail: exact for tiny p)
+        tail = (len(self.draws) - np.searchsorted(self.draws, z, side="left")) / len(self.draws)
+        if tail * len(self.draws) < 200:  # beyond what the draws resolve: the tail of the union of the looks,
+            # scaled to meet the draws where they still resolve it (the ratio is flat out there)
+            edge = float(self.draws[-200])
+            edge_p = 2.0 * (1.0 - NormalDist().cdf(edge))
+            tail = p_look * (200 / len(self.draws)) / edge_p if edge_p > 0 else p_look
+        return float(min(1.0, max(tail, p_look)))
+
+
+@lru_cache(maxsize=64)
+def _boundary(real_sizes: tuple[int, ...], looks: tuple[int, ...]) -> Boundary:
+    """The seeded draws behind :class:`Boundary` for real foundations of ``real_sizes`` looked at after ``looks``."""
+    sizes = np.array([n for n in real_sizes if n > 0])
+    if len(looks) <= 1 or not len(sizes):
+        return Boundary(np.zeros(1), len(looks))
+    counts = np.minimum(np.array(looks)[:, None], sizes[None, :]).astype(float)  # [K, F]
+    steps = np.diff(np.vstack([np.zeros((1, len(sizes))), counts]), axis=0)  # vignettes each look adds
+    sd = np.sqrt(np.sum(1.0 / counts, axis=1))  # of the foundations' summed means, with unit spreads
+    rng = np.random.default_rng(_BOUNDARY_SEED)
+    out = []
+    for start in range(0, BOUNDARY_DRAWS, _CHUNK):
+        n = min(_CHUNK, BOUNDARY_DRAWS - start)
+        added = rng.standard_normal((n, *steps.shape)) * np.sqrt(steps)  # each look's new vignettes, summed
+        means = np.cumsum(added, axis=1) / counts  # [n, K, F]
+        out.append(np.max(np.abs(means.sum(axis=2) / sd), axis=1))
+    return Boundary(np.sort(np.concatenate(out)), len(looks))
+
+
+# ---- one look -------------------------------------------------------------------------------------------------
+@dataclass
+class Moments:
+    """The score (or its change) at a look: estimate, variance of the estimate, Welch-Satterthwaite df."""
+
+    estimate: float
+    var: float
+    df: float
+
+
+def _align_other(s: np.ndarray) -> tuple[float, np.ndarray, int]:
+    """A foundation's ``align_other`` from its rows ``s[n, 4]``, each vignette's influence on it, the vignettes
+    behind it. Means skip NaN as ``analyse``'s do (a condition's mean over its finite scores)."""
+    ov, ou = s[:, 0], s[:, 1]
+    fo, fu = np.isfinite(ov), np.isfinite(ou)
+    no, nu = int(fo.sum()), int(fu.sum())
+    if not no or not nu:
+        return math.nan, np.zeros(len(s)), 0
+    mo, mu = float(ov[fo].mean()), float(ou[fu].mean())
+    psi = np.where(fo, (ov - mo) / no, 0.0) - np.where(fu, (ou - mu) / nu, 0.0)
+    return mo - mu, psi, min(no, nu)
+
+
+def moments(now: VignetteScores, before: VignetteScores | None = None) -> Moments:
+    """The score of ``now`` (or, with ``before`` over the same vignettes in the same order, its change since
+    ``before``), its variance and degrees of freedom: each real foundation's, exactly (``n / (n - 1)`` times the
+    sum of its vignettes' squared influences, the bootstrap's expected variance), averaged as the score is.
+    NaN when a foundation has fewer than two vignettes."""
+    terms = []
+    for f in REAL_FOUNDATIONS:
+        rows = now.foundation_coarse == f
+        if not rows.any():
+            continue
+        est, psi, n = _align_other(now.s[rows])
+        if before is not None:
+            est_b, psi_b, n_b = _align_other(before.s[rows])
+            est, psi, n = est - est_b, psi - psi_b, min(n, n_b)
+        if not math.isfinite(est):
+            continue
+        var = float(n / (n - 1) * np.sum(psi * psi)) if n >= 2 else math.nan
+        terms.append((est, var, n - 1))
+    if not terms:
+        return Moments(math.nan, math.nan, 0.0)
+    k = len(terms)
+    estimate = sum(t[0] for t in terms) / k
+    if any(not math.isfinite(t[1]) or t[2] < 1 for t in terms):
+        return Moments(estimate, math.nan, 0.0)
+    parts = [t[1] / (k * k) for t in terms]
+    var = sum(parts)
+    denom = sum(p * p / t[2] for p, t in zip(parts, terms, strict=True))
+    return Moments(estimate, var, var * var / denom if denom > 0 else math.inf)
+
+
+@dataclass
+class Look:
+    """One look of a probe with a precision target: what it had asked and the interval it had."""
+
+    per_foundation: int
+    vignettes: int
+    estimate: float
+    lo: float
+    hi: float
+    p: float | None = None  # the change's p-value (a change target, or a level one with a baseline)
+
+    @property
+    def width(self) -> float:
+        return self.hi - self.lo
+
+    def as_dict(self) -> dict:
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        out["width"] = None if out["lo"] is None or out["hi"] is None else self.width
+        return out
+
+
+def interval(m: Moments, per_look: float, bound: float) -> tuple[float, float]:
+    """``estimate ± t(df) * se`` at the per-look level, clipped to ``[-bound, bound]``; NaN when undefined; a point
+    when the variance is 0 (a model compared with itself)."""
+    if not (math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1):
+        return math.nan, math.nan
+    half = t_quantile(0.5 + per_look / 2.0, m.df) * math.sqrt(max(m.var, 0.0))
+    return max(m.estimate - half, -bound), min(m.estimate + half, bound)
+
+
+def p_look(m: Moments) -> float:
+    """The two-sided t-test of ``estimate == 0`` at one look (fixed size)."""
+    if not (math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1):
+        return math.nan
+    if m.var <= 0:
+        return 1.0 if m.estimate == 0 else 0.0
+    return 2.0 * t_cdf(-abs(m.estimate) / math.sqrt(m.var), m.df)
+
+
+def stop_reason(until: str, width: float, look: Look) -> str | None:
+    """Why a probe stops at ``look`` (a key of :data:`STOPS`), or None to go on. ``change``: also once its
+    interval excludes 0 (the question "has it moved" is answered)."""
+    if not (math.isfinite(look.lo) and math.isfinite(look.hi)):
+        return None
+    if until == "change" and (look.lo > 0 or look.hi < 0):
+        return "moved"
+    return "width" if look.width < width else None
+
+
+# ---- a whole sequence, from per-vignette scores (a probe's loop and the simulations) ---------------------------
+@dataclass
+class Sequential:
+    """The looks of one probe: ``order`` (indices into the candidates, :func:`balanced_order`), its
+    :class:`Schedule`, the per-look level for ``level``; with ``before`` (the baseline's scores of the same
+    candidates, NaN rows where it did not score one) the change is measured at each look."""
+
+    until: str
+    width: float
+    level: float
+    schedule: Schedule
+    order: list[int]
+
+    def __post_init__(self):
+        self.boundary = self.schedule.boundary()
+        self.per_look = self.boundary.per_look(self.level)
+
+    @classmethod
+    def of(cls, ids, foundations, *, until: str, width: float, level: float, seed: int = 0) -> Sequential:
+        return cls(until, float(width), float(level), Schedule.of(list(foundations)),
+                   balanced_order(list(ids), list(foundations), seed))
+
+    def prefix(self, k: int) -> list[int]:
+        """The candidates asked by look ``k`` (indices, in the order they were asked)."""
+        return self.order[:self.schedule.vignettes(k)]
+
+    def look(self, k: int, now: VignetteScores, before: VignetteScores | None = None) -> Look:
+        """Look ``k`` from the scores of its prefix (``now``; ``before``: the baseline's of the same vignettes)."""
+        change = moments(now, before) if before is not None else None
+        asked = change if self.until == "change" else moments(now)
+        lo, hi = interval(asked, self.per_look, _RANGE[self.until])
+        p = None if change is None else self.boundary.p_value(p_look(change))
+        return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p)
+
+    def run(self, scores: VignetteScores, before: VignetteScores | None = None, *, stop=None) -> tuple[list[Look], str]:
+        """Every look until the stop, from the whole candidate set's scores (a simulation: the scores are known)."""
+        looks = []
+        for k in range(len(self.schedule.looks)):
+            rows = np.array(self.prefix(k))
+            now = _rows(scores, rows)
+            look = self.look(k, now, None if before is None else _rows(before, rows))
+            looks.append(look)
+            why = (stop or stop_reason)(self.until, self.width, look)
+            if why is not None:
+                return looks, why
+        return looks, "used up"
+
+
+def _rows(scores: VignetteScores, rows: np.ndarray) -> VignetteScores:
+    return VignetteScores(scores.id[rows], scores.foundation_coarse[rows], scores.s[rows])
+
+
+def check_until(value, what: str = "until"):
+    """``until`` as given (None, ``"level"`` or ``"change"``), else a ConfigError naming it."""
+    from ..errors import ConfigError
+
+    if value is None or value in UNTIL:
+        return value
+    raise ConfigError(f"{what} must be 'level' (stop once the score's interval is narrower than the width), 'change' "
+                      f"(stop once the change since the baseline is known: its interval excludes 0 or is narrower "
+                      f"than the width), or None for a fixed set of vignettes; got {value!r}")
+
+
+def check_width(value, what: str = "width"):
+    from ..errors import ConfigError
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 4 or not math.isfinite(value):
+        raise ConfigError(f"{what} must be a number above 0 (the interval's hi - lo to stop at, e.g. 0.05), or None "
+                          f"for the default; got {value!r}")
+    return float(value)
