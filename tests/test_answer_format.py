@@ -283,7 +283,7 @@ def test_eval_cli_and_sweep_with_json_answers(run_dir, tiny_qwen, qwen_tok, tmp_
     reference = Probe(qwen_tok, "scifi", 1, answer_format="json", n_resamples=0).run(tiny_qwen)
     assert report["answer_format"] == "json" and report["prompt_digest"] == reference["prompt_digest"]
     assert report["score"] == pytest.approx(reference["score"], abs=1e-6)
-    assert tinymcf(["sweep", str(run_dir), "--answer-format", "json", *common]) == 0
+    assert tinymcf(["sweep", str(run_dir), "--answer-format", "json", "--settle", "0", *common]) == 0
     line = json.loads((run_dir / "moral_probe_scifi_json.jsonl").read_text())
     assert line["answer_format"] == "json" and line["prompt_digest"] == reference["prompt_digest"]
     assert line["score"] == pytest.approx(reference["score"], abs=1e-6)

@@ -26,7 +26,16 @@ from tinymcf_callback.rundir.checkpoints import fingerprint
 from tinymcf_callback.rundir.queue import HandOffQueue
 from tinymcf_callback.rundir.record import Attempt, RunRecord
 
-NOW = time.time()
+
+class Ago(float):
+    """A heartbeat this many seconds before the test runs (a parameter is made when the suite is collected)."""
+
+    def at(self) -> float:
+        return time.time() - self
+
+
+def when(value):
+    return value.at() if isinstance(value, Ago) else value
 
 
 def gone_pid() -> int:
@@ -105,12 +114,13 @@ def test_a_rewritten_step_names_the_line_it_supersedes(tmp_path):
 # ---- a resumed training ------------------------------------------------------------------------------------------
 def resumed(run, *, marked: bool = False):
     """Trained to step 6, resumed from checkpoint-2: the new attempt has saved step 4 again (other weights)."""
-    first = Attempt(from_step=0, started=NOW - 100, host="elsewhere", pid=1, heartbeat=NOW - 90, saves=[2, 4, 6])
-    second = Attempt(from_step=2, started=NOW - 50, host="elsewhere", pid=2, heartbeat=NOW - 1, saves=[4])
+    now = time.time()
+    first = Attempt(from_step=0, started=now - 100, host="elsewhere", pid=1, heartbeat=now - 90, saves=[2, 4, 6])
+    second = Attempt(from_step=2, started=now - 50, host="elsewhere", pid=2, heartbeat=now - 1, saves=[4])
     RunRecord(saves=[2, 4, 6], attempts=[first, second]).write(run)
-    fake_checkpoint(run, 2, mtime=NOW - 95)
-    fake_checkpoint(run, 4, value=40.0, mtime=NOW - 40)  # saved again by the resumed attempt
-    fake_checkpoint(run, 6, mtime=NOW - 91)  # the abandoned branch's: older than the attempt, not saved by it
+    fake_checkpoint(run, 2, mtime=now - 95)
+    fake_checkpoint(run, 4, value=40.0, mtime=now - 40)  # saved again by the resumed attempt
+    fake_checkpoint(run, 6, mtime=now - 91)  # the abandoned branch's: older than the attempt, not saved by it
     lines = [line(s, fingerprint=f"old-{s}") for s in (2, 4, 6)]
     lines[0]["fingerprint"] = fingerprint(run / "checkpoint-2")
     if marked:
@@ -297,8 +307,8 @@ def test_the_queues_entries_come_first_and_each_consumer_plans_its_own(tmp_path)
 @pytest.mark.parametrize("attempt, life, why", [
     ({"host": socket.gethostname(), "pid": os.getpid()}, "alive", "is running"),
     ({"host": socket.gethostname(), "pid": "gone"}, "gone", "is gone"),
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 60}, "alive", "gave a sign of life"),
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, "quiet", "has given no sign of life for"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": Ago(60)}, "alive", "gave a sign of life"),
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": Ago(5000)}, "quiet", "has given no sign of life for"),
     ({"host": "gpu-node-7", "pid": 42, "heartbeat": None}, "unknown", "left no heartbeat"),
 ], ids=["this process", "a dead process here", "a heartbeat elsewhere", "a stale heartbeat", "no heartbeat"])
 def test_the_training_is_told_alive_gone_quiet_or_unknown(tmp_path, attempt, life, why):
@@ -306,6 +316,7 @@ def test_the_training_is_told_alive_gone_quiet_or_unknown(tmp_path, attempt, lif
 
     here = Attempt.here(0)
     fields = {**here.__dict__, **attempt}
+    fields["heartbeat"] = when(fields["heartbeat"])
     if fields["pid"] == "gone":
         fields["pid"] = gone_pid()
     if fields["host"] != here.host:
@@ -366,7 +377,7 @@ def test_a_refused_sweep_or_watch_leaves_no_lock_behind(tmp_path, capsys):
 
 # ---- what the exit status says ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("attempt, status, said", [
-    ({"host": "gpu-node-7", "pid": 42, "heartbeat": NOW - 5000}, 5, "the training has gone quiet: process 42 on "
+    ({"host": "gpu-node-7", "pid": 42, "heartbeat": Ago(5000)}, 5, "the training has gone quiet: process 42 on "
      "gpu-node-7 has given no sign of life for"),
     ({"host": socket.gethostname(), "pid": "gone"}, 3, "the training stopped without ending: process"),
 ], ids=["quiet elsewhere", "gone here"])
@@ -375,8 +386,8 @@ def test_a_watcher_says_a_quiet_training_apart_from_a_dead_one(tmp_path, capsys,
     from tinymcf_callback.rundir.record import boot_id
 
     pid = gone_pid() if attempt["pid"] == "gone" else attempt["pid"]
-    RunRecord(saves=[2], attempts=[Attempt(**{**attempt, "pid": pid, "boot_id": boot_id(), "started": NOW - 6000,
-                                              "heartbeat": attempt.get("heartbeat")})]).write(tmp_path)
+    RunRecord(saves=[2], attempts=[Attempt(**{**attempt, "pid": pid, "boot_id": boot_id(), "started": time.time() - 6000,
+                                              "heartbeat": when(attempt.get("heartbeat"))})]).write(tmp_path)
     fake_checkpoint(tmp_path, 2)
     write_history(tmp_path, [line(2, fingerprint=fingerprint(tmp_path / "checkpoint-2"))])  # nothing left to score
     rc = tinymcf(["watch", str(tmp_path), "--limit", "2", "--no-progress", "--report-to", "none", "--poll", "0.05",

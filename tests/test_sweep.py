@@ -240,7 +240,7 @@ def test_two_processes_watch_a_run_into_the_single_process_history(swept, plain_
 @pytest.mark.slow
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such folder"),
-    ("empty", "holds no checkpoint-<step> folders"),
+    ("empty", "holds no saved model of a layout tinymcf reads"),
     ("unknown_set", "unknown vignette set 'nope'"),
     ("tag", "unrecognized arguments: --tag x"),  # eval's option: the sweep is a subcommand of its own
     ("other_limit", "pass --limit 2 to extend its curve like with like"),

@@ -52,11 +52,9 @@ class Stopping:
         return len(self.sequential.schedule.looks)
 
     def _sub(self, rows: list[int], per_foundation: int | None):
-        from .probe import Probe
-
         stored = sorted(rows)  # the set's own order: the prompts, and so the digest, of per_foundation=k
         config = self.config.replace(until=None, limit=None, per_foundation=per_foundation)
-        return Probe(self.probe.tok, config=config, vignettes=[self.probe.vignettes[i] for i in stored])
+        return type(self.probe)(self.probe.tok, config=config, vignettes=[self.probe.vignettes[i] for i in stored])
 
     def look_probe(self, k: int):
         """The probe of the vignettes look ``k`` adds (all of look 0's)."""

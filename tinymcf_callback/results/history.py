@@ -34,14 +34,13 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import change_metrics, probe_key, report_metrics
+from .metrics import BASELINE_EVENT, change_metrics, probe_key, report_metrics
 from .precision import Precision
 from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
 
 logger = logging.getLogger("tinymcf_callback")
 
-BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 SWEEP_EVENT = "sweep"  # the event of a line written by the checkpoint sweep
 WATCH_EVENT = "watch"  # the event of a line written by tinymcf watch while the run trains
 DELETED_EVENT = "deleted"  # a saved checkpoint that was deleted before it could be scored: a gap in the curve

@@ -16,6 +16,8 @@ import warnings
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
 from .stats import VignetteScores, paired_change, selectivity, vignette_scores
 
+BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
+
 LOGGED_HEADLINE = {"score": "score", "gap": "gap", "social_norms": "sn", "score_minus_sn": "score_minus_sn"}
 SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elapsed_s", "self_check_fallbacks",
                "vignettes", "width_reached")  # vignettes asked; with a precision target, the width it stopped at
@@ -231,7 +233,6 @@ def count_tests(lines: list[dict]) -> int:
 
 
 def _is_test(line: dict) -> bool:
-    from .history import BASELINE_EVENT
 
     return line.get("event") != BASELINE_EVENT
 
