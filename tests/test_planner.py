@@ -386,7 +386,8 @@ def test_a_watcher_says_a_quiet_training_apart_from_a_dead_one(tmp_path, capsys,
     from tinymcf_callback.rundir.record import boot_id
 
     pid = gone_pid() if attempt["pid"] == "gone" else attempt["pid"]
-    RunRecord(saves=[2], attempts=[Attempt(**{**attempt, "pid": pid, "boot_id": boot_id(), "started": time.time() - 6000,
+    started = time.time() - 6000
+    RunRecord(saves=[2], attempts=[Attempt(**{**attempt, "pid": pid, "boot_id": boot_id(), "started": started,
                                               "heartbeat": when(attempt.get("heartbeat"))})]).write(tmp_path)
     fake_checkpoint(tmp_path, 2)
     write_history(tmp_path, [line(2, fingerprint=fingerprint(tmp_path / "checkpoint-2"))])  # nothing left to score
