@@ -38,7 +38,8 @@ LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
            "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers",
            "probe": "probe", "config": "probe", "loading": "probe", "stopping": "probe",
-           "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli", "prepare": "prepare",
+           "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli",
+           "prepare": "prepare",
            "testing": "testing", "__init__": "init",
            "served": "scoring"}  # a served model is scored beside the engine: the same layer
 MAY_IMPORT = {"prepare": {"base", "data", "prepare"}, "testing": set(),
