@@ -95,6 +95,8 @@ def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is
     moved = probe.run(Scripted(shift=0.5), baseline=record)
     m = moved["info"]["adaptive"]
     assert m["stopped"] == "moved" and m["change"]["lo"] > 0 and m["vignettes"] == 14
+    # the baseline's report as loaded is taken alike
+    assert probe.run(Scripted(shift=0.5), baseline=base)["info"]["adaptive"]["change"] == m["change"]
     # the change is the paired change over the vignettes both asked (the baseline's rows of the prefix)
     ids = set(vignette_scores(moved["scenarios"]).id)
     b = vignette_scores(base["scenarios"])
@@ -247,3 +249,26 @@ def test_a_sweep_with_a_change_target_over_a_run_whose_weights_never_change_flag
     assert tinymcf(["sweep", str(run), "--until", "change", "--width", "0.05", "--no-progress"]) == 0
     last = json.loads((run / "moral_probe_scifi.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 4 and last["metrics"][f"{KEY}/score_change_p_run"] == 1.0
+
+
+@pytest.mark.slow  # a real Trainer run with the callback
+def test_the_callback_with_a_change_target_scores_step_0_whole_and_stops_later_probes(qwen_tok, tmp_path):
+    from helpers.trainer_utils import make_trainer
+
+    from tinymcf_callback import MoralProbeCallback
+
+    cb = MoralProbeCallback(name="scifi", until="change", width=0.05)
+    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], max_steps=2, eval=False, save_steps=2)
+    cb.trainer = trainer
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "out" / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 2]
+    base, later = (line["info"]["adaptive"] for line in lines)
+    assert base["stopped"] == "baseline" and base["vignettes"] == 51
+    # the tiny random model barely moves in 2 steps: its change is known (excludes 0 or narrow) well before 51
+    assert later["stopped"] in ("moved", "width") and later["vignettes"] < 51 and later["change"] is not None
+    metrics = lines[1]["metrics"]
+    assert metrics[f"{KEY}/vignettes"] == later["vignettes"]
+    assert metrics[f"{KEY}/score_change_p_run"] == pytest.approx(min(1.0, 2 * metrics[f"{KEY}/score_change_p"]))
+    report = json.loads((tmp_path / "out" / "checkpoint-2" / "moral_probe_scifi.json").read_text())
+    assert report["info"]["adaptive"] == later

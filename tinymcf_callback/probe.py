@@ -118,9 +118,9 @@ class Probe:
         ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
 
         With a precision target (``until``): look by look until the stop
-        (:class:`~tinymcf_callback.stopping.Stopping`), the change measured from ``baseline`` (a
-        :func:`~tinymcf_callback.results.metrics.baseline_record`) when given; the result is over the prompts
-        asked, ``res.asked`` says which and why it stopped.
+        (:class:`~tinymcf_callback.stopping.Stopping`), the change measured from ``baseline`` (the baseline's
+        report as loaded, or its :func:`~tinymcf_callback.results.metrics.baseline_record`) when given; the
+        result is over the prompts asked, ``res.asked`` says which and why it stopped.
 
         Raises :class:`~tinymcf_callback.errors.UnsupportedModelError` before any forward call when
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`

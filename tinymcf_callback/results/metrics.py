@@ -233,7 +233,6 @@ def count_tests(lines: list[dict]) -> int:
 
 
 def _is_test(line: dict) -> bool:
-
     return line.get("event") != BASELINE_EVENT
 
 
