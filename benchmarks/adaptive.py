@@ -198,7 +198,7 @@ def simulate(now: VignetteScores, before: VignetteScores | None, until: str, ord
             row[method] = {"coverage": float(np.mean(cover)), **spread(prompts)}
         k = fixed_k(fixed_widths, width, looks)
         cover = []
-        for seq, m, t in sims:
+        for _, m, t in sims:
             lo, hi = sq.interval(m[k], LEVEL, sq._RANGE[until])
             cover.append(lo <= t <= hi)
         row["fixed"] = {"coverage": float(np.mean(cover)), "per_foundation": looks[k],
@@ -409,8 +409,9 @@ def main(argv=None) -> int:
         rows = json.loads(Path(args.rows).read_text())["rows"]
     else:
         rows = gather_rows(validity)
-        Path(args.rows).write_text(json.dumps({"about": "per-vignette s of scifi (other_violate, other_uphold, self_violate, "
-                                    "self_uphold), written by benchmarks/adaptive.py", "rows": rows}) + "\n")
+        about = ("per-vignette s of scifi (other_violate, other_uphold, self_violate, self_uphold), written by "
+                 "benchmarks/adaptive.py")
+        Path(args.rows).write_text(json.dumps({"about": about, "rows": rows}) + "\n")
     t0 = time.perf_counter()
     results = {}
     for name, until, now, before in SETTINGS:
