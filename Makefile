@@ -61,6 +61,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_scoring.py
 	$(BIN)/python benchmarks/self_check_cost.py
 	$(BIN)/python benchmarks/follow_layouts.py
+	$(BIN)/python benchmarks/adaptive.py $(if $(wildcard runs/validity/shuffled/reports/step-50.json),,--from-rows)  # the validity runs' rows when present
 	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python benchmarks/served_cost.py  # says so and skips without make servers
 
 clean:

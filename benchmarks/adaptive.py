@@ -62,6 +62,7 @@ from tinymcf_callback.results.metrics import run_level_p  # noqa: E402
 from tinymcf_callback.results.stats import VignetteScores  # noqa: E402
 
 WIDTHS = (0.02, 0.05, 0.1)
+VERDICT_WIDTHS = (0.01, *WIDTHS)  # and one narrower than the shuffled run's drift, for the verdicts
 LEVEL = 0.95
 CONDITIONS = ("aligned", "inverted", "shuffled")
 STEPS = (10, 20, 30, 40, 50)
@@ -224,32 +225,34 @@ def verdicts(rows: dict, orders: int) -> dict:
     """Per validity step: the whole set's verdict and how often a change target (and a fixed per_foundation=2)
     decides it alike, with the share of the whole set's prompts."""
     base = as_scores(rows["smollm2/step-0"])
-    out = {}
-    for width in WIDTHS:
-        per_step, agree_all, share_all, fixed_all = [], [], [], []
-        for c in CONDITIONS:
-            for step in STEPS:
-                now = as_scores(rows[f"{c}/step-{step}"])
-                whole = sq.moments(now, base)
-                truth = verdict(*sq.interval(whole, LEVEL, 4.0))
-                agree, share, fixed = [], [], []
-                for i in range(orders):
-                    seq = sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=width,
-                                           level=LEVEL, seed=i)
-                    m = look_moments(seq, now, base)
+    tally = {w: {"steps": [], "agree": [], "share": [], "fixed": [], "consistent": []} for w in VERDICT_WIDTHS}
+    for c in CONDITIONS:
+        for step in STEPS:
+            now = as_scores(rows[f"{c}/step-{step}"])
+            whole = sq.moments(now, base)
+            truth = verdict(*sq.interval(whole, LEVEL, 4.0))
+            seqs = [sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=0.05,
+                                     level=LEVEL, seed=i) for i in range(orders)]
+            looks = [look_moments(seq, now, base) for seq in seqs]  # the same for every width
+            for width in VERDICT_WIDTHS:
+                agree, share, fixed, consistent = [], [], [], []
+                for seq, m in zip(seqs, looks, strict=True):
                     k, look = stop_at(seq, m, "change", width, seq.per_look)
-                    agree.append(verdict(look.lo, look.hi) == truth)
+                    said = verdict(look.lo, look.hi)
+                    agree.append(said == truth)
+                    # "no change beyond its interval", an interval holding the whole set's change: not contradicted
+                    consistent.append(said == truth or (said == "none" and look.lo <= whole.estimate <= look.hi))
                     share.append(look.vignettes / len(now.id))
                     fixed.append(verdict(*sq.interval(m[0], LEVEL, 4.0)) == truth)
-                per_step.append({"run": c, "step": step, "whole": truth, "change": whole.estimate,
-                                 "agree": float(np.mean(agree)), "share": float(np.mean(share)),
-                                 "fixed_pf2_agree": float(np.mean(fixed))})
-                agree_all += agree
-                share_all += share
-                fixed_all += fixed
-        out[str(width)] = {"agree": float(np.mean(agree_all)), "share": float(np.mean(share_all)),
-                           "fixed_pf2_agree": float(np.mean(fixed_all)), "steps": per_step}
-    return out
+                t = tally[width]
+                t["steps"].append({"run": c, "step": step, "whole": truth, "change": whole.estimate,
+                                   "agree": float(np.mean(agree)), "share": float(np.mean(share)),
+                                   "consistent": float(np.mean(consistent)), "fixed_pf2_agree": float(np.mean(fixed))})
+                for key, values in (("agree", agree), ("share", share), ("fixed", fixed), ("consistent", consistent)):
+                    t[key] += values
+    return {str(w): {"agree": float(np.mean(t["agree"])), "share": float(np.mean(t["share"])),
+                     "consistent": float(np.mean(t["consistent"])), "fixed_pf2_agree": float(np.mean(t["fixed"])),
+                     "steps": t["steps"]} for w, t in tally.items()}
 
 
 # ---- run-level flags --------------------------------------------------------------------------------------------
@@ -330,7 +333,7 @@ def timings(validity: Path, runs: int) -> dict:
     baseline_report = json.loads((validity / "aligned" / "reports" / "step-0.json").read_text())
     from tinymcf_callback.results.metrics import baseline_record
 
-    baseline = baseline_record(baseline_report)
+    baseline = baseline_record(baseline_report, 0)
 
     def best(probe, **kw):
         probe.run(model, progress=False, **kw)  # warm-up
@@ -342,8 +345,13 @@ def timings(validity: Path, runs: int) -> dict:
         return min(times), report
 
     out = {"model": f"SmolLM2-135M-Instruct fp32, {path.name}", "rows": []}
-    whole_s, whole = best(Probe(tok, "scifi", n_resamples=0))
-    out["rows"].append({"probe": "whole set", "seconds": whole_s, "prompts": whole["n_prompts"], "ratio": 1.0})
+    whole_s, whole = best(Probe(tok, "scifi"))
+    out["rows"].append({"probe": "whole set", "seconds": whole_s, "prompts": whole["info"]["n_prompts"],
+                        "ratio": 1.0})
+    for k in (2, 4):
+        s, report = best(Probe(tok, "scifi", per_foundation=k))
+        out["rows"].append({"probe": f"per_foundation={k}", "seconds": s, "prompts": report["info"]["n_prompts"],
+                            "ratio": s / whole_s})
     for until in ("level", "change"):
         for width in WIDTHS:
             kw = {"baseline": baseline} if until == "change" else {}
@@ -384,6 +392,13 @@ def print_coverage(results: dict, key: str, title: str) -> None:
                   f"{r['whole_prompts']:>5}")
 
 
+def print_timing(timing: dict, runs: int) -> None:
+    print(f"\nTime, {timing['model']} (best of {runs}, ratio against the whole set in this run)")
+    for r in timing["rows"]:
+        extra = f" stopped: {r['stopped']}, reached {r['reached']:.3f}" if "stopped" in r and r["reached"] else ""
+        print(f"  {r['probe']:<26} {r['seconds']:6.1f} s  {r['prompts']:>3} prompts  x{r['ratio']:.2f}{extra}")
+
+
 def tested(t: dict) -> str:
     return f"{t['step']}: p {t['p']:.2g} / run {t['p_run']:.2g}"
 
@@ -398,6 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--null-runs", type=int, default=2000, help="simulated null runs (default 2000)")
     p.add_argument("--runs", type=int, default=2, help="timed probes each (the best is kept)")
     p.add_argument("--no-time", action="store_true", help="skip the real probes' timings")
+    p.add_argument("--time-only", action="store_true", help="only the real probes' timings (adaptive.json kept)")
     p.add_argument("--out", default=str(HERE / "adaptive.json"))
     args = p.parse_args(argv)
     validity = Path(args.validity)
@@ -405,6 +421,12 @@ def main(argv=None) -> int:
     import logging
 
     logging.getLogger("tinymcf_callback").setLevel(logging.ERROR)
+    if args.time_only:
+        timing = timings(validity, args.runs)
+        print_timing(timing, args.runs)
+        kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        Path(args.out).write_text(json.dumps({**kept, "time": timing}, indent=1) + "\n")
+        return 0
     if args.from_rows:
         rows = json.loads(Path(args.rows).read_text())["rows"]
     else:
@@ -432,12 +454,14 @@ def main(argv=None) -> int:
     print(f"\nVerdicts on the validity runs (change since step 0: up/down/none, against the whole set's fixed 95%), "
           f"{args.verdict_orders} orders a step")
     for w, v in verdict.items():
-        print(f"  width {w}: agree {v['agree']:.1%} with {v['share']:.1%} of the prompts on average "
-              f"(fixed per_foundation=2, 27% of them: agree {v['fixed_pf2_agree']:.1%})")
+        print(f"  width {w}: agree {v['agree']:.1%} with {v['share']:.1%} of the prompts on average; "
+              f"not contradicting it {v['consistent']:.1%} (fixed per_foundation=2, 27% of them: agree "
+              f"{v['fixed_pf2_agree']:.1%})")
         for s in v["steps"]:
             if s["agree"] < 0.95:
                 print(f"    {s['run']} step {s['step']}: whole set {s['whole']} ({s['change']:+.4f}), agree "
-                      f"{s['agree']:.1%} with {s['share']:.0%} of the prompts")
+                      f"{s['agree']:.1%} with {s['share']:.0%} of the prompts, not contradicting "
+                      f"{s['consistent']:.1%}")
     nulls = null_runs(rows, args.null_runs)
     print("\nRun-level flags on null runs (real change rows, centred, sign-flipped; 50 steps)")
     for kind, n in nulls.items():
@@ -450,10 +474,7 @@ def main(argv=None) -> int:
     timing = None
     if not args.no_time and not args.from_rows:
         timing = timings(validity, args.runs)
-        print(f"\nTime, {timing['model']} (best of {args.runs}, ratio against the whole set in this run)")
-        for r in timing["rows"]:
-            extra = f" stopped: {r['stopped']}, reached {r['reached']:.3f}" if "stopped" in r and r["reached"] else ""
-            print(f"  {r['probe']:<26} {r['seconds']:6.1f} s  {r['prompts']:>3} prompts  x{r['ratio']:.2f}{extra}")
+        print_timing(timing, args.runs)
     import torch
 
     Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,

@@ -33,7 +33,7 @@ means, each look's a stratified mean over the foundations' first ``n_f`` vignett
 distribution is known up to the foundations' spreads; ``c`` is the ``level`` quantile of the largest
 standardised error over the looks, from 200,000 seeded draws of that Gaussian process (equal spreads), and
 each look uses it as a per-look level, through the t distribution of its own degrees of freedom. For
-``scifi`` (8 looks) the per-look level is about 98.9% where the sequence's is 95%. The coverage that
+``scifi`` (8 looks) the per-look level is about 98.5% where the sequence's is 95%. The coverage that
 results, for the whole set's value under random orders of real vignette scores, is measured in
 ``docs/statistics.md``; a p-value is the smallest ``1 - level`` at which the sequence's interval excludes 0
 (:meth:`Boundary.p_value`).
