@@ -39,9 +39,13 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert [e["step"] for e in entries] == [0, 2, 4]  # baseline + one per step although eval and save both fire
     names = metric_names("scifi")
     no_control = {names[k + b] for k in ("social_norms", "score_minus_sn") for b in ("", "_lo", "_hi")}
-    for e in entries:
+    for j, e in enumerate(entries):  # j: the change test it is (the baseline at step 0 is none)
         selectivity = {names[k] for k in names if k.startswith("selectivity")}  # logged with a target only
-        assert set(names.values()) - {names["human_corr"], *no_control, *selectivity} <= set(e)  # limit=3: Care only
+        optional = {names["width_reached"]} | ({names["score_change_p_run"]} if j == 0 else set())  # with until only
+        assert set(names.values()) - {names["human_corr"], *no_control, *selectivity, *optional} <= set(e)  # Care
+        assert names["width_reached"] not in e
+        if j:
+            assert e[names["score_change_p_run"]] == min(1.0, e[names["score_change_p"]] * j * (j + 1))
         assert not selectivity & set(e)
         assert "eval_moral_scifi/care/align_other" in e and "eval_moral_scifi/care/self_other_gap" in e
         assert e[names["score_lo"]] <= e[SCORE] <= e[names["score_hi"]]
