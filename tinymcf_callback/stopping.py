@@ -85,13 +85,16 @@ class Stopping:
         usable = covered if until == "change" and before is not None else last
         measure = until == "level" or before is not None  # a change target without a baseline is the baseline
         parts: list[tuple[object, ScoreResult]] = []
+        tables = []  # each look's per-scenario scores, computed once
         looks: list[Look] = []
         stopped = None
         for k in range(usable + 1):
             sub = self.look_probe(k)
             parts.append((sub, sub.score(model, progress=progress, ranks=ranks)))
             if measure:
-                now = self._scores(parts)
+                res_k = parts[-1][1]
+                tables.append(scenario_scores(res_k.p_yes, sub.meta, res_k.yn_mass))
+                now = _scores(tables)
                 look = seq.look(k, now, _take(before, now) if until == "change" else None)
                 looks.append(look)
                 stopped = stop_reason(until, seq.width, look)
@@ -103,18 +106,11 @@ class Stopping:
         change = None
         if before is not None:  # over the vignettes both asked: the baseline's, when it stopped earlier
             paired = min(k, covered)
-            change = looks[-1] if until == "change" else _change_look(seq, paired, self._scores(parts[:paired + 1]),
+            change = looks[-1] if until == "change" else _change_look(seq, paired, _scores(tables[:paired + 1]),
                                                                        before)
         res, sample = self._merged(k, parts)
         res.asked = Asked(k, looks, stopped, change, notes, sample)
         return res
-
-    def _scores(self, parts) -> VignetteScores:
-        """The per-vignette ``s`` of everything scored so far (in the order of the looks' probes)."""
-        tables = [scenario_scores(r.p_yes, p.meta, r.yn_mass) for p, r in parts]
-        import pandas as pd
-
-        return vignette_scores(pd.concat(tables, ignore_index=True))
 
     def _baseline_rows(self, baseline: dict | None, notes: list[str]) -> VignetteScores | None:
         """The baseline's scores of the candidates, in the candidates' order (NaN where it did not score one)."""
@@ -205,6 +201,13 @@ class Stopping:
         }
         info["warnings"] = list(info["warnings"]) + asked.notes
         return report
+
+
+def _scores(tables) -> VignetteScores:
+    """The per-vignette ``s`` of everything scored so far (the looks' per-scenario tables, in order)."""
+    import pandas as pd
+
+    return vignette_scores(pd.concat(tables, ignore_index=True))
 
 
 def _take(before: VignetteScores, now: VignetteScores) -> VignetteScores:
