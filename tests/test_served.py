@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.fake_served import FakeServed
+from helpers.served_runs import numbers, saved_run
 
 from tinymcf_callback import Probe, evaluate
 from tinymcf_callback.errors import ConfigError, ServedError
@@ -275,14 +276,6 @@ RELOAD = ("{python} -c \"import json, sys, urllib.request; urllib.request.urlope
           "{{checkpoint}}")
 
 
-def numbers(line: dict) -> dict:
-    """What a history line measured (not how: the backend, its self-check and its precision say that)."""
-    # yn_top3_rate is null through vLLM's logprob_token_ids (it returns the ids asked for instead of the top k)
-    how = ("backend", "self_check", "strategy", "precision", "n_forward", "elapsed_s", "warnings", "yn_top3_rate")
-    return {"step": line["step"], "score": line["score"], "gap": line["gap"], "metrics": line["metrics"],
-            "table": line["table"], "info": {k: v for k, v in line["info"].items() if k not in how}}
-
-
 @pytest.mark.slow
 def test_a_watched_run_is_scored_through_a_server_its_script_reloads(tmp_path, qwen_tok, tiny_qwen):
     from helpers.runs import assert_same_numbers, clone, history, start_model, train_run
@@ -422,33 +415,6 @@ def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes
 
 
 # ---- a server that follows the run by itself: --reload vllm / sglang / lora -------------------------------------
-def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model=None) -> tuple[Path, Path]:
-    """A run folder of checkpoints (other weights each, or adapters on the base; ``model``: that one everywhere) and
-    its starting model."""
-    from tinymcf_callback.rundir.record import RunRecord
-    from tinymcf_callback.testing import tiny_qwen3
-
-    init = tmp_path / "init"
-    (model or tiny_qwen3(seed=0)).save_pretrained(init)
-    qwen_tok.save_pretrained(init)
-    run = tmp_path / "run"
-    for step in steps:
-        folder = run / f"checkpoint-{step}"
-        if adapters:
-            from peft import LoraConfig, get_peft_model
-
-            torch.manual_seed(step)
-            model = get_peft_model(tiny_qwen3(seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                                  init_lora_weights=False))
-            model.save_pretrained(folder)
-        else:
-            (model or tiny_qwen3(seed=step)).save_pretrained(folder)
-        qwen_tok.save_pretrained(folder)
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": step / 2}))
-    RunRecord(base_model=str(init), saves=list(steps), ended=True).write(run)
-    return run, init
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, builtin", [("vllm", "vllm"), ("sglang", "sglang"), ("vllm", "lora")])
 def test_a_builtin_reload_loads_each_checkpoint_and_each_line_says_which_weights_answered(tmp_path, qwen_tok, kind,

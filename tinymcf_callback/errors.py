@@ -65,3 +65,8 @@ class LoadError(TinymcfError):
 class ServedError(TinymcfError):
     """A served model cannot be scored: the server is down, does not serve that model, refused a request,
     or failed the served self-check (another template, processed log-probabilities, an order dependence)."""
+
+
+class CheckpointUnusable(TinymcfError):
+    """A checkpoint that trying again within this command cannot fix: a weight file cut short, or a server asked to
+    load it that did not take it. Its step is left unscored at once, in one line (a new sweep or watch tries again)."""

@@ -218,7 +218,8 @@ def local_backend() -> dict:
     return {"kind": "transformers", "version": transformers.__version__, "url": None, "served_model": None,
             "form": "forward", "exact": True, "logprobs_mode": "raw", "pinned_diff": None, "template": "local",
             "requests": 0, "retries": 0, "concurrency": None, "batch": None, "check_form": None,
-            "weight_version": None, "p_yes_bound": None, "mass_bound": None}
+            "weight_version": None, "device": None, "dtype": None, "reload_check": None, "p_yes_bound": None,
+            "mass_bound": None}
 
 
 def versions() -> dict[str, str]:

@@ -23,6 +23,8 @@ request's logits shifted by up to this: an order dependence), ``api_key`` (a 401
 is this one), and ``faults`` (``"429"``, ``"500"``, ``"slow"``, ``"die"``: the server goes away at that request;
 consumed one per request). ``requests`` records each request's route and body.
 ``POST /admin/load {"path": folder}`` makes it serve a saved checkpoint (what a ``--reload`` script asks).
+In dev mode (``dev``) a vLLM fake says its ``device`` and ``dtype`` at ``/server_info`` (default a float32 GPU
+server); ``stale_head``: its in-place reload keeps the output layer it had (what vLLM on the CPU does to a tied one).
 """
 
 from __future__ import annotations
@@ -41,13 +43,15 @@ KINDS = ("vllm", "sglang", "llama.cpp", "plain", "llama-cpp-python")
 class FakeServed:
     def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
                  processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0,
-                 vocab: int | None = None, dev: bool = False, lora: str | None = None, stuck: bool = False):
+                 vocab: int | None = None, dev: bool = False, lora: str | None = None, stuck: bool = False,
+                 device: str = "cuda", dtype: str = "float32", stale_head: bool = False):
         assert kind in KINDS
         self.model, self.tok, self.kind, self.name = model.eval().float(), tok, kind, name
         # vLLM's dev-mode routes (its in-place reload and weight versions) and SGLang's weight-update routes; with
         # ``lora`` (a name) the served model is an adapter of that name on the base ``name``; ``stuck``: a reload
         # is acknowledged but the weights never change (a server whose update did not take)
         self.dev, self.lora, self.stuck = dev, lora, stuck
+        self.device, self.dtype, self.stale_head = device, dtype, stale_head
         self.base = self.model
         self.version = "initial"
         self.adapter_root: str | None = None
@@ -55,6 +59,7 @@ class FakeServed:
         self.vocab = vocab or len(tok)  # a smaller one: a server whose model has fewer tokens than the tokenizer
         self.faults: deque = deque()
         self.completion_faults: deque = deque()  # the same, consumed by /v1/completions requests only
+        self.failing: dict[str, int] = {}  # a route that always answers this status (a weight update that fails)
         self.requests: list[tuple[str, dict]] = []
         self.loaded: list[str] = []  # what /admin/load was given, in order
         self.count = 0
@@ -125,6 +130,8 @@ class FakeServed:
         if fault == "die":  # the server process is gone: this connection and every later one
             threading.Thread(target=self.close, daemon=True).start()
             raise ConnectionAbortedError("the fake server died")
+        if path in self.failing:
+            return self.failing[path], {"error": {"message": f"{path} failed"}}
         route = self._routes().get((method, path))
         if route is None:
             return 404, {"detail": "Not Found"}
@@ -159,7 +166,9 @@ class FakeServed:
             if self.dev:
                 r |= {("POST", "/collective_rpc"): self.collective_rpc, ("POST", "/reset_prefix_cache"):
                       lambda _: (200, {}), ("POST", "/update_weight_version"): self.update_version,
-                      ("GET", "/weight_info"): lambda _: (200, {"weight_version": self.version})}
+                      ("GET", "/weight_info"): lambda _: (200, {"weight_version": self.version}),
+                      ("GET", "/server_info"): lambda _: (200, {"vllm_config": {
+                          "device_config": {"device": self.device}, "model_config": {"dtype": f"torch.{self.dtype}"}}})}
             if self.lora:
                 r |= {("POST", "/v1/load_lora_adapter"): self.load_lora}
         if self.kind == "sglang":
@@ -215,8 +224,13 @@ class FakeServed:
         return 200, {"loaded": body["path"]}
 
     def _reload(self, path: str) -> None:
-        if not self.stuck:
-            self.load({"path": path})
+        if self.stuck:
+            return
+        head = self.model.lm_head.weight.detach().clone()
+        self.load({"path": path})
+        if self.stale_head:  # the output layer as it was: new embeddings under the old head
+            with self._lock:
+                self.model.lm_head.weight = torch.nn.Parameter(head)
 
     def collective_rpc(self, body):
         if body.get("method") != "reload_weights":

@@ -33,7 +33,8 @@ INFO_FIELDS = {
 BACKEND = {"kind": STR, "version": NAME_OR_NULL, "url": NAME_OR_NULL, "served_model": NAME_OR_NULL, "form": STR,
            "exact": "boolean", "logprobs_mode": STR, "pinned_diff": NUM_OR_NULL, "template": STR, "requests": INT,
            "retries": INT, "concurrency": NUM_OR_NULL, "batch": NUM_OR_NULL, "check_form": NAME_OR_NULL,
-           "weight_version": NAME_OR_NULL,
+           "weight_version": NAME_OR_NULL, "device": NAME_OR_NULL, "dtype": NAME_OR_NULL,
+           "reload_check": "object or null",
            "p_yes_bound": NUM_OR_NULL, "mass_bound": NUM_OR_NULL}
 VERSIONS = ("tinymcf_callback", "torch", "transformers", "python")  # every report says what made it
 SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,

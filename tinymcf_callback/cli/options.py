@@ -118,9 +118,16 @@ def add_served(parser, *, run: bool = False) -> None:
                             "weights reloaded in place), sglang (/update_weights_from_disk), lora (a vLLM with "
                             "--enable-lora: the adapter loaded in place under --served-model), or a shell command "
                             "that exits 0 once the server serves it ({checkpoint} and {step} are replaced; also "
-                            "$TINYMCF_CHECKPOINT and $TINYMCF_STEP)")
+                            "$TINYMCF_CHECKPOINT, $TINYMCF_STEP and $TINYMCF_PID, the follower's process)")
         g.add_argument("--reload-timeout", type=float, default=1800.0, metavar="S",
                        help="seconds a reload may take before the step is left unscored (default 1800)")
+        g.add_argument("--no-reload-check", dest="reload_check", action="store_false",
+                       help="do not check each reload on the scores (by default the follower loads the checkpoint "
+                            "in float32 and holds the server's answers to a few prompts to its forward pass: for a "
+                            "model it cannot load)")
+        g.add_argument("--reference-tolerance", type=float, default=None, metavar="P",
+                       help="what the reload check holds the server to, in P(Yes) and log Yes+No mass (default: "
+                            "what a server started fresh on a checkpoint differs by in its precision)")
     else:
         g.add_argument("--endpoint", default=None, metavar="URL",
                        help="score the model through this OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...) "
@@ -157,7 +164,8 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
     sweep's and the watcher's, with ``--served-model`` and ``--reload``), carrying the probe's seed and self-check
     tolerance. None without ``--endpoint``; a served option given without it is refused, as is a followed run
     without ``--reload``."""
-    options = ("--served-model", "--reload") if run else ("--tokenizer", "--reference", "--reference-tolerance")
+    options = ("--served-model", "--reload", "--reference-tolerance") if run else (
+        "--tokenizer", "--reference", "--reference-tolerance")
     if not getattr(args, "endpoint", None):
         given = [o for o in (*options, "--form", "--check-form", "--concurrency", "--batch-prompts")
                  if _given(args, o)]
@@ -179,7 +187,8 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
                         seed=config.seed if config is not None else None, reference=getattr(args, "reference", None),
                         reference_tolerance=getattr(args, "reference_tolerance", None),
                         reload=getattr(args, "reload", None),
-                        reload_timeout=getattr(args, "reload_timeout", None) or 1800.0)
+                        reload_timeout=getattr(args, "reload_timeout", None) or 1800.0,
+                        reload_check=getattr(args, "reload_check", True))
 
 
 def _given(args: argparse.Namespace, option: str) -> bool:

@@ -75,6 +75,11 @@ class Rounds:
         self.trackers = trackers if trackers is not None else Trackers()
         self.retries, self.backoff = retries, backoff
         self.probes = ProbeCache(planner.settings)
+        if planner.settings.served is not None and state.num_processes > 1:
+            raise SweepError(f"--endpoint scores every checkpoint through one server, which {state.num_processes} "
+                             "processes would reload under each other: run the command in one process (without "
+                             "torchrun or accelerate launch)")
+        self.server_checked = False  # whether the server was asked if it can take the run's checkpoints exactly
         self.waiting: dict[int, Retry] = {}  # steps to try again, when
         self.given_up: set[int] = set()  # unreadable after every try (a new sweep or watch tries again)
         self.said_gaps: set[int] = set()
@@ -109,6 +114,10 @@ class Rounds:
         if not plan.pending:
             return
         settings = self.planner.settings
+        if settings.served is not None and settings.served.reload and not self.server_checked:
+            first = plan.pending[0].checkpoint  # before anything is scored: a model the reload cannot give exactly
+            self.probes.reloader.refuse_inexact(plan.base_model if first.baseline else str(first.folder))
+            self.server_checked = True
         bar = tqdm(total=len(plan.pending), desc=f"{plan.by} [{settings.name}]", unit="checkpoint",
                    disable=not (settings.progress and main))
         rounds = [plan.pending[:1]] if plan.pending[0].checkpoint.baseline else []
@@ -149,7 +158,8 @@ class Rounds:
         for gap in plan.gaps:
             self._gap(plan, gap)
 
-    def _gap(self, plan: Plan, gap: Gap) -> None:
+    def _gap(self, plan: Plan, gap: Gap, *, said: bool = False) -> None:
+        """Record the step as a gap line (``said``: its one log line is already out)."""
         if (gap.step, gap.event) in self.said_gaps:
             return
         self.said_gaps.add((gap.step, gap.event))
@@ -157,7 +167,8 @@ class Rounds:
         if self._append(plan, line, once=True):
             if gap.event != UNREADABLE_EVENT:
                 self.result.deleted.append(gap.step)
-            logger.warning("checkpoint-%d: %s; recorded as a gap in the history", gap.step, gap.why)
+            if not said:
+                logger.warning("checkpoint-%d: %s; recorded as a gap in the history", gap.step, gap.why)
 
     def _append(self, plan: Plan, line: dict, *, once: bool = False) -> bool:
         try:
@@ -210,7 +221,7 @@ class Rounds:
         if o.gone:
             return  # deleted while it was loaded: the next look records the gap
         tries = self.waiting[o.step].tries + 1 if o.step in self.waiting else 1
-        if tries <= self.retries:
+        if tries <= self.retries and not o.final:
             wait = self.backoff * 2 ** (tries - 1)
             self.waiting[o.step] = Retry(tries, time.monotonic() + wait, o.error)
             logger.warning("%s: not scored (%s); trying again in %g s (try %d of %d)", o.folder, o.error, wait,
@@ -219,10 +230,12 @@ class Rounds:
         self.waiting.pop(o.step, None)
         self.given_up.add(o.step)
         self.result.failures.append(o)
-        logger.error("%s: not scored after %d tries: %s", o.folder, tries, o.error)
+        after = "" if o.final else f" after {tries} tries"
+        gap = "" if task.checkpoint.baseline else "; recorded as a gap in the history"
+        logger.error("%s: not scored%s: %s%s", o.folder, after, o.error, gap)
         if not task.checkpoint.baseline:
-            self._gap(plan, Gap(o.step, task.checkpoint.epoch, f"could not be read after {tries} tries: {o.error}",
-                                UNREADABLE_EVENT))
+            why = o.error if o.final else f"could not be read after {tries} tries: {o.error}"
+            self._gap(plan, Gap(o.step, task.checkpoint.epoch, why, UNREADABLE_EVENT), said=True)
 
     def _say(self, note: str) -> None:
         if note not in self.said:

@@ -5,26 +5,35 @@ a checkpoint rewritten meanwhile is a failure to retry, never a line of mixed we
 supersedes an earlier line of its step, that line's fingerprint (``replaces``). Through a server
 (``--endpoint``), the run has one :class:`~tinymcf_callback.served.ServedModel`, built once from its
 :class:`~tinymcf_callback.served.ServedConfig`: each checkpoint is loaded into the server by ``--reload``, then
-scored through it, its self-check rotating over the run's probes as a local one does.
+scored through it, its self-check rotating over the run's probes as a local one does. Each reload is checked on
+the scores (:mod:`~tinymcf_callback.served.verify`): the checkpoint is loaded here too, in float32, and the server's
+answers to a few prompts held to its forward pass.
+
+A checkpoint whose weight files are cut short is named in one line and not loaded (nor sent to a server); like a
+server that did not take a checkpoint it was given twice, or a reload check that failed, it is not tried again in
+this run (:class:`~tinymcf_callback.errors.CheckpointUnusable`): its step is a gap at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import CheckpointUnusable
 from ..loading import load_model, release_memory
 from ..probe import Probe
 from ..results.history import probe_line
 from ..results.metrics import baseline_record, order_digest
 from ..results.precision import Precision
-from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, fingerprint, tokenizer_fingerprint
+from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
 from ..rundir.curve import usable_baseline
 from ..rundir.layouts import DCP, VERL_SHARDS
-from ..served.reload import reload_into
+from ..served.reload import Reloader
+from ..served.verify import Loaded
 from .planner import Plan, Task
 from .settings import RunSettings
 from .sharded import load_dcp, load_fsdp, load_verl, load_without_config, load_zero
@@ -42,6 +51,7 @@ class Outcome:
     report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
+    final: bool = False  # trying it again in this run cannot help (CheckpointUnusable): a gap at once
 
 
 class ProbeCache:
@@ -56,6 +66,7 @@ class ProbeCache:
         self.served_config = settings.served
         self._probes: dict[str, Probe] = {}
         self._served = self._served_base = None
+        self._reloader: Reloader | None = None
 
     def __len__(self) -> int:
         return len(self._probes)
@@ -87,11 +98,21 @@ class ProbeCache:
                                                                                          config.model)))
         return self._served_base
 
-def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str):
-    """The checkpoint's model on ``device`` in the run's dtype: full weights, the base model with its adapter, or a
-    sharded or config-less checkpoint read through the library that wrote it (its config from where the layout keeps
-    it, or the run's starting model)."""
-    dtype = plan.dtype or "auto"
+    @property
+    def reloader(self) -> Reloader:
+        """The run's one :class:`~tinymcf_callback.served.reload.Reloader` (what it sent is counted over the run)."""
+        if self._reloader is None:
+            config = self.served_config
+            self._reloader = Reloader(config.reload, config.endpoint, self.served().model,
+                                      timeout=config.reload_timeout)
+        return self._reloader
+
+
+def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``): full weights, the base model with its
+    adapter, or a sharded or config-less checkpoint read through the library that wrote it (its config from where the
+    layout keeps it, or the run's starting model)."""
+    dtype = dtype or plan.dtype or "auto"
     c = checkpoint
     if c.format == ADAPTER:
         return load_model(plan.base_model, device=device, dtype=dtype, adapter=c.folder)
@@ -131,17 +152,12 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         probe = probes.get(task.tokenizer)
         baseline = None if checkpoint.baseline else plan.baseline  # a precision target measures its change from it
         if settings.served is not None:
-            config = settings.served
-            base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
-            served = probes.served(base=base)
-            where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
-            if config.reload and not base:  # a built-in sets the checkpoint's fingerprint as the version, waits for it
-                served.expected_version = reload_into(config.reload, where, checkpoint.step,
-                                                      timeout=config.reload_timeout, endpoint=config.endpoint,
-                                                      model=served.model, version=before or f"step-{checkpoint.step}")
-            served.name = checkpoint.shown_as or where
-            report = probe.run(served, baseline=baseline)
+            report = score_served(checkpoint, before, probe, baseline, settings, plan, probes, device)
         else:
+            why = cut_short(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
+            if why is not None:
+                raise CheckpointUnusable(f"{checkpoint.folder}: {why}; it is not loaded (a new sweep or watch reads "
+                                         "it again)")
             model = load_checkpoint(checkpoint, plan, device)
             try:
                 with in_precision(plan.precision, device):
@@ -155,7 +171,8 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
                           f"{after}): its weights changed under the probe")
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the run's other scores
         return Outcome(checkpoint.step, checkpoint.name, process, error=describe(e),
-                       gone=not checkpoint.baseline and not checkpoint.folder.exists())
+                       gone=not checkpoint.baseline and not checkpoint.folder.exists(),
+                       final=isinstance(e, CheckpointUnusable))
     if checkpoint.shown_as:
         report["model"] = checkpoint.shown_as
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
@@ -172,6 +189,34 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         line["replaces"] = task.replaces
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
                    report=report if checkpoint.baseline else None, notes=notes)
+
+
+def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
+                 plan: Plan, probes: ProbeCache, device: str) -> dict:
+    """The checkpoint scored through the run's server: loaded into it by ``--reload`` (a built-in sets the
+    checkpoint's fingerprint as the weight version and waits for it), that reload checked on the scores against the
+    checkpoint's own forward pass, loaded here in float32 (unless ``--no-reload-check``)."""
+    config = settings.served
+    base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
+    served = probes.served(base=base)
+    where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
+    served.name = checkpoint.shown_as or where
+    if not config.reload or base:
+        return probe.run(served, baseline=baseline)
+    reloader = probes.reloader
+    served.expected_version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+    if not config.reload_check:
+        return probe.run(served, baseline=baseline)
+    started = time.perf_counter()
+    reference = load_checkpoint(checkpoint, plan, device, dtype="float32").eval()
+    served.loaded = Loaded(checkpoint.step, where, reloader.shown, reference, f"float32 on {device}",
+                           seconds=time.perf_counter() - started)
+    try:
+        return probe.run(served, baseline=baseline)
+    finally:
+        served.loaded = None
+        del reference
+        release_memory()
 
 
 def describe(error: Exception) -> str:

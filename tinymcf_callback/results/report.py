@@ -123,6 +123,12 @@ BACKEND_FIELDS = {
     "weight_version": (STR_OR_NULL, "the weight version the server answered with (vLLM's /weight_info, SGLang's "
                                     "/get_weight_version; set by a --reload built-in to the checkpoint's fingerprint); "
                                     "null where it has none"),
+    "device": (STR_OR_NULL, "where the server computes (cpu, cuda, ...), where it says (vLLM in dev mode, SGLang)"),
+    "dtype": (STR_OR_NULL, "the precision the server computes in (float32, bfloat16, ...), where it says"),
+    "reload_check": ("object or null", "after a followed run's --reload: the server's answers to a few prompts "
+                                       "against the checkpoint's own forward pass (prompts, p_yes_diff, "
+                                       "log_mass_diff, tolerance, held_to, reference, route, seconds); null without "
+                                       "a reload, or with --no-reload-check"),
     "p_yes_bound": (NUM_OR_NULL, "a top-k form: the widest P(Yes) interval over the prompts"),
     "mass_bound": (NUM_OR_NULL, "a top-k form: the most answer mass the unread tokens can hold"),
 }

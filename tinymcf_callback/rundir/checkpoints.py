@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +159,59 @@ def _safetensors_samples(f, size: int, digest) -> None:
         for offset in _spread(start, end, 3):
             f.seek(8 + n + offset)
             digest.update(f.read(min(_SAMPLE, end - offset)))
+
+
+def cut_short(folder: Path, form: str | None = None) -> str | None:
+    """Why a weight file of ``folder`` cannot be read whole, naming the file, or None when each one can.
+
+    Reads headers and sizes only (kilobytes): a safetensors file must hold every byte its header names, a zip-format
+    ``.bin`` its closing directory, an index every shard it lists. A save interrupted midway or still being written
+    fails here, before its weights are loaded or handed to a server that would load half of them.
+    """
+    form = form or checkpoint_format(folder)
+    if form not in (FULL, ADAPTER):
+        return None  # sharded formats are read by the library that wrote them, which checks its own files
+    files = weight_files(folder, form)
+    for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
+        if index.is_file():
+            try:
+                listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+            except (OSError, ValueError, AttributeError):
+                return f"{index.name} is not a readable index (a save still being written?)"
+            missing = sorted(name for name in listed if not (folder / name).is_file())
+            if missing:
+                verb = "is" if len(missing) == 1 else "are"
+                return f"{index.name} lists {', '.join(missing[:3])}, which {verb} not there"
+    for path in files:
+        why = _whole(path)
+        if why is not None:
+            return f"{path.name} {why}"
+    return None
+
+
+def _whole(path: Path) -> str | None:
+    """Why one weight file is not whole, or None."""
+    try:
+        size = path.stat().st_size
+        if path.suffix == ".safetensors":
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 0 < n <= size - 8:
+                    return f"is cut short or not a safetensors file ({size:,} bytes, header length {n:,})"
+                header = json.loads(f.read(n))
+            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+            need = 8 + n + max(ends, default=0)
+            if size < need:
+                return f"is cut short: it holds {size:,} of the {need:,} bytes its header names"
+        elif path.suffix == ".bin" and size and not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:
+                if f.read(2) == b"PK":  # a zip archive (torch.save's format) without its closing directory
+                    return f"is cut short: a zip archive of {size:,} bytes without its closing directory"
+    except ValueError:
+        return "has a header that is not JSON (a save still being written?)"
+    except (KeyError, TypeError, IndexError):
+        return "has a safetensors header without the tensors' offsets"
+    return None
 
 
 def _spread(start: int, end: int, k: int) -> list[int]:

@@ -47,6 +47,10 @@ class ServedConfig:
         reference_tolerance: what the local forward pass's difference is held to (None: recorded only).
         reload: a shell command that loads a checkpoint into the server (``--reload``; sweep and watch).
         reload_timeout: seconds ``reload`` may take.
+        reload_check: after each reload, check the server's answers to a few prompts against the checkpoint's own
+            forward pass, loaded by the follower in float32 (:mod:`~tinymcf_callback.served.verify`;
+            ``--no-reload-check`` for a model the follower cannot load); ``reference_tolerance`` overrides what they
+            are held to.
     """
 
     endpoint: str
@@ -65,6 +69,7 @@ class ServedConfig:
     reference_tolerance: float | None = None
     reload: str | None = None
     reload_timeout: float = RELOAD_TIMEOUT_S
+    reload_check: bool = True
 
     def __post_init__(self):
         try:

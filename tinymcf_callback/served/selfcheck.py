@@ -61,24 +61,30 @@ def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repe
     return record
 
 
-def compare_local(record: SelfCheck, reference, probe, main: dict[int, Reading], yes: list[int], no: list[int],
-                  tolerance: float | None) -> None:
-    """Score the checked prompts with the local forward pass of ``reference`` too; the difference into ``record``,
-    :class:`ServedError` when it is above ``tolerance`` (given)."""
+def local_differences(reference, probe, main: dict[int, Reading], indices: list[int], yes: list[int],
+                      no: list[int]) -> tuple[float, float]:
+    """The largest ``(|ΔP(Yes)|, |Δ log Yes+No mass|)`` between the server's readings of the prompts ``indices`` and
+    the local forward pass of ``reference`` on each of them alone."""
     import torch
 
     from ..scoring.engine import score_alone
     from ..scoring.mode import probe_mode
 
-    checked = record.checked
     with probe_mode(reference), torch.inference_mode():
-        scored, _ = score_alone(reference, probe.encoded, checked, probe.tok, probe.answer_format)
+        scored, _ = score_alone(reference, probe.encoded, indices, probe.tok, probe.answer_format)
     diffs, mass = [], []
-    for k, i in enumerate(checked):
+    for k, i in enumerate(indices):
         p, m = answer(main[i], yes, no)
         diffs.append(abs(p - float(scored.p_yes[k])))
         mass.append(abs(math.log(m) - math.log(float(scored.yn_mass[k]))) if m > 0 else math.inf)
-    record.scored_diff, record.scored_mass_diff = float(max(diffs)), float(max(mass))
+    return float(max(diffs)), float(max(mass))
+
+
+def compare_local(record: SelfCheck, reference, probe, main: dict[int, Reading], yes: list[int], no: list[int],
+                  tolerance: float | None) -> None:
+    """Score the checked prompts with the local forward pass of ``reference`` too; the difference into ``record``,
+    :class:`ServedError` when it is above ``tolerance`` (given)."""
+    record.scored_diff, record.scored_mass_diff = local_differences(reference, probe, main, record.checked, yes, no)
     record.scored_tolerance = tolerance
     record.replay_note = f"the checked prompts also scored by the local forward pass of {model_label(reference)}"
     if tolerance is not None and max(record.scored_diff, record.scored_mass_diff) > tolerance:

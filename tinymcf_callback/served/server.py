@@ -36,6 +36,8 @@ class Server:
     adapters: dict[str, str] = field(default_factory=dict)
     model: str | None = None
     roots: dict[str, str] = field(default_factory=dict)  # each listed model's root (an adapter's: its folder)
+    device: str | None = None  # where it computes (cpu, cuda, ...), where the server says (vLLM in dev mode, SGLang)
+    dtype: str | None = None  # the precision it computes in (float32, bfloat16, ...), where the server says
 
     @property
     def lora(self) -> bool:
@@ -54,7 +56,7 @@ def discover(client: ServerClient, model: str) -> Server:
     if isinstance(props, dict) and ("default_generation_settings" in props or "build_info" in props):
         server = Server("llama.cpp", str(props.get("build_info") or "") or None, models)
     else:
-        info = client.get("/get_server_info", quiet=True) or client.get("/server_info", quiet=True)
+        info = server_info(client)
         version = client.get("/version", quiet=True)
         if isinstance(info, dict) and ("tp_size" in info or "disable_radix_cache" in info):
             server = Server("sglang", (version or {}).get("version") if isinstance(version, dict) else None, models)
@@ -63,6 +65,8 @@ def discover(client: ServerClient, model: str) -> Server:
         else:
             refuse_python_llama_cpp(client)
             server = Server("openai-compatible", None, models)
+        setup = setup_of(info)
+        server.device, server.dtype = setup.get("device"), setup.get("dtype")
     server.model, server.roots = model, roots
     if server.kind != "llama.cpp" and models and model not in models:
         raise ServedError(f"the server at {client.shown} serves {', '.join(map(repr, models))}, not {model!r}: "
@@ -71,6 +75,32 @@ def discover(client: ServerClient, model: str) -> Server:
         raise ServedError(f"the server at {client.shown} answers but has no /v1/models: not an OpenAI-compatible "
                           "server, or --endpoint is not its root (give http://host:port)")
     return server
+
+
+def server_info(client: ServerClient):
+    """What the server says of its setup: SGLang's ``/get_server_info``, else vLLM's ``/server_info`` (dev mode, its
+    configuration as JSON), else None."""
+    return client.get("/get_server_info", quiet=True) or client.get("/server_info?config_format=json", quiet=True)
+
+
+def setup_of(info) -> dict[str, str]:
+    """``{"device": ..., "dtype": ...}`` from a :func:`server_info` answer, as far as it says (``torch.float32`` and
+    ``float32`` alike give ``float32``)."""
+    if not isinstance(info, dict):
+        return {}
+    config = info.get("vllm_config")
+    if isinstance(config, dict):  # vLLM: its VllmConfig as JSON
+        device = (config.get("device_config") or {}).get("device")
+        dtype = (config.get("model_config") or {}).get("dtype")
+    else:  # SGLang: its ServerArgs
+        device, dtype = info.get("device"), info.get("dtype")
+    found = {"device": device, "dtype": dtype}
+    return {k: str(v).removeprefix("torch.") for k, v in found.items() if isinstance(v, str) and v and v != "auto"}
+
+
+def server_setup(client: ServerClient) -> dict[str, str]:
+    """The server's device and precision, as far as it says (:func:`setup_of`)."""
+    return setup_of(server_info(client))
 
 
 def refuse_python_llama_cpp(client: ServerClient) -> None:

