@@ -408,6 +408,25 @@ def test_saved_steps_that_are_gaps_give_their_own_status_and_say_which():
     assert said_failures(RunResult(Path("h.jsonl"), gaps=[2, 4])) == EXIT_GAPS == 4
 
 
+@pytest.mark.parametrize("what, status", [
+    ({"gaps": [2]}, 4), ({"training_quiet": "no heartbeat"}, 5), ({"training_gone": "process 7 is gone"}, 3),
+    ({"training_quiet": "no heartbeat", "gaps": [2]}, 5), ({"training_gone": "gone", "gaps": [2]}, 3),
+    ({"undelivered": ["tensorboard: step 2"], "gaps": [2]}, 1), ({"failed": True, "gaps": [2, 4]}, 1),
+    ({"failed": True, "training_gone": "gone"}, 1)])
+def test_the_exit_status_a_follower_prints_is_the_one_it_exits_with(capsys, what, status):
+    """Each problem is said once, without a number; the last line names the status returned (a sweep with an
+    unreadable checkpoint and a gap printed "exit status 4" and exited 1)."""
+    from tinymcf_callback.cli.sweep import said_failures
+    from tinymcf_callback.follow.rounds import RunResult
+    from tinymcf_callback.follow.scoring import Outcome
+
+    failures = [Outcome(2, "checkpoint-2", 0, error="unreadable")] if what.pop("failed", False) else []
+    assert said_failures(RunResult(Path("h.jsonl"), failures=failures, **what)) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"[tinymcf] exit status {status}: ")
+    assert sum("exit status" in line for line in err) == 1
+
+
 def test_checkpoint_folders_of_a_loop_without_trainer_state_are_read_alike_by_the_sweep_and_the_watcher(tmp_path):
     """A loop of one's own that names its saves checkpoint-<N> but writes no trainer_state.json: once steady, the
     sweep and the watcher both take them (the watcher used to skip them, waiting for a file that never comes)."""

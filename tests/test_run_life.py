@@ -394,7 +394,7 @@ def test_a_checkpoint_unreadable_for_a_moment_is_retried_and_one_that_stays_so_i
     assert watch(other, "--retries", "1", "--no-baseline", "--stop-at", "2") == 1
     err = capsys.readouterr().err
     assert "checkpoint-2: not scored after 2 tries: SafetensorError" in err
-    assert "1 checkpoint(s) could not be read after every try" in err
+    assert "1 checkpoint(s) could not be scored" in err
     lines = history(other)
     assert steps_events(lines) == [(1, "watch"), (2, "unreadable")]
     assert lines[1]["info"]["unreadable"].startswith("could not be read after 2 tries: SafetensorError")

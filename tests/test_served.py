@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -464,7 +466,11 @@ def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok
 
 @pytest.mark.slow  # subprocesses
 def test_the_reload_example_restarts_a_server_on_each_checkpoint(tmp_path):
-    """examples/reload_server.py, as docs/rl.md runs it: the server of the step before stops, the next one serves."""
+    """examples/reload_server.py, as docs/served.md runs it: the server of the step before stops, the next one serves;
+    a port another process holds is refused (that server would answer for the checkpoint); the server goes when the
+    follower that ran the script does, or with --stop."""
+    import urllib.request
+
     from helpers.ports import free_port
 
     port = free_port()
@@ -478,30 +484,60 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-http.server.HTTPServer(("127.0.0.1", PORT), H).serve_forever()
-""".replace("PORT", str(port))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"""
     (tmp_path / "server.py").write_text(server)
     example = Path(__file__).resolve().parents[1] / "examples" / "reload_server.py"
     state = tmp_path / "state.pid"
+    follower = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # stands in for tinymcf
+    env = {**os.environ, "TINYMCF_PID": str(follower.pid)}
 
-    def reload(checkpoint: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(example), "--port", str(port), "--name", "policy", "--timeout", "30",
-                               "--state", str(state), "--", sys.executable, str(tmp_path / "server.py"), checkpoint],
-                              capture_output=True, text=True, timeout=120)
+    def reload(checkpoint: str, *, on: int = port, by: dict = env) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(example), "--port", str(on), "--name", "policy", "--timeout", "30",
+                               "--state", str(state), "--", sys.executable, str(tmp_path / "server.py"), checkpoint,
+                               str(on)], capture_output=True, text=True, timeout=120,
+                              env={**by, "TINYMCF_CHECKPOINT": checkpoint})
 
+    def serving(on: int = port):
+        try:
+            return json.load(urllib.request.urlopen(f"http://127.0.0.1:{on}/v1/models", timeout=5))["data"][0]["root"]
+        except OSError:
+            return None
+
+    other = None
     try:
         assert reload("checkpoint-1").returncode == 0
         first = int(state.read_text())
         assert reload("checkpoint-2").returncode == 0
         assert int(state.read_text()) != first
-        import urllib.request
-
-        listed = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5))
-        assert listed["data"][0]["root"] == "checkpoint-2"  # the old one stopped, the new one serves
+        assert serving() == "checkpoint-2"  # the old one stopped, the new one serves
+        follower.terminate()  # the follower ends: its server goes too
+        deadline = time.monotonic() + 20
+        while serving() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert serving() is None
         failed = subprocess.run([sys.executable, str(example), "--port", str(free_port()), "--name", "policy",
                                  "--timeout", "5", "--state", str(tmp_path / "other.pid"), "--", sys.executable, "-c",
                                  "print('no such model'); raise SystemExit(1)"], capture_output=True, text=True)
         assert failed.returncode == 1 and "no such model" in failed.stderr
+        # a server this script did not start holds the port: refused, and that server left alone
+        taken = free_port()
+        other = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), "old-weights", str(taken)])
+        deadline = time.monotonic() + 20
+        while serving(taken) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        refused = reload("checkpoint-3", on=taken)
+        assert refused.returncode == 1 and f"port {taken} is taken by a process this script did not start" in \
+            refused.stderr
+        assert serving(taken) == "old-weights" and other.poll() is None
+        by_hand = {k: v for k, v in env.items() if k != "TINYMCF_PID"}  # run by hand: no follower to wait for
+        assert reload("checkpoint-4", by=by_hand).returncode == 0 and serving() == "checkpoint-4"
+        assert subprocess.run([sys.executable, str(example), "--port", str(port), "--state", str(state),
+                               "--stop"]).returncode == 0
+        assert serving() is None and not state.exists()
     finally:
-        group = int(state.read_text())
-        subprocess.run([sys.executable, "-c", f"import os, signal; os.killpg({group}, signal.SIGTERM)"])
+        follower.kill()
+        if other is not None:
+            other.kill()
+        if state.exists():
+            subprocess.run([sys.executable, str(example), "--port", str(port), "--state", str(state), "--stop"])

@@ -13,6 +13,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from .options import (
     EXIT_GAPS,
+    EXIT_TRAINING_GONE,
+    EXIT_TRAINING_QUIET,
     EXIT_UNSCORED,
     add_dashboards,
     add_home,
@@ -144,27 +146,42 @@ def in_processes(args, score):
 
 
 def said_failures(result) -> int:
-    """What did not get done, on stderr, and the status that says it: checkpoints that could not be scored or points
-    a dashboard did not get (1); saved steps that are gaps in the curve (4); else 0."""
-    status = 0
+    """What did not get done, on stderr, then the exit status that says it, the first that applies (the same in the
+    sweep and the watcher): checkpoints that could not be scored or points a dashboard did not get (1); a training
+    gone without ending (3, the watcher); a training gone quiet (5, the watcher); saved steps that are gaps in the
+    curve (4); else 0. The last line names the status the command exits with."""
+    problems: list[tuple[int, str]] = []  # (status, why), in the order the statuses apply
     if result.failures:
-        print(f"error: {len(result.failures)} checkpoint(s) could not be read after every try (each is a gap line; "
-              f"a new sweep or watch tries them again):", file=sys.stderr)
+        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (each is a gap line; a new sweep or "
+              "watch tries them again):", file=sys.stderr)
         for o in result.failures:
             print(f"  {o.folder}: {o.error}", file=sys.stderr)
-        status = EXIT_UNSCORED
+        problems.append((EXIT_UNSCORED, "checkpoints not scored"))
     if result.undelivered:
         print("error: some points did not reach a dashboard (they are in the history; once it works again, run the "
               "same command with --report-to naming it: it sends the history's lines to it again):", file=sys.stderr)
         for line in result.undelivered:
             print(f"  {line}", file=sys.stderr)
-        status = EXIT_UNSCORED
+        problems.append((EXIT_UNSCORED, "points a dashboard did not get"))
+    if result.training_gone:
+        print(f"error: the training stopped without ending: {result.training_gone}; resume it and start the watcher "
+              "again", file=sys.stderr)
+        problems.append((EXIT_TRAINING_GONE, "the training is gone without ending"))
+    if result.training_quiet:
+        print(f"error: the training has gone quiet: {result.training_quiet}; if it is still running, start the watcher again (it "
+              "picks up where it stopped, or raise --dead-after); if it died, resume it", file=sys.stderr)
+        problems.append((EXIT_TRAINING_QUIET, "the training has gone quiet"))
     unread = {o.step for o in result.failures}
     gaps = [step for step in result.gaps if step not in unread]
     if gaps:
         shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
         print(f"error: {len(gaps)} saved step(s) are gaps in the curve, never scored: {shown} (each a gap line with "
               f"its cause in {result.history.name}; MoralProbeCallback(hand_off=True) keeps a run's checkpoints "
-              f"until they are scored; exit status {EXIT_GAPS})", file=sys.stderr)
-        status = status or EXIT_GAPS
+              "until they are scored)", file=sys.stderr)
+        problems.append((EXIT_GAPS, "saved steps are gaps in the curve"))
+    if not problems:
+        return 0
+    status = problems[0][0]
+    print(f"[tinymcf] exit status {status}: {'; '.join(why for _, why in problems)} (docs/cli.md)",
+          file=sys.stderr)
     return status

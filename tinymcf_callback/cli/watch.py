@@ -10,9 +10,6 @@ up where the history says it was.
 
 from __future__ import annotations
 
-import sys
-
-from .options import EXIT_TRAINING_GONE, EXIT_TRAINING_QUIET
 from .sweep import add_run_arguments, check_retries, counts, in_processes, said_failures, settings_of
 
 NAME = "watch"
@@ -52,14 +49,4 @@ def run(args) -> int:
     behind = f"; at most {result.most_behind - 1} behind the newest" if result.most_behind > 1 else ""
     print(f"[tinymcf] watch of {settings.run.run_dir} stopped: {result.why_stopped}. {counts(result)}{behind}; "
           f"history: {result.history}")
-    status = said_failures(result)
-    if result.training_gone:
-        print(f"error: the training stopped without ending: {result.training_gone} (exit status "
-              f"{EXIT_TRAINING_GONE}); resume it and start the watcher again", file=sys.stderr)
-        return status if status == 1 else EXIT_TRAINING_GONE
-    if result.training_quiet:
-        print(f"error: the training has gone quiet: {result.training_quiet} (exit status {EXIT_TRAINING_QUIET}); "
-              "if it is still running, start the watcher again (it picks up where it stopped, or raise "
-              "--dead-after); if it died, resume it", file=sys.stderr)
-        return status if status == 1 else EXIT_TRAINING_QUIET
-    return status
+    return said_failures(result)
