@@ -143,6 +143,19 @@ def test_an_order_dependent_server_fails_the_self_check(probe, tiny_qwen):
         probe.run(ServedModel(server.url, "served-model", concurrency=1))
 
 
+def test_a_forced_temperature_is_said_to_change_the_distribution_and_where_to_look(probe, tiny_qwen):
+    """A proxy (or a server default) that sets every request's temperature on a server returning processed
+    log-probabilities: the pinned reading cannot see it (every temperature asked reads the same), the self-check's
+    second route can; its line says the distribution is not the model's and where that comes from, and does not
+    offer a looser tolerance."""
+    with (FakeServed(tiny_qwen, probe.tok, kind="vllm", processed=True, forced_temperature=0.7) as server,
+          pytest.raises(ServedError, match="answers one prompt .* with two distributions.*not the model's own "
+                                           "distribution.*forced on every request by the server's defaults or by a "
+                                           "proxy.*--form echo") as err):
+        probe.run(ServedModel(server.url, "served-model"))
+    assert "tolerance" not in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_top_k_form_is_a_bound_and_says_so(probe, tiny_qwen, local_report):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
         report = probe.run(ServedModel(server.url, "served-model", form="top_logprobs", top=5))

@@ -16,7 +16,9 @@ numbers are exact and a served report can be held to a local one at 1e-5:
                prompt (it takes text only)
 
 What can be made wrong, to test the refusals: ``template`` (another chat template for ``/tokenize`` and
-``/apply-template``), ``processed`` (the sampled position's log-probabilities after the request's temperature and
+``/apply-template``), ``forced_temperature`` (a proxy or server default that sets every request's temperature: with ``processed``, the
+sampled position's log-probabilities are those of this temperature whatever the request asks), ``processed`` (the
+sampled position's log-probabilities after the request's temperature and
 top-k, as vLLM's ``processed_logprobs``; prompt log-probabilities stay raw, as vLLM's do; ``"ignores pins"``: also
 after a top-k of 20 whatever the request says, as a server whose generation defaults win would), ``drift`` (each
 request's logits shifted by up to this: an order dependence), ``api_key`` (a 401 echoing the key it got, unless it
@@ -44,7 +46,8 @@ class FakeServed:
     def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
                  processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0,
                  vocab: int | None = None, dev: bool = False, lora: str | None = None, stuck: bool = False,
-                 device: str = "cuda", dtype: str = "float32", stale_head: bool = False):
+                 device: str = "cuda", dtype: str = "float32", stale_head: bool = False,
+                 forced_temperature: float | None = None):
         assert kind in KINDS
         self.model, self.tok, self.kind, self.name = model.eval().float(), tok, kind, name
         # vLLM's dev-mode routes (its in-place reload and weight versions) and SGLang's weight-update routes; with
@@ -52,6 +55,7 @@ class FakeServed:
         # is acknowledged but the weights never change (a server whose update did not take)
         self.dev, self.lora, self.stuck = dev, lora, stuck
         self.device, self.dtype, self.stale_head = device, dtype, stale_head
+        self.forced_temperature = forced_temperature
         self.base = self.model
         self.version = "initial"
         self.adapter_root: str | None = None
@@ -206,6 +210,7 @@ class FakeServed:
             logits = logits.clone()
             logits[:, :: 7] += shift
         if self.processed and not every:  # the sampled position only: prompt log-probabilities are raw
+            temperature = self.forced_temperature or temperature
             logits = logits / temperature if temperature > 0 else logits
             k = 20 if self.processed == "ignores pins" else (top_k if top_k and top_k > 0 else None)
             if k:

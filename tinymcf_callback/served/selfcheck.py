@@ -51,13 +51,26 @@ def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repe
                        resolution=max(max_diff, 1e-7), coverage=rotation.coverage(n_prompts), n_forward=requests,
                        seconds=float(time.perf_counter() - started))
     if max_diff > tolerance or max_mass > tolerance:
-        worst = checked[int(np.argmax(np.array(diffs).reshape(len(checked), 2).max(axis=1)))]
+        apart = np.array([max(d, m) for d, m in zip(diffs, masses, strict=True)]).reshape(len(checked), 2)
+        worst = checked[int(np.argmax(apart.max(axis=1)))]
+        again, across = float(apart[:, 0].max()), float(apart[:, 1].max())
+        if again <= tolerance:  # the same form agrees with itself: the two routes give two distributions
+            raise ServedError(
+                f"the served self-check failed: the server at {shown} answers one prompt ({labels[worst]}) with two "
+                f"distributions, {across:.3g} apart in P(Yes) or log Yes+No mass, in the {form} form and the "
+                f"{second_form} form, while the {form} form asked again later agrees within {again:.2g}: the numbers "
+                f"the {form} form reads are not the model's own distribution. Something between the model and the "
+                "answer changes it: a sampling setting forced on every request by the server's defaults or by a "
+                "proxy in front of it (a temperature, top-p, top-k, min-p or a penalty: vLLM's --generation-config "
+                "and --override-generation-config, SGLang's --preferred-sampling-params, the proxy's request "
+                "rewriting) on a server that returns processed log-probabilities (vLLM --logprobs-mode); check what "
+                "reaches the server, or score with --form echo (the prompt's own log-probabilities)")
         raise ServedError(f"the served self-check failed: the server at {shown} gave one prompt ({labels[worst]}) two "
                           f"answers {max_diff:.3g} apart in P(Yes) (log mass {max_mass:.3g}) when asked again later "
-                          f"or in the {second_form} form, above the tolerance {tolerance:g} with {concurrency} "
-                          "request(s) in flight: its numbers depend on request order, batching or prompt caching "
-                          "(llama.cpp: --concurrency 1; vLLM: --no-enable-prefix-caching) or on the request form; "
-                          "raise --self-check-tolerance to accept that resolution")
+                          f"in the same form, above the tolerance {tolerance:g} with {concurrency} request(s) in "
+                          "flight: its numbers depend on request order, batching or prompt caching (llama.cpp: "
+                          "--concurrency 1; vLLM: --no-enable-prefix-caching); raise --self-check-tolerance to accept "
+                          "that resolution")
     return record
 
 
