@@ -388,6 +388,26 @@ def test_the_callback_probes_the_server_the_training_syncs_into(tmp_path, qwen_t
         MoralProbeCallback(**PROBE, endpoint="http://127.0.0.1:8000")
 
 
+@pytest.mark.parametrize("page", ["rl.md", "served.md"])
+def test_the_pages_callback_through_a_server_snippet_runs_as_written(page, tmp_path, qwen_tok, tiny_qwen):
+    """The snippet that gives the callback the trainer's server, as the page writes it (its imports included), with
+    only the server's address put in for the test's."""
+    import re
+
+    from helpers.trainer_utils import make_trainer
+
+    from tinymcf_callback import MoralProbeCallback
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    [snippet] = [b for b in blocks if "endpoint=ServedModel" in b]
+    trainer = make_trainer(tmp_path / "run", qwen_tok, (), max_steps=1, save_steps=1, eval=False, model=tiny_qwen)
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm", name="policy") as server:
+        exec(snippet.replace("http://127.0.0.1:8000", server.url), {"trainer": trainer})
+    [callback] = [c for c in trainer.callback_handler.callbacks if isinstance(c, MoralProbeCallback)]
+    assert isinstance(callback.endpoint, ServedModel) and callback.endpoint.model == "policy"
+
+
 @pytest.mark.slow  # 40 s: the fake lists all 151,936 tokens for each prompt
 def test_llama_cpp_asks_the_whole_vocabulary_when_an_answer_token_is_below_the_top_k(qwen_tok, tiny_qwen):
     """Random weights put the answer tokens far down: each prompt is asked again for every token (exact)."""

@@ -35,6 +35,7 @@ _EXPORTS = {
     # the probe in training
     "MoralProbeCallback": "training.callback",
     "ProbeLogger": "training.logger",
+    "ServedModel": "served.model",  # the policy in an inference server (endpoint=)
     # one model, one report
     "Probe": "probe",
     "ProbeConfig": "config",
@@ -79,6 +80,7 @@ __all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them 
     "residual_direction",
     "ResidualSteering",
     "score_prompts",
+    "ServedModel",
     "show_rewrites",
     "TinymcfError",
 ]
@@ -94,6 +96,7 @@ if TYPE_CHECKING:
     from .results.report import load_report
     from .scoring.answers import score_prompts
     from .scoring.prompts import FRAMES, format_prompt, format_prompts
+    from .served.model import ServedModel
     from .steering.directions import random_directions, residual_direction
     from .steering.dose import DoseResponse, dose_response
     from .steering.hooks import ResidualSteering

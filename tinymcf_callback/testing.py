@@ -91,6 +91,20 @@ def tiny_qwen3(seed: int = 0):
     return Qwen3ForCausalLM(config).eval()
 
 
+def smollm2_untied(folder) -> Path:
+    """SmolLM2-135M-Instruct saved in ``folder`` with an output layer of its own (a copy of its embeddings, no longer
+    tied to them): the same model, in the form vLLM on the CPU can reload in place exactly (docs/served.md)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(smollm2_dir()).save_pretrained(folder)
+    return Path(folder)
+
+
 if __name__ == "__main__":
     print("qwen3 tokenizer:", qwen3_tokenizer_dir())
     print("smollm2:", smollm2_dir())

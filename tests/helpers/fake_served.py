@@ -16,9 +16,9 @@ numbers are exact and a served report can be held to a local one at 1e-5:
                prompt (it takes text only)
 
 What can be made wrong, to test the refusals: ``template`` (another chat template for ``/tokenize`` and
-``/apply-template``), ``forced_temperature`` (a proxy or server default that sets every request's temperature: with ``processed``, the
-sampled position's log-probabilities are those of this temperature whatever the request asks), ``processed`` (the
-sampled position's log-probabilities after the request's temperature and
+``/apply-template``), ``forced_temperature`` (a proxy or server default that sets every request's temperature:
+with ``processed``, the sampled position's log-probabilities are those of this temperature whatever the request
+asks), ``processed`` (the sampled position's log-probabilities after the request's temperature and
 top-k, as vLLM's ``processed_logprobs``; prompt log-probabilities stay raw, as vLLM's do; ``"ignores pins"``: also
 after a top-k of 20 whatever the request says, as a server whose generation defaults win would), ``drift`` (each
 request's logits shifted by up to this: an order dependence), ``api_key`` (a 401 echoing the key it got, unless it

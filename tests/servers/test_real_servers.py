@@ -80,9 +80,10 @@ class Server:
             self.proc.kill()
 
 
-def vllm(tmp_path: Path, *extra: str, dtype: str = "float32", env: dict | None = None) -> Server:
+def vllm(tmp_path: Path, *extra: str, dtype: str = "float32", env: dict | None = None,
+         model: Path | None = None) -> Server:
     port = free_port()
-    argv = [str(VLLM), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_dir()),
+    argv = [str(VLLM), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model or smollm2_dir()),
             "--served-model-name", "smollm2", "--port", str(port), "--enforce-eager", "--dtype", dtype,
             "--max-model-len", "2048", *extra]
     return Server(argv, port, tmp_path / "vllm.log", env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
@@ -247,13 +248,14 @@ def test_a_timeout_names_its_option_and_leaves_nothing_running_on_the_server(trl
     assert left == 0
 
 
-def perturbed_checkpoints(run: Path, steps=(1, 2)) -> None:
-    """SmolLM2 with a little noise per step, saved as a plain save_pretrained step folder of the run."""
+def moved_checkpoints(run: Path, base: Path, steps=(1, 2)) -> None:
+    """The model of ``base`` with every weight moved a little per step (embeddings, output layer, attention, MLP,
+    norms), saved as plain save_pretrained step folders of the run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    tok = AutoTokenizer.from_pretrained(base)
     for step in steps:
-        model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         torch.manual_seed(step)
         with torch.no_grad():
             for p in model.parameters():
@@ -264,33 +266,135 @@ def perturbed_checkpoints(run: Path, steps=(1, 2)) -> None:
         (folder / "trainer_state.json").write_text(f'{{"global_step": {step}, "epoch": {step / 2}}}')
 
 
-def sweep_lines(run: Path, *extra: str) -> list[dict]:
+def sweep_lines(run: Path, *extra: str, status: int = 0) -> list[dict]:
     import json
 
     from tinymcf_callback.cli.main import main as tinymcf
 
     assert tinymcf(["sweep", str(run), "--per-foundation", "1", "--n-resamples", "0", "--no-progress", "--dtype",
-                    "float32", "--retries", "0", *extra]) == 0
+                    "float32", "--retries", "0", *extra]) == status
     return [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
 
 
+FRESH = 1e-5  # a server started fresh on a checkpoint and the local forward pass: measured within 1e-6 in the score
+
+
+def held_to_local(by_server: list[dict], by_local: list[dict], what: str) -> None:
+    """Every scored line of the server within :data:`FRESH` of the local one, in the score and in every scenario's s;
+    each difference printed."""
+    local = {x["step"]: x for x in by_local}
+    for mine in by_server:
+        if mine.get("score") is None:
+            continue
+        theirs = local[mine["step"]]
+        apart = max(abs(a["s"] - b["s"]) for a, b in zip(mine["scenarios"], theirs["scenarios"], strict=True)) \
+            if "scenarios" in mine else abs(mine["score"] - theirs["score"])
+        check = mine["info"]["backend"].get("reload_check")
+        print(f"[{what}] step {mine['step']}: score {mine['score']:+.6f} served vs {theirs['score']:+.6f} local "
+              f"({abs(mine['score'] - theirs['score']):.1e} apart, scenarios {apart:.1e}); reload check: "
+              + ("none" if check is None else f"{check['p_yes_diff']:.1e} in P(Yes), held to {check['tolerance']:g}"))
+        assert abs(mine["score"] - theirs["score"]) < FRESH and apart < FRESH, (what, mine["step"])
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory) -> Path:
+    from tinymcf_callback.testing import smollm2_untied
+
+    return smollm2_untied(tmp_path_factory.mktemp("untied") / "smollm2-untied")
+
+
+@pytest.fixture(scope="module")
+def untied_server(untied, tmp_path_factory):
+    """A vLLM in dev mode (its reload routes) serving the untied SmolLM2 as ``smollm2``."""
+    if not (ROOT / "vllm" / ".installed").exists():
+        pytest.skip(f"vLLM is not installed in {ROOT / 'vllm'}: {INSTALL}")
+    with vllm(tmp_path_factory.mktemp("untied-server"), env=DEV, model=untied) as server:
+        yield server
+
+
 @needs_vllm
-def test_reload_vllm_follows_the_checkpoints_and_each_line_says_which_weights_answered(trl_server, tmp_path):
+def test_reload_vllm_gives_a_fresh_servers_numbers_when_every_weight_moves(untied_server, untied, tmp_path):
+    """An untied model whose every weight moves at each step, embeddings and output layer included: each reloaded step
+    within 1e-5 of the local sweep. A checkpoint cut short in the middle is never sent; the server keeps serving and
+    the next one is scored exactly."""
     import shutil
 
     from tinymcf_callback.rundir.checkpoints import fingerprint
 
     run = tmp_path / "run"
-    perturbed_checkpoints(run)
+    moved_checkpoints(run, untied, steps=(1, 2, 3))
+    local = tmp_path / "local"
+    shutil.copytree(run, local)
+    by_local = sweep_lines(local, "--base-model", str(untied))
+    weights = run / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a save cut short
+    by_server = sweep_lines(run, "--base-model", str(untied), "--endpoint", untied_server.url, "--reload", "vllm",
+                            status=1)
+    assert [(x["step"], x["event"]) for x in by_server][1:] == [(1, "sweep"), (2, "unreadable"), (3, "sweep")]
+    assert "model.safetensors is cut short" in by_server[2]["info"]["unreadable"]
+    for mine in (by_server[0], by_server[1], by_server[3]):
+        folder = untied if mine["step"] == 0 else run / f"checkpoint-{mine['step']}"
+        assert mine["info"]["backend"]["weight_version"] == fingerprint(Path(folder))
+        assert mine["info"]["backend"]["reload_check"]["p_yes_diff"] < FRESH
+    held_to_local(by_server, by_local, "reload vllm, untied")
+    with urllib.request.urlopen(f"{untied_server.url}/health", timeout=10) as answer:
+        assert answer.status == 200
+
+
+@needs_vllm
+def test_reload_vllm_refuses_a_tied_model_on_the_cpu_before_anything_is_scored(trl_server, tmp_path, capsys):
+    """vLLM-CPU's reload_weights keeps a tied output layer as the server started (SmolLM2 ties it): refused in one
+    line naming the restart route, nothing scored, nothing sent."""
+    run = tmp_path / "run"
+    moved_checkpoints(run, Path(smollm2_dir()), steps=(1,))
+    capsys.readouterr()
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    rc = tinymcf(["sweep", str(run), "--base-model", str(smollm2_dir()), "--endpoint", trl_server.url, "--reload",
+                  "vllm", "--per-foundation", "1", "--n-resamples", "0", "--no-progress"])
+    err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
+    assert rc == 2 and len(err) == 1 and "examples/reload_server.py" in err[0], err
+    assert not (run / "moral_probe_scifi.jsonl").exists()
+
+
+@needs_vllm
+def test_a_tied_model_is_followed_exactly_by_restarting_the_server_on_each_checkpoint(tmp_path):
+    """The route the refusal names, as docs/served.md writes it: examples/reload_server.py starts a vLLM on each
+    checkpoint (every weight moved, the tied ones included); each step within 1e-5 of local, and the server stops
+    when the sweep ends."""
+    import shutil
+    import socket
+
+    run = tmp_path / "run"
+    moved_checkpoints(run, Path(smollm2_dir()), steps=(1, 2))
     local = tmp_path / "local"
     shutil.copytree(run, local)
     by_local = sweep_lines(local, "--base-model", str(smollm2_dir()))
-    by_server = sweep_lines(run, "--base-model", str(smollm2_dir()), "--endpoint", trl_server.url, "--reload", "vllm")
-    assert [x["step"] for x in by_server] == [x["step"] for x in by_local] == [0, 1, 2]
-    for mine, theirs in zip(by_server, by_local, strict=True):
-        folder = smollm2_dir() if mine["step"] == 0 else run / f"checkpoint-{mine['step']}"
-        assert mine["info"]["backend"]["weight_version"] == fingerprint(Path(folder))
-        assert abs(mine["score"] - theirs["score"]) < 1e-3, mine["step"]
+    port = free_port()
+    example = Path(__file__).resolve().parents[2] / "examples" / "reload_server.py"
+    server = (f"{VLLM} -m vllm.entrypoints.openai.api_server --model {{checkpoint}} --served-model-name smollm2 "
+              f"--port {port} --enforce-eager --dtype float32 --max-model-len 2048")
+    reload = (f"{sys.executable} {example} --port {port} --name smollm2 --timeout 600 --state {tmp_path / 'server'} "
+              f"-- {server}")
+    import json
+
+    sweep = subprocess.run([sys.executable, "-m", "tinymcf_callback", "sweep", str(run), "--base-model",
+                            str(smollm2_dir()), "--endpoint", f"http://127.0.0.1:{port}", "--reload", reload,
+                            "--per-foundation", "1", "--n-resamples", "0", "--no-progress", "--dtype", "float32",
+                            "--retries", "0"], env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                           capture_output=True, text=True, timeout=1800)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    by_server = [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in by_server] == [0, 1, 2]
+    held_to_local(by_server, by_local, "reload_server.py, tied")
+    deadline = time.monotonic() + 60  # the sweep ended: the server it left running is stopped by the guard
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(1)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 @pytest.fixture(scope="module")
@@ -306,16 +410,20 @@ def lora_server(tmp_path_factory):
         yield server
 
 
+# every weight a LoRA adapter can move: every linear layer, the input embeddings and the (tied) output layer
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"]
+
+
 def smollm2_adapter(folder: Path, seed: int) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir()), LoraConfig(
-        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        r=8, lora_alpha=16, target_modules=LORA_TARGETS, init_lora_weights=False))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "lora_embedding_B" in name:
                 p.mul_(0.05)
     model.save_pretrained(folder)
     return folder
@@ -323,8 +431,8 @@ def smollm2_adapter(folder: Path, seed: int) -> Path:
 
 @needs_vllm
 def test_a_lora_vllm_is_scored_exactly_and_left_running(lora_server, probe, local):
-    """The default self-check once crashed a LoRA-enabled vLLM-CPU (several prompt log-probabilities in one batch):
-    its echo now goes one sequence at a time, and the server answers after the probe."""
+    """A LoRA-enabled vLLM-CPU dies when a prompt log-probability request is batched with any other sequence: the
+    probe sends it none (its self-check reads the sampled position's top tokens), and the server answers after it."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -334,13 +442,49 @@ def test_a_lora_vllm_is_scored_exactly_and_left_running(lora_server, probe, loca
         start = time.perf_counter()
         served = probe.run(ServedModel(lora_server.url, name))
         d = say(f"LoRA vLLM, {name}", served, reference, time.perf_counter() - start)
-        assert d["max_p_yes"] < 1e-4 and served["info"]["backend"]["check_form"] == "echo"
+        assert d["max_p_yes"] < 1e-4 and served["info"]["backend"]["check_form"] == "top_logprobs"
         with urllib.request.urlopen(f"{lora_server.url}/health", timeout=10) as answer:
             assert answer.status == 200  # alive
 
 
+class OtherClient:
+    """Another user of the server: generations to the adapter and the base, two at a time, while the probe runs."""
+
+    def __init__(self, url: str):
+        import threading
+
+        self.url, self.stop, self.answered, self.failed = url, threading.Event(), 0, []
+        self.threads = [threading.Thread(target=self.ask, args=(m,), daemon=True) for m in ("policy", "smollm2")]
+
+    def ask(self, model: str) -> None:
+        import json
+
+        body = json.dumps({"model": model, "prompt": "Tell me about the stars", "max_tokens": 16,
+                           "temperature": 0.8}).encode()
+        while not self.stop.is_set():
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{self.url}/v1/completions", body, {
+                    "Content-Type": "application/json"}), timeout=120).read()
+                self.answered += 1
+            except OSError as e:
+                self.failed.append(str(e))
+                time.sleep(1)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(150)
+
+
 @needs_vllm
 def test_reload_lora_loads_each_adapter_in_place(lora_server, tmp_path):
+    """Adapters that move every weight LoRA can (embeddings and output layer included), loaded in place while another
+    client uses the server: each step within 1e-5 of local, and the server alive after."""
     import shutil
 
     run = tmp_path / "run"
@@ -351,10 +495,16 @@ def test_reload_lora_loads_each_adapter_in_place(lora_server, tmp_path):
     shutil.copytree(run, local)
     base = ["--base-model", str(smollm2_dir()), "--tokenizer", str(smollm2_dir())]
     by_local = sweep_lines(local, *base)
-    by_server = sweep_lines(run, *base, "--endpoint", lora_server.url, "--reload", "lora", "--served-model", "policy")
+    with OtherClient(lora_server.url) as other:
+        by_server = sweep_lines(run, *base, "--endpoint", lora_server.url, "--reload", "lora", "--served-model",
+                                "policy")
     assert [x["step"] for x in by_server] == [0, 1, 2]
-    for mine, theirs in zip(by_server, by_local, strict=True):
-        expected = None if mine["step"] == 0 else str(run / f"checkpoint-{mine['step']}")
-        if expected is not None:
-            assert mine["info"]["backend"]["weight_version"] == expected
-        assert abs(mine["score"] - theirs["score"]) < 1e-3, mine["step"]
+    for mine in by_server:
+        if mine["step"]:
+            assert mine["info"]["backend"]["weight_version"] == str(run / f"checkpoint-{mine['step']}")
+            assert mine["info"]["backend"]["reload_check"]["p_yes_diff"] < FRESH
+    held_to_local(by_server, by_local, "reload lora, another client asking")
+    print(f"[reload lora] the other client got {other.answered} answers meanwhile, {len(other.failed)} failures")
+    assert other.answered > 0 and other.failed == []
+    with urllib.request.urlopen(f"{lora_server.url}/health", timeout=10) as answer:
+        assert answer.status == 200

@@ -168,8 +168,8 @@ def said_failures(result) -> int:
               "again", file=sys.stderr)
         problems.append((EXIT_TRAINING_GONE, "the training is gone without ending"))
     if result.training_quiet:
-        print(f"error: the training has gone quiet: {result.training_quiet}; if it is still running, start the watcher again (it "
-              "picks up where it stopped, or raise --dead-after); if it died, resume it", file=sys.stderr)
+        print(f"error: the training has gone quiet: {result.training_quiet}; if it is still running, start the watcher "
+              "again (it picks up where it stopped, or raise --dead-after); if it died, resume it", file=sys.stderr)
         problems.append((EXIT_TRAINING_QUIET, "the training has gone quiet"))
     unread = {o.step for o in result.failures}
     gaps = [step for step in result.gaps if step not in unread]
