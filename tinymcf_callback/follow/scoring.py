@@ -101,10 +101,10 @@ class ProbeCache:
     @property
     def reloader(self) -> Reloader:
         """The run's one :class:`~tinymcf_callback.served.reload.Reloader` (what it sent is counted over the run)."""
-        if self._reloader is None:
-            config = self.served_config
-            self._reloader = Reloader(config.reload, config.endpoint, self.served().model,
-                                      timeout=config.reload_timeout)
+        if self._reloader is None:  # the served name is asked of the server for an adapter's route only: a command may
+            config = self.served_config  # start the server at its first reload
+            model = self.served().model if config.reload == "lora" else config.model
+            self._reloader = Reloader(config.reload, config.endpoint, model, timeout=config.reload_timeout)
         return self._reloader
 
 
@@ -195,21 +195,23 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
                  plan: Plan, probes: ProbeCache, device: str) -> dict:
     """The checkpoint scored through the run's server: loaded into it by ``--reload`` (a built-in sets the
     checkpoint's fingerprint as the weight version and waits for it), that reload checked on the scores against the
-    checkpoint's own forward pass, loaded here in float32 (unless ``--no-reload-check``)."""
+    checkpoint's own forward pass, loaded here in float32 (unless ``--no-reload-check``). A LoRA run's step 0, the
+    base model its adapters sit on, is not loaded but checked the same way: an adapter the server holds can change
+    its answers for the base."""
     config = settings.served
     base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
     served = probes.served(base=base)
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
     served.name = checkpoint.shown_as or where
-    if not config.reload or base:
+    reloader = probes.reloader if config.reload else None
+    if reloader is not None and not base:
+        served.expected_version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+    if reloader is None or not config.reload_check:
         return probe.run(served, baseline=baseline)
-    reloader = probes.reloader
-    served.expected_version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
-    if not config.reload_check:
-        return probe.run(served, baseline=baseline)
+    route = reloader.shown if not base else f"{reloader.shown} (the adapters' base, as the server serves it)"
     started = time.perf_counter()
     reference = load_checkpoint(checkpoint, plan, device, dtype="float32").eval()
-    served.loaded = Loaded(checkpoint.step, where, reloader.shown, reference, f"float32 on {device}",
+    served.loaded = Loaded(checkpoint.step, where, route, reference, f"float32 on {device}",
                            seconds=time.perf_counter() - started)
     try:
         return probe.run(served, baseline=baseline)

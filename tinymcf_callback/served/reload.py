@@ -82,25 +82,35 @@ class Reloader:
     def shown(self) -> str:
         return f"--reload {self.command}" if self.builtin else "--reload"
 
-    def refuse_inexact(self, folder: str) -> None:
-        """:class:`ServedError`, before anything is scored, when this route cannot give the server ``folder``'s model
-        exactly: ``--reload vllm`` on a vLLM running on the CPU, for a model whose output layer is tied to its input
-        embeddings (see the module)."""
-        if self.command != "vllm" or not ties_embeddings(folder):
+    def refuse_inexact(self, folder: str | None) -> None:
+        """:class:`ServedError`, before anything is scored, when this route cannot give the server the run's models
+        exactly (``folder``: one of its checkpoints, else its starting model), on a server that says it runs on the
+        CPU: ``--reload vllm`` for a model whose output layer is tied to its input embeddings; ``--reload lora`` for
+        adapters that train the output layer (``lm_head``), the one the server holds now or the run's (see the
+        module)."""
+        if self.command not in ("vllm", "lora") or folder is None:
             return
         client = ServerClient(self.endpoint, retries=2)
         try:
-            device = server_setup(client).get("device")
+            if self.command == "vllm":
+                why = ("vLLM's reload_weights leaves an output layer tied to the input embeddings "
+                       f"(tie_word_embeddings in {Path(folder).name}'s config) with the weights the server started "
+                       "with, while /weight_info names the new checkpoint") if ties_embeddings(folder) else None
+            else:
+                listed = (client.get("/v1/models", quiet=True) or {}).get("data", [])
+                held = [m.get("root") for m in listed if isinstance(m, dict) and m.get("id") == self.model]
+                adapters = [f for f in (folder, *held) if isinstance(f, str) and trains_output_layer(f)]
+                why = (f"while an adapter that trains the output layer (lm_head, as {Path(adapters[0]).name}'s "
+                       "does) is loaded, vLLM answers requests for the base model with other numbers (measured: "
+                       "1.4e-2 apart in P(Yes)), so the run's step 0 would be scored wrong") if adapters else None
+            if why is None or server_setup(client).get("device") != "cpu":
+                return
         finally:
             client.close()
-        if device == "cpu":
-            raise ServedError(
-                f"--reload vllm cannot load this model's checkpoints exactly into the vLLM at {client.shown}: on the "
-                "CPU, vLLM's reload_weights leaves an output layer tied to the input embeddings (tie_word_embeddings "
-                f"in {Path(folder).name}'s config) with the weights the server started with, while /weight_info names "
-                f"the new checkpoint; restart the server on each checkpoint instead: --reload \"python {RESTART} "
-                "--port PORT --name NAME -- vllm serve {checkpoint} ...\" (docs/served.md, 'A server that follows a "
-                "run')")
+        raise ServedError(f"--reload {self.command} cannot give the vLLM at {client.shown} this run's models exactly: "
+                          f"on the CPU, {why}; restart the server on each checkpoint instead: --reload \"python "
+                          f"{RESTART} --port PORT --name NAME -- vllm serve {{checkpoint}} ...\" (docs/served.md, "
+                          "'What a reload verifies')")
 
     def load(self, folder: str | None, step: int, version: str | None = None) -> str | None:
         """Load ``folder`` (step ``step``) into the server: the weight version it answers with now (a built-in's:
@@ -134,6 +144,22 @@ class Reloader:
     @staticmethod
     def _given_up() -> str:
         return f"sent {SENDS} times without taking, not sent again in this run (see the server's log; or {RESTART})"
+
+
+def trains_output_layer(folder: str) -> bool:
+    """Whether the PEFT adapter in ``folder`` trains the output layer (``lm_head`` among its target modules or the
+    modules it saves whole); False for a folder without an adapter config."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    names = []
+    for key in ("target_modules", "modules_to_save"):
+        value = config.get(key) or []
+        names += [value] if isinstance(value, str) else list(value)
+    return any("lm_head" in str(name) for name in names)
 
 
 def ties_embeddings(folder: str) -> bool:
