@@ -200,19 +200,24 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
     its answers for the base."""
     config = settings.served
     base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
-    served = probes.served(base=base)
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
-    served.name = checkpoint.shown_as or where
     reloader = probes.reloader if config.reload else None
-    if reloader is not None and not base:
-        served.expected_version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+    version = None
+    if reloader is not None and not base:  # first: a command may start the server
+        version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+    served = probes.served(base=base)
+    served.name, served.expected_version = checkpoint.shown_as or where, version
     if reloader is None or not config.reload_check:
         return probe.run(served, baseline=baseline)
     route = reloader.shown if not base else f"{reloader.shown} (the adapters' base, as the server serves it)"
+    # a LoRA vLLM on the CPU answers the base wrongly in a batch beside another client's adapter requests (measured:
+    # 1.8e-2 in P(Yes) with attention adapters, 0.39 with embedding ones): nothing was sent, so a later try may agree
+    passing = ("a vLLM with LoRA adapters answers the base model wrongly while another client's adapter requests "
+               "are batched beside it; tried again, and scored once it agrees") if base else None
     started = time.perf_counter()
     reference = load_checkpoint(checkpoint, plan, device, dtype="float32").eval()
     served.loaded = Loaded(checkpoint.step, where, route, reference, f"float32 on {device}",
-                           seconds=time.perf_counter() - started)
+                           seconds=time.perf_counter() - started, passing=passing)
     try:
         return probe.run(served, baseline=baseline)
     finally:

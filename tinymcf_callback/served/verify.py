@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..errors import CheckpointUnusable
+from ..errors import CheckpointUnusable, ServedError
 from .forms import Reading
 from .selfcheck import local_differences
 
@@ -42,6 +42,7 @@ class Loaded:
     reference: object
     where: str
     seconds: float = 0.0  # the local load's time
+    passing: str | None = None  # why a disagreement may pass when tried again (then not final), else None
 
 
 def check(loaded: Loaded, server, probe, main: dict[int, Reading], indices: list[int], yes: list[int], no: list[int],
@@ -59,6 +60,11 @@ def check(loaded: Loaded, server, probe, main: dict[int, Reading], indices: list
     record = {"prompts": list(indices), "p_yes_diff": p_diff, "log_mass_diff": mass_diff, "tolerance": held,
               "held_to": why, "reference": f"{loaded.folder}, {loaded.where}", "route": loaded.route,
               "seconds": round(loaded.seconds + time.perf_counter() - started, 3)}
+    if max(p_diff, mass_diff) > held and loaded.passing is not None:
+        raise ServedError(
+            f"the server at {shown} does not answer step {loaded.step} as {loaded.folder}'s own forward pass does "
+            f"({loaded.where}): up to {p_diff:.2g} apart in P(Yes) and {mass_diff:.2g} in log Yes+No mass, where {why} "
+            f"is {held:g}; {loaded.passing}")
     if max(p_diff, mass_diff) > held:
         raise CheckpointUnusable(
             f"the server at {shown} does not compute step {loaded.step} after {loaded.route}: its answers to "
