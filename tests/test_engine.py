@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers.models import reference_alone
 
 from tinymcf_callback import score_prompts
 from tinymcf_callback.probe import Probe
@@ -41,20 +42,6 @@ def test_score_prompts_exact(qwen_tok):
     assert p_yes[0] == pytest.approx(np.e / (np.e + 1), abs=1e-6) and mass[0] == pytest.approx(1.0, abs=1e-6)
     assert p_yes[1] == pytest.approx(2 / 3, abs=1e-6)  # two Yes variants against one No
     assert mass[1] == pytest.approx(3 / 8, abs=1e-6)   # Yes+No = 3 of 3 + 5
-
-
-def reference_alone(model, encoded, tok) -> tuple[np.ndarray, np.ndarray]:
-    """The simplest reference, apart from the engine: each prompt alone (no padding, mask, position ids or
-    cache), P(Yes) and the Yes+No mass by a plain float64 softmax over the model's last logits."""
-    yes, no = answer_token_ids(tok)
-    p_yes, mass = [], []
-    with torch.inference_mode():
-        for ids in encoded:
-            probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
-            y, n = probs[yes].sum().item(), probs[no].sum().item()
-            p_yes.append(y / (y + n))
-            mass.append(y + n)
-    return np.array(p_yes), np.array(mass)
 
 
 def assert_scores_match(res, idx, reference, p_tol=1e-4, mass_rel_tol=1e-3):
