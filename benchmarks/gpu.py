@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         sets[name] = why
         if why:
             print(f"[gpu] {name}: left out ({why})", flush=True)
-    rate = matmul_rate(device, dtype, 2048 if args.small else 8192)
+    rate = matmul_rate(device, dtype, 1024 if args.small else 8192)
     results = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "small": args.small,
                "machine": machine(device), "dtype": str(dtype).replace("torch.", ""), "runs": args.runs,
                "matmul_tflops": rate / 1e12, "sets_left_out": {k: v for k, v in sets.items() if v}, "models": {},
