@@ -163,11 +163,11 @@ def test_the_report_says_how_the_calls_were_sized(qwen_tok, tiny_qwen, monkeypat
     assert report["info"]["batches"] == {"device": "cpu", "token_budget": DEFAULT_TOKEN_BUDGET,
                                          "max_batch_size": DEFAULT_MAX_BATCH, "rule": "cpu", "batches": 1}
     OnDevice(monkeypatch, "cuda:0", H200_FREE)
-    report = Probe(qwen_tok, "scifi", n_resamples=0, max_batch_size=100).run(tiny_qwen)
+    report = Probe(qwen_tok, "scifi", per_foundation=2, n_resamples=0, max_batch_size=30).run(tiny_qwen)
     sized = report["info"]["batches"]
     assert (sized["device"], sized["max_batch_size"], sized["token_budget"], sized["batches"]) == (
-        "cuda:0", 100, GPU_TOKEN_CAP, 5)
-    assert report["info"]["n_forward"] == 1 + 2 * 5
+        "cuda:0", 30, GPU_TOKEN_CAP, 4)  # 112 prompts, 30 a call at most: 4 batches of 28
+    assert report["info"]["n_forward"] == 1 + 2 * 4
 
 
 # ---- scoring at a GPU's plan (on the CPU) ------------------------------------------------------------------------
