@@ -64,8 +64,8 @@ class Probe:
 
     Example::
 
-        probe = Probe(tok, "scifi")            # prompts formatted, tokenised and batched once
-        report = probe.run(model)              # the report dict (see evaluate)
+        probe = Probe(tok, "scifi")            # prompts formatted and tokenised once
+        report = probe.run(model)              # the report dict (see evaluate); batched for the model's device
         res = probe.score(model)               # per-prompt P(Yes), Yes+No mass, the self-check
 
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a bad setting,
