@@ -236,7 +236,7 @@ def profiled(run, device: str) -> dict:
     if cuda:
         out["kernel_launches"] = sum(1 for e in events if e.name in LAUNCH_CALLS)
         out["gpu_kernels"] = sum(1 for e in events if str(getattr(e, "device_type", "")).endswith("CUDA"))
-        out["kernels_of_operators"] = sum(len(getattr(e, "kernels", ())) for e in top)  # the same, another way
+        out["kernels_of_operators"] = sum(len(getattr(e, "kernels", ())) for e in events)  # the same, another way
         out["gpu_s"] = sum(split.values())
     else:
         out["kernel_launches"] = out["operators"]  # what would each launch a kernel on a GPU
