@@ -115,16 +115,18 @@ def _p_yes_from_logp(logp, yes: list[int], no: list[int]):
 
     lyes = torch.logsumexp(logp[:, yes], dim=-1)
     lno = torch.logsumexp(logp[:, no], dim=-1)
-    return torch.sigmoid(lyes - lno).double().numpy()
+    return torch.sigmoid(lyes - lno).double().cpu().numpy()
 
 
 def naive_full_logits(model, tok, encoded, idx, yes, no):
-    """lm-evaluation-harness style: fixed batches in the given order, right padding, full logits."""
+    """lm-evaluation-harness style: fixed batches in the given order, right padding, full logits (on the model's
+    device)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     pad, out = _pad_id(tok), np.empty(len(idx))
+    device = next(model.parameters()).device
     with torch.no_grad():
         for start in range(0, len(idx), NAIVE_BATCH):
             seqs = [encoded[i] for i in idx[start:start + NAIVE_BATCH]]
@@ -134,10 +136,12 @@ def naive_full_logits(model, tok, encoded, idx, yes, no):
             for row, seq in enumerate(seqs):
                 ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
                 mask[row, :len(seq)] = 1
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [b, seq, vocab]
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           use_cache=False).logits  # [b, seq, vocab]
             logp = F.log_softmax(logits.float(), dim=-1)  # over the whole tensor, as the harness does
-            last = mask.sum(dim=1) - 1
-            out[start:start + len(seqs)] = _p_yes_from_logp(logp[torch.arange(len(seqs)), last], yes, no)
+            last = (mask.sum(dim=1) - 1).to(device)
+            out[start:start + len(seqs)] = _p_yes_from_logp(logp[torch.arange(len(seqs), device=device), last],
+                                                            yes, no)
     return out
 
 

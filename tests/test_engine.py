@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers.models import reference_alone
 
 from tinymcf_callback import score_prompts
 from tinymcf_callback.probe import Probe
@@ -41,20 +42,6 @@ def test_score_prompts_exact(qwen_tok):
     assert p_yes[0] == pytest.approx(np.e / (np.e + 1), abs=1e-6) and mass[0] == pytest.approx(1.0, abs=1e-6)
     assert p_yes[1] == pytest.approx(2 / 3, abs=1e-6)  # two Yes variants against one No
     assert mass[1] == pytest.approx(3 / 8, abs=1e-6)   # Yes+No = 3 of 3 + 5
-
-
-def reference_alone(model, encoded, tok) -> tuple[np.ndarray, np.ndarray]:
-    """The simplest reference, apart from the engine: each prompt alone (no padding, mask, position ids or
-    cache), P(Yes) and the Yes+No mass by a plain float64 softmax over the model's last logits."""
-    yes, no = answer_token_ids(tok)
-    p_yes, mass = [], []
-    with torch.inference_mode():
-        for ids in encoded:
-            probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
-            y, n = probs[yes].sum().item(), probs[no].sum().item()
-            p_yes.append(y / (y + n))
-            mass.append(y + n)
-    return np.array(p_yes), np.array(mass)
 
 
 def assert_scores_match(res, idx, reference, p_tol=1e-4, mass_rel_tol=1e-3):
@@ -268,6 +255,31 @@ def test_shared_prefix_matches_full_prompts(which, limit, request):
     if which != "smollm2":  # SmolLM2 against each prompt alone: test_batching_invariance (cheaper there)
         assert_scores_match(a, everything, reference_alone(model, shared.encoded, tok))
     assert len(shared.batches) > 1 and a.n_forward == 1 + 2 * len(shared.batches)  # root once, then per batch
+
+
+def test_the_shared_root_reaches_each_batch_as_views_and_stays_as_it_was(tiny_qwen, qwen_tok, monkeypatch):
+    """A batch's rows hold the root's one row as ``expand`` views (nothing copied), each batch's forward calls leave
+    the root's cache as it was, and the scores are bit for bit those of the rows copied one by one (the cache layers
+    the engine does not know are copied so)."""
+    from tinymcf_callback.scoring import engine
+    from tinymcf_callback.scoring.model_info import pad_token_id
+
+    probe = Probe(qwen_tok, "scifi", limit=4, token_budget=600)
+    with probe_mode(tiny_qwen):
+        runner = engine.make_strategy("shared", tiny_qwen, probe.encoded, pad_token_id(tiny_qwen, qwen_tok),
+                                      torch.device("cpu"), probe.prefix_plan)
+        root = runner._root()
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in root.layers]
+        rows = runner._root_rows(5)
+        for layer, view in zip(root.layers, rows.layers, strict=True):
+            assert view.keys.shape[0] == 5 and view.keys.stride(0) == 0
+            assert view.keys.data_ptr() == layer.keys.data_ptr() and view.values.data_ptr() == layer.values.data_ptr()
+        viewed = [runner.logits(batch) for batch in probe.batches]
+        for layer, (keys, values) in zip(root.layers, before, strict=True):
+            assert layer.keys.shape[0] == 1 and torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+        monkeypatch.setattr(engine, "VIEWED_LAYERS", ())  # a cache of other layers: copied and repeated, as before
+        copied = [runner.logits(batch) for batch in probe.batches]
+    assert len(probe.batches) > 1 and all(torch.equal(a, b) for a, b in zip(viewed, copied, strict=True))
 
 
 class _Inner(torch.nn.Module):

@@ -20,13 +20,22 @@ from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
 from .results.sequential import check_until, check_width
 from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
-from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET
+from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, GPU_BATCH_CAP
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
 
 
 def _positive_int(value, what: str, unit: str):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ConfigError(f"{what} must be a positive whole number of {unit}, got {value!r}")
+    return int(value)
+
+
+def _positive_int_or_none(value, what: str, unit: str):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"{what} must be a positive whole number of {unit}, or None to size it to the device; got "
+                          f"{value!r}")
     return int(value)
 
 
@@ -142,10 +151,14 @@ class ProbeConfig:
                                  choices=tuple(ANSWER_FORMATS))
     answer_prefix: str | None = setting(None, "the assistant turn's pre-fill before the answer (yesno only; '' for "
                                         "none)", _check_prefix, metavar="TEXT", shown_default="'Answer:'")
-    token_budget: int = setting(DEFAULT_TOKEN_BUDGET, "padded tokens per forward call (lower it to save memory)",
-                                lambda v, w: _positive_int(v, w, "tokens"), metavar="T")
-    max_batch_size: int = setting(DEFAULT_MAX_BATCH, "prompts per forward call at most",
-                                  lambda v, w: _positive_int(v, w, "prompts"), metavar="B")
+    token_budget: int | None = setting(None, "padded tokens per forward call (lower it to save memory)",
+                                       lambda v, w: _positive_int_or_none(v, w, "tokens"), metavar="T",
+                                       shown_default=f"sized to the device: {DEFAULT_TOKEN_BUDGET} on a CPU, by the "
+                                                     "model's size and the free memory on a GPU")
+    max_batch_size: int | None = setting(None, "prompts per forward call at most",
+                                         lambda v, w: _positive_int_or_none(v, w, "prompts"), metavar="B",
+                                         shown_default=f"sized to the device: {DEFAULT_MAX_BATCH} on a CPU, up to "
+                                                       f"{GPU_BATCH_CAP} on a GPU")
     share_prefix: bool = setting(True, "compute shared prompt prefixes once and reuse their key/value cache "
                                  "(same scores, fewer FLOPs)", _check_flag,
                                  off="score every prompt whole, without reusing the key/value cache of the prefixes "

@@ -1,8 +1,10 @@
 """``evaluate``: one call from a model to a per-foundation alignment report; :class:`Probe` behind it.
 
 :class:`Probe` holds everything that does not change between checkpoints (the set's
-vignettes, prompt texts, token ids and the batch plan), built once from a tokenizer and a
-:class:`~tinymcf_callback.config.ProbeConfig`; ``Probe.run`` scores a model with it.
+vignettes, prompt texts, token ids and the shared prefixes), built once from a tokenizer and a
+:class:`~tinymcf_callback.config.ProbeConfig`; ``Probe.run`` scores a model with it. The batches are
+planned for the device a model is on when it is first scored there (:meth:`Probe.plan_for`), and kept for
+every later probe on that device.
 ``evaluate``, the ``tinymcf eval`` command, the sweep and ``MoralProbeCallback`` all go through
 it: one code path for "score these prompts".
 
@@ -26,10 +28,18 @@ from .errors import ConfigError
 from .results.analysis import analyse
 from .results.readout import HEADLINE_FIELDS, sanity_warnings
 from .results.text import sanity_lines
-from .scoring.batching import encode_prompts, plan_batches, plan_group_batches, plan_prefixes
+from .scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
 from .scoring.engine import ScoreResult, run_batches
 from .scoring.mode import probe_mode
-from .scoring.model_info import check_causal_lm, check_context, check_vocabulary, model_name
+from .scoring.model_info import (
+    check_causal_lm,
+    check_context,
+    check_vocabulary,
+    device_memory,
+    memory_per_token,
+    model_device,
+    model_name,
+)
 from .scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from .scoring.ranks import Ranks
 from .scoring.selfcheck import Rotation, score_checked
@@ -54,8 +64,8 @@ class Probe:
 
     Example::
 
-        probe = Probe(tok, "scifi")            # prompts formatted, tokenised and batched once
-        report = probe.run(model)              # the report dict (see evaluate)
+        probe = Probe(tok, "scifi")            # prompts formatted and tokenised once
+        report = probe.run(model)              # the report dict (see evaluate); batched for the model's device
         res = probe.score(model)               # per-prompt P(Yes), Yes+No mass, the self-check
 
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a bad setting,
@@ -79,12 +89,11 @@ class Probe:
         self.labels = [f"vignette {r.id} ({r.condition}, frame {r.frame})" for r in self.meta.itertuples()]
         # The two frames of one text share everything up to the question.
         self.groups = [list(ix) for ix in self.meta.groupby(["id", "condition"], sort=False).indices.values()]
-        if config.share_prefix:
-            self.prefix_plan = plan_prefixes(self.encoded, self.groups)
-            self.batches = plan_group_batches(self.encoded, self.groups, config.token_budget, config.max_batch_size)
-        else:
-            self.prefix_plan = None
-            self.batches = plan_batches([len(e) for e in self.encoded], config.token_budget, config.max_batch_size)
+        self.prefix_plan = plan_prefixes(self.encoded, self.groups) if config.share_prefix else None
+        self._plans: dict[tuple[str, ...], BatchPlan] = {}  # the devices scored on (one per process) -> their plan
+        # before any model is scored: what the CPU gets (and any device, when the sizes are given)
+        self.plan = self._planned(("cpu",), batch_size_for("cpu", token_budget=config.token_budget,
+                                                           max_batch_size=config.max_batch_size))
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
         # which prompts the self-check compares, probe after probe, and when
         self.rotation = Rotation(seed=config.seed, budget=config.self_check_budget)
@@ -100,6 +109,45 @@ class Probe:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    @property
+    def batches(self) -> list[list[int]]:
+        """Which prompts each forward call takes (indices), on the device of the model scored last (before any: the
+        CPU's plan). :meth:`plan_for` plans them for a model's device."""
+        return self.plan.batches
+
+    def plan_for(self, model, ranks: Ranks | None = None) -> BatchPlan:
+        """The batches for the device ``model`` is on: planned when a model is first scored there, kept after.
+
+        The size of a forward call follows the device (:func:`~tinymcf_callback.scoring.batching.batch_size_for`:
+        the CPU's plan of 8192 tokens and 64 prompts, a GPU's from the model's size and the memory free there);
+        ``token_budget`` and ``max_batch_size`` in the config override it. Kept for every later probe on the same
+        device, whatever the free memory is then: in bfloat16 a prompt's P(Yes) moves with the batch it is in, so a
+        run's curve keeps one plan. A model moved to another device is planned again there (and its first plan comes
+        back if it returns). Under several processes (``ranks``) the ranks plan alike, from the least memory any of
+        them has free, since they share the batches out by index.
+        """
+        ranks = ranks or Ranks()
+        device = model_device(model)
+        where = tuple(ranks.gather(str(device)))
+        if where not in self._plans:
+            free = ranks.gather(device_memory(device))
+            cost = memory_per_token(model) or (None, 0)
+            size = batch_size_for(device.type, None if None in free else min(free), *cost,
+                                  token_budget=self.config.token_budget, max_batch_size=self.config.max_batch_size)
+            plan = self._planned(where, size)
+            if size.rule != "cpu" and ranks.is_main:
+                logger.info("moral probe [%s] on %s: forward calls of at most %d padded tokens and %d prompts (%s): "
+                            "%d batches", self.name, device, size.token_budget, size.max_batch_size, size.rule,
+                            len(plan.batches))
+        self.plan = self._plans[where]
+        return self.plan
+
+    def _planned(self, where: tuple[str, ...], size) -> BatchPlan:
+        if where not in self._plans:
+            self._plans[where] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None, size,
+                                                    where[0])
+        return self._plans[where]
 
     def turn(self, i: int) -> list[dict]:
         """Prompt ``i``'s chat turn (:func:`~tinymcf_callback.scoring.prompts.chat_turn`): what its text renders."""
@@ -141,6 +189,7 @@ class Probe:
         check_vocabulary(model, self.encoded, [*answers[0], *answers[1]])
         check_context(model, self.encoded, self.labels)
         config = self.config
+        plan = self.plan_for(model, ranks) if batches is None else None
         with probe_mode(model, keep_autocast=config.keep_autocast) as precision:
             if batches is None:
                 res = score_checked(self, model, ranks=ranks, precision=precision, progress=progress,
@@ -150,6 +199,7 @@ class Probe:
                                   progress=progress, desc=f"moral probe [{self.name}]", prefix_plan=self.prefix_plan,
                                   answer_format=self.answer_format)
         res.precision, res.model = precision.as_dict(), model_name(model)
+        res.batch_plan = plan.as_dict() if plan is not None else None
         return res
 
     def report(self, res: ScoreResult, elapsed: float | None = None, *, level: float | None = None) -> dict:
@@ -166,6 +216,7 @@ class Probe:
         info["sample_prompt"] = self.prompts[self.sample_index]
         info["top_tokens"] = [{"token": t, "prob": p} for t, p in res.top_tokens]
         info["n_forward"] = res.n_forward
+        info["batches"] = res.batch_plan
         info["strategy"] = res.strategy
         info["self_check"] = self.check_info(res.check)
         info["precision"] = res.precision

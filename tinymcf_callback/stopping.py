@@ -169,6 +169,8 @@ class Stopping:
                            key=lambda s: _strategy_rank(s), default=first.strategy)
         res.precision, res.model = first.precision, first.model
         res.backend = _merged_backend([r.backend for _, r in parts])
+        plans = [r.batch_plan for _, r in parts if r.batch_plan]
+        res.batch_plan = {**plans[0], "batches": sum(p["batches"] for p in plans)} if plans else None
         res.check = merged_check(checks)
         return res, sample if sample is not None else 0
 

@@ -7,7 +7,11 @@ names the strategy the engine must take for it with ``share_prefix=True``.
 
 from __future__ import annotations
 
+import numpy as np
+import torch
 import transformers as T
+
+from tinymcf_callback.scoring.prompts import answer_token_ids
 
 VOCAB = 151936  # the Qwen3 tokenizer's ids fit
 INIT = 0.125
@@ -58,3 +62,17 @@ ARCHITECTURES = {
 }
 
 
+
+
+def reference_alone(model, encoded, tok) -> tuple[np.ndarray, np.ndarray]:
+    """The simplest reference, apart from the engine: each prompt alone (no padding, mask, position ids or
+    cache), P(Yes) and the Yes+No mass by a plain float64 softmax over the model's last logits."""
+    yes, no = answer_token_ids(tok)
+    p_yes, mass = [], []
+    with torch.inference_mode():
+        for ids in encoded:
+            probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
+            y, n = probs[yes].sum().item(), probs[no].sum().item()
+            p_yes.append(y / (y + n))
+            mass.append(y + n)
+    return np.array(p_yes), np.array(mass)

@@ -27,7 +27,8 @@ EVAL_CLI_FIELDS = {"tag": STR}  # the eval CLI's report adds this
 INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
-    "n_forward": INT, "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST, "warnings": LIST,
+    "n_forward": INT, "batches": "object or null", "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST,
+    "warnings": LIST,
     "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT, "backend": DICT, "versions": DICT,
 }
 BACKEND = {"kind": STR, "version": NAME_OR_NULL, "url": NAME_OR_NULL, "served_model": NAME_OR_NULL, "form": STR,

@@ -60,7 +60,7 @@ def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[s
                                default=None, help=shown)
             continue
         kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("limit", "per_foundation"):
+        if f.name in ("limit", "per_foundation", "token_budget", "max_batch_size"):
             kind = int
         elif f.name == "self_check_tolerance":
             kind = float

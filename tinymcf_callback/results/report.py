@@ -62,6 +62,9 @@ INFO_FIELDS = {
     "yn_top3_rate": (NUM_OR_NULL, "share of prompts with an answer token in the top 3"),
     "n_prompts": (INT, "prompts scored"), "n_vignettes": (INT, "vignettes scored"),
     "n_forward": (INT, "forward calls of the scoring (the self-check's are in self_check)"),
+    "batches": ("object or null", "how the forward calls were sized on the model's device: device, token_budget, "
+                                  "max_batch_size, rule (given, cpu, or the GPU's figures), batches (null: a served "
+                                  "model)"),
     "elapsed_s": (NUM, "seconds the probe took"),
     "sample_prompt": (STR, "the first prompt, as the model saw it"),
     "top_tokens": (LIST, "the sample prompt's ten likeliest next tokens, {token, prob}"),

@@ -64,7 +64,7 @@ def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> An
     """
     yes, no = answer_token_ids(tok, answer_format)
     logits = torch.as_tensor(logits)
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # read in float32 by the softmax itself, not copied
     lyes = torch.logsumexp(logp[:, yes], dim=-1)
     lno = torch.logsumexp(logp[:, no], dim=-1)
     p_yes = torch.sigmoid(lyes - lno)

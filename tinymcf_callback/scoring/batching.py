@@ -2,18 +2,82 @@
 
 Batches are planned from token ids alone (:func:`plan_batches`, :func:`plan_group_batches`),
 so a distributed caller can hand each rank its own share and results are written back by
-index. :func:`plan_prefixes` finds the token prefixes the shared-prefix strategy computes once
-(the chat header for all prompts, the scenario for its two frames), and
-:func:`padding_per_prompt` says how much padding each strategy gives each prompt (the
-self-check looks at the most padded ones).
+index. How large a forward call may be is decided from plain numbers too (:func:`batch_size_for`:
+the device's kind, its free memory and what a token and a row cost the model), so the rule is a pure
+function a test can call with any device. :func:`plan_prefixes` finds the token prefixes the
+shared-prefix strategy computes once (the chat header for all prompts, the scenario for its two frames),
+and :func:`padding_per_prompt` says how much padding each strategy gives each prompt (the self-check
+looks at the most padded ones).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The CPU's plan (and any device without a rule of its own): on two cores a forward call of 8192 padded tokens runs
+# the matrix products at 88-90% of a large product's rate (docs/engine.md), and larger calls gain nothing.
 DEFAULT_TOKEN_BUDGET = 8192
 DEFAULT_MAX_BATCH = 64
+# A GPU's plan: a forward call of a small model is launch-bound (issue 40: Qwen3-0.6B on an H200 spent 0.33 s of a 1 s
+# probe on the GPU in 35 calls of 64 prompts), so a call takes as much of the free memory's share as the model's
+# tokens and rows need, up to these caps (at the caps the scifi and Clifford sets take one or two batches).
+GPU_TOKEN_CAP = 131_072
+GPU_BATCH_CAP = 1024
+GPU_MEMORY_SHARE = 0.25  # of the memory free on the device when the probe first scores a model there
+SIZED_DEVICES = ("cuda",)  # device kinds with a rule of their own; others take the CPU's plan
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """How much one forward call may hold, and why: ``token_budget`` padded tokens, ``max_batch_size`` prompts.
+
+    ``rule`` says how the numbers were reached, for the log and the report: ``"given"`` (both set by the user),
+    ``"cpu"`` (the CPU's plan), or the device's rule with the figures it used. ``balance``: spread the prompts evenly
+    over the batches the budget needs (:func:`plan_batches`); the device's rule does, since it plans few and large
+    batches, while the CPU's plan and given sizes batch exactly as they always have (in bfloat16 a prompt's P(Yes)
+    moves with its batch, so a curve that started before keeps its batches).
+    """
+
+    token_budget: int
+    max_batch_size: int
+    rule: str
+    balance: bool = False
+
+    def as_dict(self) -> dict:
+        return {"token_budget": self.token_budget, "max_batch_size": self.max_batch_size, "rule": self.rule}
+
+
+def batch_size_for(device_type: str, free_bytes: int | None = None, token_bytes: int | None = None,
+                   row_bytes: int = 0, *, token_budget: int | None = None,
+                   max_batch_size: int | None = None) -> BatchSize:
+    """The size of a forward call on a device of kind ``device_type`` (``"cpu"``, ``"cuda"``, ...): a pure rule.
+
+    - ``token_budget`` and ``max_batch_size``, when given, are kept as they are (each on its own).
+    - On a GPU (``"cuda"``), with the memory free there (``free_bytes``) and what one padded token and one prompt's
+      row cost the model (``token_bytes``, ``row_bytes``: :func:`~.model_info.memory_per_token`): the call may take
+      :data:`GPU_MEMORY_SHARE` of the free memory. Prompts: as many as fit half of that share by their rows (the
+      answer position's logits and their float32 copies), at most :data:`GPU_BATCH_CAP`; tokens: as many as fit
+      what is left, at most :data:`GPU_TOKEN_CAP`, rounded down to a multiple of 256. A larger model costs more a
+      token, so it gets fewer; a small one is launch-bound and gets the caps.
+    - Anywhere else, or when the free memory or the model's cost is unknown: the CPU's plan,
+      :data:`DEFAULT_TOKEN_BUDGET` tokens and :data:`DEFAULT_MAX_BATCH` prompts.
+    """
+    if token_budget is not None and max_batch_size is not None:
+        return BatchSize(token_budget, max_batch_size, "given")
+    sized = device_type in SIZED_DEVICES and free_bytes is not None and token_bytes
+    if not sized:
+        why = "cpu" if device_type == "cpu" else f"{device_type}: the CPU's plan"
+        if device_type in SIZED_DEVICES:
+            why = f"{device_type}: the CPU's plan (the free memory or the model's size per token is unknown)"
+        return BatchSize(token_budget or DEFAULT_TOKEN_BUDGET, max_batch_size or DEFAULT_MAX_BATCH, why)
+    room = GPU_MEMORY_SHARE * max(0, free_bytes)
+    rows = max_batch_size or max(1, min(GPU_BATCH_CAP, int(room / (2 * row_bytes)) if row_bytes else GPU_BATCH_CAP))
+    tokens = token_budget or max(1, min(GPU_TOKEN_CAP, int((room - rows * row_bytes) / token_bytes)))
+    if token_budget is None and tokens > 256:
+        tokens -= tokens % 256
+    rule = (f"{device_type}: {GPU_MEMORY_SHARE:.0%} of {free_bytes / 2**30:.1f} GiB free, "
+            f"{token_bytes / 2**10:.0f} KiB a token, {row_bytes / 2**20:.1f} MiB a prompt's logits")
+    return BatchSize(tokens, rows, rule, balance=True)
 
 
 def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
@@ -22,13 +86,18 @@ def encode_prompts(tok, prompts: list[str]) -> list[list[int]]:
 
 
 def plan_batches(lengths: list[int], token_budget: int = DEFAULT_TOKEN_BUDGET,
-                 max_batch_size: int = DEFAULT_MAX_BATCH, sizes: list[int] | None = None) -> list[list[int]]:
+                 max_batch_size: int = DEFAULT_MAX_BATCH, sizes: list[int] | None = None,
+                 balance: bool = False) -> list[list[int]]:
     """Group item indices into batches of at most ``token_budget`` padded tokens.
 
     Sorted longest first: items of similar length share a batch, so little compute
     goes to padding, and the largest batch runs first, so running out of memory shows
     at once rather than at the end. ``sizes`` gives the rows each item brings (a group
     of prompts sharing a prefix); an item larger than the budget gets a batch alone.
+
+    ``balance``: as many batches as filling each in turn needs, but with the rows spread evenly over them (each
+    still within the budget), so that a last batch of a few short prompts does not leave the first one padded to
+    the longest of almost all (Clifford on a GPU's plan: 1,024 and 32 prompts, evened out to 528 and 528).
     """
     if token_budget <= 0 or max_batch_size <= 0:
         raise ValueError("token_budget and max_batch_size must be positive")
@@ -44,7 +113,53 @@ def plan_batches(lengths: list[int], token_budget: int = DEFAULT_TOKEN_BUDGET,
         cur_max, cur_rows = width, rows
     if cur:
         batches.append(cur)
+    if balance and len(batches) > 1:
+        return _evened(order, lengths, sizes, len(batches), token_budget, max_batch_size) or batches
     return batches
+
+
+def _evened(order: list[int], lengths: list[int], sizes: list[int], k: int, token_budget: int,
+            max_batch_size: int) -> list[list[int]] | None:
+    """``order`` cut into ``k`` runs of about equal rows; None when a run would break the budget or the size."""
+    total, runs, cur, done = sum(sizes), [], [], 0
+    for i in order:
+        cur.append(i)
+        done += sizes[i]
+        if len(runs) < k - 1 and done * k >= total * (len(runs) + 1):
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    for run in runs:
+        rows = sum(sizes[i] for i in run)
+        if len(run) > 1 and (max(lengths[i] for i in run) * rows > token_budget or rows > max_batch_size):
+            return None
+    return runs if len(runs) == k else None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A probe's batches on one device: which prompts each forward call takes, and the size they were planned to."""
+
+    device: str
+    size: BatchSize
+    batches: list[list[int]]
+
+    def as_dict(self) -> dict:
+        """What a report records (``info.batches``): the device, the size and its rule, and how many batches."""
+        return {"device": self.device, **self.size.as_dict(), "batches": len(self.batches)}
+
+
+def plan_probe_batches(encoded: list[list[int]], groups: list[list[int]] | None, size: BatchSize,
+                       device: str = "cpu") -> BatchPlan:
+    """A probe's batches at ``size``: whole groups (the frames of one text, which share their scenario) when
+    ``groups`` is given, else single prompts."""
+    if groups is not None:
+        batches = plan_group_batches(encoded, groups, size.token_budget, size.max_batch_size, size.balance)
+    else:
+        batches = plan_batches([len(e) for e in encoded], size.token_budget, size.max_batch_size,
+                               balance=size.balance)
+    return BatchPlan(device, size, batches)
 
 
 @dataclass
@@ -90,10 +205,11 @@ def plan_prefixes(encoded: list[list[int]], groups: list[list[int]]) -> PrefixPl
     return PrefixPlan(root=list(encoded[0][:r]), group_of=group_of, mid=mid)
 
 
-def plan_group_batches(encoded, groups, token_budget=DEFAULT_TOKEN_BUDGET, max_batch_size=DEFAULT_MAX_BATCH):
-    """Batches of prompt indices made of whole groups, under the token budget."""
+def plan_group_batches(encoded, groups, token_budget=DEFAULT_TOKEN_BUDGET, max_batch_size=DEFAULT_MAX_BATCH,
+                       balance: bool = False):
+    """Batches of prompt indices made of whole groups, under the token budget (``balance``: :func:`plan_batches`)."""
     lengths = [max(len(encoded[i]) for i in g) for g in groups]
-    gb = plan_batches(lengths, token_budget, max_batch_size, sizes=[len(g) for g in groups])
+    gb = plan_batches(lengths, token_budget, max_batch_size, sizes=[len(g) for g in groups], balance=balance)
     return [[i for g in b for i in groups[g]] for b in gb]
 
 

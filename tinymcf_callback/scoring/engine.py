@@ -54,6 +54,9 @@ from .prompts import DEFAULT_ANSWER_FORMAT, answer_token_ids
 logger = logging.getLogger("tinymcf_callback")
 
 STRATEGIES = ("shared", "full", "unpadded")  # fastest first; each one after the first is safer than the one before
+# transformers' cache layers that hold a layer's keys and values as two tensors and only concatenate to them: the shared
+# root may be handed to a batch as views of its one row (SharedPrefixes._root_rows)
+VIEWED_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
 STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padded)",
                   "unpadded": "unpadded prompts (one length per forward call)"}
 
@@ -113,14 +116,17 @@ class ModelCall:
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows padded on the left to ``width`` (default: the longest row)."""
-    width = max([len(q) for q in seqs] + [width or 0])
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, q in enumerate(seqs):
-        if q:
-            ids[row, width - len(q):] = torch.tensor(q, dtype=torch.long)
-            mask[row, width - len(q):] = 1
+    """Rows padded on the left to ``width`` (default: the longest row), and their attention mask.
+
+    Built as one tensor each (not row by row: two tensor operations a row were 30% of a probe's operations on the
+    device-sized plan, issue 40)."""
+    lengths = [len(q) for q in seqs]
+    width = max([*lengths, width or 0])
+    if not seqs:
+        return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width), dtype=torch.long)
+    ids = torch.tensor([[pad_id] * (width - n) + list(q) for q, n in zip(seqs, lengths, strict=True)],
+                       dtype=torch.long).reshape(len(seqs), width)
+    mask = (torch.arange(width) >= width - torch.tensor(lengths)[:, None]).long()
     return ids, mask
 
 
@@ -241,6 +247,27 @@ class SharedPrefixes:
         except TypeError:
             return DynamicCache()
 
+    def _root_rows(self, n: int):
+        """The shared root's cache as ``n`` rows, for one batch's scenarios, the root's own cache left as it is.
+
+        Where every layer is a plain dynamic one (:data:`VIEWED_LAYERS`: two tensors, keys and values, that a forward
+        call only ever concatenates to), the ``n`` rows are ``expand`` views of the root's one row: nothing is copied
+        here, and the scenarios' call writes each row's keys and values once, in the concatenation it makes anyway.
+        Any other cache is copied and repeated row by row, as it was before."""
+        root = self._root()
+        layers = getattr(root, "layers", None)
+        if layers is not None and all(type(layer).__name__ in VIEWED_LAYERS for layer in layers):
+            cache = copy.copy(root)
+            cache.layers = [copy.copy(layer) for layer in layers]
+            for layer in cache.layers:
+                if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+                    layer.keys = layer.keys.expand(n, *layer.keys.shape[1:])
+                    layer.values = layer.values.expand(n, *layer.values.shape[1:])
+            return cache
+        cache = copy.deepcopy(root)
+        cache.batch_repeat_interleave(n)
+        return cache
+
     def _root(self):
         """The cache of the prefix every prompt shares: computed once per call of ``run_batches``."""
         if self.root_cache is None:
@@ -259,16 +286,17 @@ class SharedPrefixes:
         plan, r, dev, base = self.plan, len(self.plan.root), self.device, self.args.position_base
         mid_width, tail_width = layout or (None, None)
         gids = list(dict.fromkeys(plan.group_of[i] for i in idx))
-        cache = copy.deepcopy(self._root())
-        cache.batch_repeat_interleave(len(gids))
+        cache = self._root_rows(len(gids))
         mid_ids, mid_mask = _left_pad([plan.mid[g] for g in gids], self.pad_id, mid_width)
         ones = torch.ones((len(gids), r), dtype=torch.long)
         if mid_ids.shape[1]:  # each group's scenario, once for its two frames
             self.call(input_ids=mid_ids.to(dev), attention_mask=torch.cat([ones, mid_mask], 1).to(dev),
                       position_ids=_positions(mid_mask, base + r).to(dev), use_cache=True, logits_to_keep=1,
                       **{self.args.cache_kw: cache})
-        rows = torch.tensor([gids.index(plan.group_of[i]) for i in idx])
-        cache.batch_select_indices(rows.to(dev))
+        where = {g: n for n, g in enumerate(gids)}
+        rows = torch.tensor([where[plan.group_of[i]] for i in idx])
+        if len(idx) != len(gids):  # each question gets its scenario's row (one row a scenario already: nothing to do)
+            cache.batch_select_indices(rows.to(dev))
         tail_ids, tail_mask = _left_pad([plan.tail(self.encoded, i) for i in idx], self.pad_id, tail_width)
         mid_len = mid_mask.sum(-1)[rows][:, None]
         mask = torch.cat([torch.ones((len(idx), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
@@ -374,6 +402,7 @@ class ScoreResult:
     precision: dict | None = None
     model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
     backend: dict | None = None  # a served model's server, request form and bounds (None: the local forward pass)
+    batch_plan: dict | None = None  # the device's batch plan (BatchPlan.as_dict; None: a served model, or batches=)
     asked: object | None = None  # a probe with a precision target: what it asked and why it stopped (stopping.Asked)
 
 

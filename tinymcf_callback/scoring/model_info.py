@@ -5,10 +5,12 @@
 - whether it is a causal language model with its LM head at all (:func:`check_causal_lm`);
 - which optional forward arguments it takes, and where its positions start (:class:`ForwardArgs`);
 - what it computes in (:func:`weights_dtype`) and which token may pad its rows (:func:`pad_token_id`);
+- what one padded token and one prompt's row cost it in memory (:func:`memory_per_token`), and how much
+  memory its device has free (:func:`device_memory`): what a forward call's size is planned from;
 - what left padding, and padding *inside* a shared-prefix cache, would do to its scores
   (:func:`padding_problem`, :func:`shared_prefix_blocker`).
 
-All of it reads classes and configs only; nothing here runs the model.
+All of it reads classes, configs and the device's allocator only; nothing here runs the model.
 """
 
 from __future__ import annotations
@@ -230,6 +232,45 @@ def model_device(model) -> torch.device:
     if emb is not None and getattr(emb, "weight", None) is not None and emb.weight.device.type != "meta":
         return emb.weight.device
     return next(model.parameters()).device
+
+
+def memory_per_token(model) -> tuple[int, int] | None:
+    """What a forward call costs ``model`` in memory: ``(bytes per padded token, bytes per prompt's row)``, from its
+    config; None when the config does not say (no hidden size, layers or heads).
+
+    A token: its keys and values in every layer (the cache a batch holds while its questions run) and one layer's
+    working tensors at once (hidden states, queries, keys and values with the copies grouped-query attention makes
+    for its heads, the MLP's, and the norms' float32 copies). A row: the answer position's logits and their float32
+    copies. An estimate that errs large; the rule that uses it (:func:`~.batching.batch_size_for`) takes a share of
+    the free memory only, and a batch that does not fit is halved anyway.
+    """
+    cfg = model_config(model)
+    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg  # a multimodal model's decoder
+    numbers = {k: _read(cfg, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")}
+    hidden, layers, heads = numbers["hidden_size"], numbers["num_hidden_layers"], numbers["num_attention_heads"]
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, layers, heads)):
+        return None
+
+    def number(key, default):
+        value = numbers[key]
+        return value if isinstance(value, int) and value > 0 else default
+    kv_heads, head_dim = number("num_key_value_heads", heads), number("head_dim", hidden // heads)
+    inner, vocab = number("intermediate_size", 4 * hidden), number("vocab_size", _embedding_rows(model) or 0)
+    dtype = weights_dtype(model) or torch.float32
+    size = torch.empty((), dtype=dtype).element_size() if dtype.is_floating_point else 4
+    cache = 2 * layers * kv_heads * head_dim * size
+    work = size * (3 * hidden + 5 * heads * head_dim + 3 * kv_heads * head_dim + 3 * inner) + 8 * hidden
+    return cache + work, vocab * (size + 12)
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes a probe may allocate on ``device`` now: free on a CUDA device, plus what torch's caching allocator holds
+    there unused (a training's freed activations); None elsewhere (a CPU's memory is not what limits a batch)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
 def model_name(model) -> str:

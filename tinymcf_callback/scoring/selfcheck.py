@@ -226,7 +226,7 @@ class Rotation:
             self.credit, self.per_prompt = 0.0, None
 
     def order(self, encoded, batches, strategy: str, plan) -> list[int]:
-        key = (strategy, len(encoded))
+        key = (strategy, len(encoded), tuple(tuple(b) for b in batches))  # the riskiest prompts depend on the batches
         if key not in self._orders:
             risky = check_prompts(encoded, batches, strategy, plan, k=2 * N_CHECKED)
             rest = [int(i) for i in np.random.default_rng(self.seed).permutation(len(encoded)) if int(i) not in risky]
@@ -254,12 +254,13 @@ class Rotation:
                 "probes": self.probes}
 
 
-def structure(model, strategy: str, compute: str | None) -> tuple:
+def structure(model, strategy: str, compute: str | None, batches: int | None = None) -> tuple:
     """What a defect of the probe's paths depends on, cheaply: the model's class, the precision it computed in, how
-    many modules and forward hooks it has, and the strategy (weights change over training; this does not)."""
+    many modules and forward hooks it has, how many batches its prompts were planned in (a model moved to another
+    device is batched anew), and the strategy (weights change over training; this does not)."""
     modules = list(model.modules())
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
-    return (class_name(model), compute, len(modules), hooks, strategy)
+    return (class_name(model), compute, len(modules), hooks, batches, strategy)
 
 
 def check_cost(encoded, batches, strategy: str, plan, idx: list[int], replayed: bool) -> float:
@@ -445,7 +446,7 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
 def _picked(job, model, strategy: str, plan, ranks: Ranks, compute: str | None) -> list[int]:
     """This probe's checked prompts: the rotation's next ones, as many as the budget allows; rank 0's on every rank."""
     rotation = job.rotation
-    rotation.start(ranks.gather(structure(model, strategy, compute))[0])
+    rotation.start(ranks.gather(structure(model, strategy, compute, len(job.batches)))[0])
     order = rotation.order(job.encoded, job.batches, strategy, plan)
     first = order[:1]
     estimate = rotation.budget * probe_cost(job.encoded, job.batches, strategy, plan) / max(
