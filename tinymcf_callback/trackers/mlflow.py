@@ -47,6 +47,8 @@ class MlflowWriter:
 
     def __init__(self, client, run_id: str, *, metrics: bool = True):
         self.client, self.run_id, self.metrics = client, run_id, metrics
+        # log_table reads the table back to append to it: without this, MLflow draws a download bar at every probe
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     def send(self, point: Point) -> None:
         from mlflow.entities import Metric
