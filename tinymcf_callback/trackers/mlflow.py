@@ -35,6 +35,8 @@ from .sinks import Point, Sink, line_probe_key
 
 logger = logging.getLogger(__name__)
 
+NAMED_STORES = ("databricks", "databricks-uc", "uc")  # tracking URIs MLflow takes by name, not as a path
+
 
 def mlflow_name(key: str) -> str:
     """A logged name as ``MLflowCallback`` writes it (characters MLflow refuses become ``_``)."""
@@ -75,6 +77,8 @@ def public_uri(uri: str) -> str:
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
     parts = urlsplit(uri)
+    if uri in NAMED_STORES:
+        return uri
     if parts.scheme in ("", "file") and not parts.netloc:
         return Path(os.path.abspath(parts.path)).as_uri() if parts.path else uri
     if "@" in parts.netloc:

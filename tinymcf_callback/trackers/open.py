@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, SweepError
+from ..errors import ConfigError, MissingExtraError, SweepError
 from ..rundir.record import RunRecord
 from .mlflow import mlflow_sink
 from .sinks import Sink, Trackers
@@ -94,7 +94,7 @@ def open_trackers(run_dir: Path, report_to: list[str] | tuple[str, ...], key: st
 def _wandb(run_dir: Path, record: RunRecord | None, given: str | None) -> Sink | None:
     try:
         return wandb_sink(run_dir, record, given)
-    except (SweepError, ConfigError):
+    except (SweepError, ConfigError, MissingExtraError):
         raise  # nothing names a run, or wandb is not installed: the user's setup, said in one line
     except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
         logger.warning("moral probe: the wandb run could not be opened (%s: %s); lines go to the history and the "

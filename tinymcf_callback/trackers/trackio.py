@@ -81,6 +81,8 @@ def trackio_sink(run_dir: Path, record: RunRecord | None, given: str | None = No
     """The training's trackio run (``given``: ``PROJECT/RUN``; else the one the run's record names), opened again
     in this process: never a new run."""
     recorded = record.trackio if record and record.trackio else {}
+    _use_recorded_dir(recorded.get("dir"))
+    trackio = require("trackio")
     if given:
         project, sep, name = given.rpartition("/")
         if not sep or not project or not name:
@@ -89,8 +91,6 @@ def trackio_sink(run_dir: Path, record: RunRecord | None, given: str | None = No
     if not recorded.get("project") or not recorded.get("name"):
         raise SweepError(f"no trackio run to log into: {run_dir} has no moral_probe_run.json naming one (the callback "
                          f"writes it when the Trainer reports to trackio); pass --trackio-run PROJECT/RUN")
-    _use_recorded_dir(recorded.get("dir"))
-    trackio = require("trackio")
     live = trackio.context_vars.current_run.get()
     if live is not None:
         if (live.project, live.name) == (recorded["project"], recorded["name"]):
