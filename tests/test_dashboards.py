@@ -336,7 +336,7 @@ def test_the_sweeps_trackers_write_into_the_trainings_trackio_run(tmp_path, line
     assert [log["train/global_step"] for log in ours] == list(STEPS)
     assert [log["eval/moral_scifi/score_hi"] for log in ours] == [line["score_hi"] for line in line_list]
     assert all(log["eval/moral_scifi/figure"]["_type"] == "trackio.image" for log in ours)
-    table = ours[-1]["eval/moral_scifi/vignettes"]
+    table = ours[-1]["eval/moral_scifi/vignette_rows"]
     assert table["_type"] == "trackio.table" and len(table["_value"]) == 14 and table["_value"][0]["step"] == 6
     assert any(log.get("train/loss") == 3.0 for log in logs)
 

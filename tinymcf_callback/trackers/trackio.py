@@ -10,7 +10,7 @@ the Trainer's own rows carry, as the callback's rows do):
 - the metrics under the dashboard names (``eval/moral_<name>/score``, ``_lo``, ``_hi``, ...), as
   ``TrackioCallback`` logs the callback's;
 - ``eval/moral_<name>/figure`` (a ``trackio.Image``), the curve so far with its bands;
-- ``eval/moral_<name>/table`` and ``eval/moral_<name>/vignettes`` (``trackio.Table``), the per-foundation and the
+- ``eval/moral_<name>/table`` and ``eval/moral_<name>/vignette_rows`` (``trackio.Table``), the per-foundation and the
   per-vignette rows of the probe, each with its ``step`` column (trackio keeps a table per logged step).
 
 trackio reports its own failures as warnings (its writer is a background thread): a point it could not store is
@@ -53,7 +53,7 @@ class TrackioWriter:
             rows = pd.DataFrame([{"step": point.step, **row} for row in line["table"]])
             payload[f"eval/moral_{key}/table"] = trackio.Table(dataframe=rows)
         if point.rows:
-            payload[f"eval/moral_{key}/vignettes"] = trackio.Table(dataframe=pd.DataFrame(point.rows))
+            payload[f"eval/moral_{key}/vignette_rows"] = trackio.Table(dataframe=pd.DataFrame(point.rows))
         if payload:
             self.run.log({**payload, "train/global_step": point.step})
 

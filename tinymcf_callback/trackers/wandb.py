@@ -7,7 +7,7 @@ goes into the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``,
 probe, at the Trainer's step:
 
 - the metrics (each headline number with its ``_lo``/``_hi``, each foundation's ``align_other`` too);
-- ``eval/moral_<name>/table``, the per-foundation table, and ``eval/moral_<name>/vignettes``, the per-vignette
+- ``eval/moral_<name>/table``, the per-foundation table, and ``eval/moral_<name>/vignette_rows``, the per-vignette
   rows, both with a ``step`` column and logged as *incremental* tables: each probe adds its rows, and the run keeps
   every probe's (a table logged whole under one key shows only the newest);
 - ``eval/moral_<name>/figure``, the curve so far with its bands (a ``wandb.Image``);
@@ -93,9 +93,9 @@ class WandbWriter:
                                 [_foundation_rows(earlier) for earlier in point.curve[:-1]])
             if table is not None and self._add(table, _foundation_rows(line)):
                 payload[f"eval/{self.key}/table"] = table
-            vignettes = self._table(f"eval/{self.key}/vignettes", list(ROW_COLUMNS), [])
+            vignettes = self._table(f"eval/{self.key}/vignette_rows", list(ROW_COLUMNS), [])
             if self._add(vignettes, point.rows or []):
-                payload[f"eval/{self.key}/vignettes"] = vignettes
+                payload[f"eval/{self.key}/vignette_rows"] = vignettes
         if point.figure is not None:
             payload[f"eval/{self.key}/figure"] = wandb.Image(point.figure, caption=f"step {point.step}")
         if point.fresh and point.curve:
