@@ -356,3 +356,154 @@ def test_a_trackio_run_must_be_named(tmp_path):
     with pytest.raises(SweepError, match="takes PROJECT/RUN"):
         open_trackers(run_folder(tmp_path), ["trackio"], "scifi",
                       where=__import__("tinymcf_callback.trackers.open", fromlist=["x"]).Destinations(trackio_run="x"))
+
+
+# ---- the callback in the training process ---------------------------------------------------------------------
+@pytest.mark.parametrize("figure", [True, False])
+def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch, figure):
+    from helpers.trackers import probe_tensorboard, tensorboard_scalars
+    from helpers.trainer_utils import make_trainer
+    from mlflow.tracking import MlflowClient
+
+    from tinymcf_callback import MoralProbeCallback
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    cb = MoralProbeCallback(name="scifi", per_foundation=2, n_resamples=100, verbose=False, figure=figure)
+    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "mlflow"))
+    trainer.train()
+    record = RunRecord.read(tmp_path / "out")
+    assert record.mlflow["tracking_uri"] == uri and record.output_dir == str(tmp_path / "out")
+    run_id = record.mlflow["run_id"]
+    client = MlflowClient(uri)
+    assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/care/align_other_hi")} == {0, 2, 4}
+    images = [a.path for a in client.list_artifacts(run_id, "images")]
+    assert bool(images) == figure
+    assert pd_read(client, run_id, "moral_probe_scifi/vignettes.json").groupby("step").size().to_dict() == {
+        0: 14, 2: 14, 4: 14}
+    probe_tb = probe_tensorboard(tmp_path / "out")  # beside the Trainer's folder; the scalars are in the Trainer's
+    assert "custom_scalars__config__" in probe_tb.Tags()["tensors"]
+    assert ("eval/moral_scifi/figure" in probe_tb.Tags()["images"]) == figure
+    if figure:
+        assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
+    assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")) == [0, 2, 4]
+
+
+def test_a_reporter_that_fails_is_a_warning_and_the_training_goes_on(tmp_path, qwen_tok, monkeypatch, caplog):
+    from helpers.trainer_utils import make_trainer
+
+    from tinymcf_callback import MoralProbeCallback
+    from tinymcf_callback.trackers import mlflow as mlflow_sink
+
+    def broken(self, point):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(mlflow_sink.MlflowWriter, "send", broken)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    cb = MoralProbeCallback(name="scifi", limit=2, n_resamples=0, verbose=False)
+    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("mlflow",))
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert [line["step"] for line in map(json.loads, (tmp_path / "out" / "moral_probe_scifi.jsonl").open())] == [
+        0, 2, 4]
+    said = [r.message for r in caplog.records if "not sent to the training's MLflow run" in r.message]
+    assert len(said) == 3 and "No space left on device" in said[0]
+
+
+# ---- wandb: the band chart -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_path, lines, probe, monkeypatch):
+    """An offline run (the only kind here) with the entity's chart preset taken as there: the panel's definition and
+    its table, read back from the run file."""
+    import wandb
+    from helpers.trackers import wandb_run_records
+
+    from tinymcf_callback.trackers import wandb as wandb_trackers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setattr(wandb_trackers, "_offline", lambda run: False)  # as an online run would
+    monkeypatch.setitem(wandb_trackers._presets, "my-team", True)
+    run = wandb.init(project="p", entity="my-team", dir=str(tmp_path))
+    trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
+    line_list, report = lines
+    for line in line_list:
+        assert trackers.send(line, rows=rows_of(probe, report, line["step"]))
+    run.finish()
+    rows, _, config = wandb_run_records(tmp_path)
+    panel = config["_wandb/visualize/eval/moral_scifi/intervals"]
+    assert panel["panel_type"] == "Vega2"
+    assert panel["panel_config"]["panelDefId"] == f"my-team/{wandb_trackers.BAND_CHART}"
+    assert panel["panel_config"]["fieldSettings"] == wandb_trackers.BAND_FIELDS
+    last = [r for r in rows if "eval/moral_scifi/intervals_table/path" in r][-1]
+    [run_dir] = Path(tmp_path / "wandb").glob("offline-run-*")
+    table = json.loads((run_dir / "files" / json.loads(last["eval/moral_scifi/intervals_table/path"])).read_text())
+    assert table["columns"] == ["step", "metric", "value", "lo", "hi"]
+    assert [tuple(r) for r in table["data"]] == [tuple(b.values()) for b in band_rows(line_list)]  # the whole curve
+    spec = json.dumps(wandb_trackers.BAND_SPEC)
+    assert all(f"${{field:{field}}}" in spec for field in wandb_trackers.BAND_FIELDS)
+
+
+# ---- a real run, followed while it trains ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path, monkeypatch):
+    """The training reports to TensorBoard, an MLflow sqlite store and trackio's local store and hands its probes
+    off; the watcher follows it from another process, writing into the same three runs while the training writes.
+    Read back: one MLflow run and one trackio run (no new one), the training's own points all there, the probe's at
+    the Trainer's steps, and TensorBoard's reader reloaded throughout still sees every training step."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    here = Path(__file__).resolve().parent
+    run, init, gate = tmp_path / "run", tmp_path / "init", tmp_path / "go-on"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": uri, "TRACKIO_DIR": str(tmp_path / "trackio"),
+           "WATCHED_REPORT_TO": "tensorboard,mlflow,trackio", "WATCHED_TRACKIO_PROJECT": "watched",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    training = subprocess.Popen([sys.executable, str(here / "helpers" / "watched_run.py"), str(run), str(init), "watch",
+                                 str(gate)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "moral_probe_run.json").exists():
+        assert training.poll() is None and time.monotonic() < deadline, training.stderr.read()
+        time.sleep(0.2)
+    watcher = subprocess.Popen([sys.executable, "-m", "tinymcf_callback", "watch", str(run), "--per-foundation", "1",
+                                "--n-resamples", "0", "--device", "cpu", "--poll", "0.2", "--no-progress"], env=env,
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not (run / "moral_probe_scifi.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record = RunRecord.read(run)
+    reload = live_tensorboard(run / "runs")
+    reload()
+    gate.write_text("")  # the training goes on while the watcher writes into its runs
+    while training.poll() is None:
+        reload()  # a live TensorBoard, reloading as the two write
+        time.sleep(0.5)
+    out, _ = watcher.communicate(timeout=600)
+    assert training.returncode == 0, training.stderr.read()
+    assert watcher.returncode == 0, out
+    assert "MLflow run" in out and "trackio run" in out and "moral_probe_scifi;" in out  # where each line goes
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in runs] == [record.mlflow["run_id"]]  # the training's run, no other
+    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "loss")) == list(range(1, 7))
+    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "eval_moral_scifi/score")) == \
+        list(range(7))
+    assert client.get_run(record.mlflow["run_id"]).info.status == "FINISHED"  # ended by the training, once
+
+    monkeypatch.setattr("trackio.sqlite_storage.TRACKIO_DIR", tmp_path / "trackio")  # read where they wrote
+    from trackio.sqlite_storage import SQLiteStorage
+
+    assert record.trackio["dir"] == str(tmp_path / "trackio")
+    assert SQLiteStorage.get_runs("watched") == [record.trackio["name"]]
+    logs = SQLiteStorage.get_logs("watched", record.trackio["name"])
+    assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score" in log) == list(range(7))
+    assert sorted(log["train/global_step"] for log in logs if "train/loss" in log) == list(range(1, 7))
+
+    tb = reload()
+    training_run = Path(record.tensorboard_dir).name
+    assert steps_seen(tb, training_run, "train/loss") == list(range(1, 7))
+    assert steps_seen(tb, f"{training_run}/moral_probe_scifi", "eval/moral_scifi/score") == list(range(7))
