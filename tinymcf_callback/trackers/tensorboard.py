@@ -146,7 +146,18 @@ def tensorboard_extras(logging_dir: str, key: str) -> Sink:
     require("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=str(probe_folder(logging_dir, key)), filename_suffix=".tinymcf")
-    return Sink(f"TensorBoard ({writer.log_dir})", TensorBoardWriter(writer, metrics=False).send, writer.close,
-                figure=True)
+    folder = probe_folder(logging_dir, key)
+    opened: list[TensorBoardWriter] = []  # the writer, made at the first probe (no folder for a run never probed)
+
+    def send(point: Point) -> None:
+        if not opened:
+            opened.append(TensorBoardWriter(SummaryWriter(log_dir=str(folder), filename_suffix=".tinymcf"),
+                                            metrics=False))
+        opened[0].send(point)
+
+    def close() -> None:
+        for writer in opened:
+            writer.writer.close()
+
+    return Sink(f"TensorBoard ({folder})", send, close, figure=True)
 

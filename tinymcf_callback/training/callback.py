@@ -312,7 +312,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
         callback's state), never read back from the output folder."""
-        extras = reporter_sinks(args, self.trainer, self.name, self.answer_format) if self._is_main(args) else []
+        publishes = self._is_main(args) and not self.hand_off  # with the hand-off the watcher logs every probe
+        extras = reporter_sinks(args, self.trainer, self.name, self.answer_format) if publishes else []
         self.logger = ProbeLogger(self.probe, args.output_dir, to=extras, baseline=self.baseline, resume=False,
                                   strict=self.strict, verbose=self.verbose, figure=self.figure)
         if self.baseline_record is not None:

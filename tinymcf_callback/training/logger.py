@@ -223,6 +223,7 @@ class ProbeLogger:
 
         Returns the lost steps. The callback calls this at ``on_train_end``; a loop of your own may too.
         """
+        self.trackers.close()  # what this logger opened (the callback's writers); a loop's own trackers stay open
         for missed in self.trackers.undelivered():
             logger.warning("moral probe [%s]: %s; the history holds those lines", self.name, missed)
         if self.curve is None or self.curve.flush():
