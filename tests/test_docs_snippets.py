@@ -26,6 +26,8 @@ DOCS = ROOT / "docs"
 PAGES = ("index.md", "python.md", "callback.md", "steering.md", "watch.md", "preparing.md")
 NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md": "an excerpt of examples/demo.py",
            "validity.md": "synopses of examples/validity.py",
+           "dashboards.md": "the commands that open a dashboard's server (tests/dashboards/ starts TensorBoard's; "
+                            "tests/test_dashboards.py reads each store those servers show)",
            "served.md": "an inference server to ask (tests/test_served.py makes the same calls of a test server, "
                         "tests/servers/ of real vLLM and llama.cpp servers)",
            "rl.md": "an inference server and RL trainers' runs (tests/test_rl.py, tests/test_layouts.py and "

@@ -24,6 +24,7 @@ from .drawing import RUN_COLOURS, RUN_MARKERS, Style, at_least, draw_series, req
 SIZE = (10.0, 3.6)  # inches
 DPI = 80  # 800 x 288 pixels: readable in a dashboard's media panel, cheap to draw
 SCORE, CONTROL_COLOUR = RUN_COLOURS[0], RUN_COLOURS[1]
+FOUNDATION_BAND_ALPHA = 0.07
 
 
 def probe_figure(lines: list[dict], history: Path, label: str | None = None) -> np.ndarray:
@@ -65,7 +66,11 @@ def _foundations(ax, h: History) -> None:
     _axes(ax, "align_other per foundation")
     for i, (foundation, curves) in enumerate(h.foundations.items()):
         style = Style(foundation, RUN_COLOURS[i % len(RUN_COLOURS)], RUN_MARKERS[i % len(RUN_MARKERS)])
-        draw_series(ax, h.steps, curves["align_other"], style, "align_other", dashed=foundation == CONTROL)
+        series = curves["align_other"]
+        draw_series(ax, h.steps, series, style, "align_other", dashed=foundation == CONTROL, band=False)
+        if series.lo is not None:  # seven bands overlap: lighter than a lone curve's
+            ax.fill_between(h.steps, series.lo, series.hi, facecolor=style.colour, alpha=FOUNDATION_BAND_ALPHA,
+                            linewidth=0)
     at_least(ax)
     handles = [line for line in ax.get_lines() if line.get_label().endswith("· align_other")]
     ax.legend(handles, [line.get_label().split(" · ")[0] for line in handles], fontsize=7, frameon=False,
