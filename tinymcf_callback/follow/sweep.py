@@ -84,9 +84,9 @@ def open_run_trackers(settings: RunSettings) -> Trackers:
         return trackers
     logger.info("logging each line to %s", "; ".join(trackers.names))
     lines = settings.curve().read().lines
-    trackers.seed(lines)
     again = [line for line in lines if line.get("by") in ("sweep", "watch") and line.get("metrics")]
     took = sum(trackers.send(line, again=True) for line in again)
+    trackers.seed(lines)  # the figures draw the whole curve, the callback's lines included
     if again:
         missed = f"; {len(again) - took} of them did not reach every tracker (said above)" if took < len(again) else ""
         logger.info("%d line(s) an earlier sweep or watch wrote sent to the dashboards again%s", took, missed)
