@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-servers servers test-dashboards chromium lint docs bench clean
+.PHONY: install demo test test-fast test-servers servers test-dashboards chromium dashboard-tools lint docs bench clean
 SERVERS ?= $(HOME)/.cache/tinymcf-servers
 
 $(BIN)/python:
@@ -55,8 +55,15 @@ test-servers: install servers
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test-dashboards: install chromium
-	TINYMCF_SCREENSHOTS=docs/dashboards $(BIN)/python -m pytest -q -s -rs -m dashboards tests/dashboards
+# vega and vega-lite from the npm registry, to draw the W&B band chart's spec as W&B's front end does
+DASHBOARD_TOOLS ?= $(HOME)/.cache/tinymcf-dashboards
+dashboard-tools:
+	@test -d $(DASHBOARD_TOOLS)/node_modules/vega-lite || npm install --prefix $(DASHBOARD_TOOLS) --no-audit --no-fund \
+		--silent vega@5 vega-lite@5
+
+test-dashboards: install chromium dashboard-tools
+	TINYMCF_SCREENSHOTS=docs/dashboards TINYMCF_DASHBOARD_TOOLS=$(DASHBOARD_TOOLS) \
+		$(BIN)/python -m pytest -q -s -rs -m dashboards tests/dashboards
 
 lint: install
 	$(BIN)/ruff check .

@@ -170,8 +170,8 @@ def test_the_margin_layout_and_the_figure_are_read_back_by_tensorboard(tmp_path,
 def test_a_layout_without_intervals_draws_plain_charts():
     layout = margin_layout("scifi", {"eval/moral_scifi/score": 0.1, "eval/moral_scifi/care/align_other": 0.2})
     [(_, headline), (_, foundations)] = layout.items()
-    assert headline == {"score": ["Multiline", ["eval/moral_scifi/score"]]}
-    assert foundations == {"care align_other": ["Multiline", ["eval/moral_scifi/care/align_other"]]}
+    assert headline == {"score": ["Multiline", [r"^eval/moral_scifi/score$"]]}  # a regex: not score_lo too
+    assert foundations == {"care align_other": ["Multiline", [r"^eval/moral_scifi/care/align_other$"]]}
 
 
 def test_a_copied_run_folder_writes_into_its_own_logging_folder(tmp_path):
@@ -239,7 +239,7 @@ def test_the_vignette_rows_and_the_bands_are_the_reports_numbers(lines, probe):
     assert [(b["step"], b["value"], b["lo"], b["hi"]) for b in score] == [
         (line["step"], line["score"], line["score_lo"], line["score_hi"]) for line in line_list]
     assert {b["metric"] for b in bands} >= {"Care align_other", "Social Norms align_other",
-                                            "change of the score since step 0"}
+                                            "change since step 0"}
 
 
 # ---- MLflow -----------------------------------------------------------------------------------------------------

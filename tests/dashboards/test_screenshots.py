@@ -108,9 +108,10 @@ def test_tensorboards_custom_scalars_page_draws_the_probes_bands(tmp_path, qwen_
                 data = json.loads(urllib.request.urlopen(
                     f"{url}/data/plugin/custom_scalars/scalars?run={urllib.request.quote(run, safe='')}&tag="
                     f"{urllib.request.quote('eval/moral_scifi/score_hi', safe='')}", timeout=10).read())
-                assert [point[1] for point in data["payload"]] == list(STEPS)
+                assert [point[1] for point in data["tag_to_events"]["eval/moral_scifi/score_hi"]] == list(STEPS)
             else:
-                assert "Multiline" in json.dumps(layout) and "margin" not in json.dumps(layout)
+                assert charts["score"]["multiline"]["tag"] == [r"^eval/moral_scifi/score$"] and \
+                    "margin" not in json.dumps(layout)
             pictures[name] = screenshot(f"{url}/?darkMode=false#custom_scalars", tmp_path / f"{name}.png")
             if name == "bands":
                 screenshot(f"{url}/?darkMode=false#images", tmp_path / "images.png")

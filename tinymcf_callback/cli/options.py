@@ -205,7 +205,7 @@ def add_dashboards(parser, *, default: str) -> None:
     parser.add_argument("--trackio-run", default=None, metavar="PROJECT/RUN",
                         help="the trackio run to log into (default: the one moral_probe_run.json records)")
     parser.add_argument("--no-figure", action="store_true",
-                        help="no figure of the curve so far in the dashboards at each line (it costs about 0.1 s "
+                        help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s "
                              "a line)")
 
 

@@ -7,8 +7,9 @@ with the same series, colours and bands as ``tinymcf plot`` (:mod:`.drawing`).
 
 It is drawn once per probe for all the trackers of a run, and kept small on purpose: a probe's figure is paid at
 every probe, inside the training when the callback probes in-process. Two axes, no constrained layout (the layout
-engine alone costs more than drawing), 80 dpi: about 0.1 s on one CPU core (``benchmarks/figure_cost.py`` measures
-it against a probe). ``figure=False`` (callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
+engine alone costs more than drawing), 80 dpi: drawn in about 0.12 s on this project's 2-core machine, 0.2 s with
+four trackers encoding and writing it (``benchmarks/figure_cost.py`` measures it against a probe). ``figure=False``
+(callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def band_rows(curve: list[dict]) -> list[dict]:
             _add(rows, step, label, line.get(field), line.get(f"{field}_lo"), line.get(f"{field}_hi"))
         change = _metric(line, "score_change")
         if change is not None:
-            _add(rows, step, "change of the score since step 0", change, _metric(line, "score_change_lo"),
+            _add(rows, step, "change since step 0", change, _metric(line, "score_change_lo"),
                  _metric(line, "score_change_hi"))
         for row in line.get("table") or []:
             _add(rows, step, f"{row['foundation']} align_other", row.get("align_other"), row.get("align_other_lo"),

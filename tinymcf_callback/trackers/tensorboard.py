@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 from ..extras import require
@@ -61,7 +62,7 @@ def margin_layout(key: str, metrics: dict[str, float]) -> dict:
 def _chart(tag: str, metrics: dict) -> list:
     if f"{tag}_lo" in metrics and f"{tag}_hi" in metrics:
         return ["Margin", [tag, f"{tag}_lo", f"{tag}_hi"]]
-    return ["Multiline", [tag]]
+    return ["Multiline", [f"^{re.escape(tag)}$"]]  # a multiline chart's tags are regular expressions: this one only
 
 
 class TensorBoardWriter:

@@ -99,7 +99,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             one per answer format, can both hand off) and says once, at the first save, the ``tinymcf watch``
             command that scores them. A link that cannot be made (another filesystem) is said once.
         figure: at each probe, give the reporters that show images (TensorBoard, wandb, MLflow, trackio) a figure of
-            the curve so far with its interval bands (about 0.1 s a probe; ``False``: none).
+            the curve so far with its interval bands (about 0.2 s a probe, measured; ``False``: none).
         endpoint: a :class:`~tinymcf_callback.served.ServedModel` to score instead of the Trainer's model: the
             inference server an RL trainer syncs the policy's weights into (TRL's GRPO in server mode, verl,
             OpenRLHF), probed at each event at no cost to the training's own devices (see docs/served.md).

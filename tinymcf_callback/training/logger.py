@@ -67,7 +67,7 @@ class ProbeLogger:
         strict: raise when a probe fails (default: warn, return ``{}``, and let the loop go on).
         verbose: print the sanity lines and the per-foundation table at each probe (main process).
         figure: give the trackers that show images (a wandb run, a ``SummaryWriter``) a figure of the curve so far,
-            with its interval bands, at each probe (about 0.1 s; needs matplotlib, the ``[plot]`` extra).
+            with its interval bands, at each probe (about 0.2 s; needs matplotlib, the ``[plot]`` extra).
 
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a ``to=`` it cannot send to.
     """
