@@ -359,8 +359,8 @@ def test_a_trackio_run_must_be_named(tmp_path):
 
 
 # ---- the callback in the training process ---------------------------------------------------------------------
-@pytest.mark.parametrize("figure", [True, False])
-def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch, figure):
+@pytest.mark.slow
+def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch):
     from helpers.trackers import probe_tensorboard, tensorboard_scalars
     from helpers.trainer_utils import make_trainer
     from mlflow.tracking import MlflowClient
@@ -369,7 +369,7 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    cb = MoralProbeCallback(name="scifi", per_foundation=2, n_resamples=100, verbose=False, figure=figure)
+    cb = MoralProbeCallback(name="scifi", limit=3, n_resamples=100, verbose=False)
     trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "mlflow"))
     trainer.train()
     record = RunRecord.read(tmp_path / "out")
@@ -377,37 +377,47 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     run_id = record.mlflow["run_id"]
     client = MlflowClient(uri)
     assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/care/align_other_hi")} == {0, 2, 4}
-    images = [a.path for a in client.list_artifacts(run_id, "images")]
-    assert bool(images) == figure
+    images = {p.path.split("+step+")[1].split("+")[0] for p in client.list_artifacts(run_id, "images")}
+    assert images == {"0", "2", "4"}
     assert pd_read(client, run_id, "moral_probe_scifi/vignettes.json").groupby("step").size().to_dict() == {
-        0: 14, 2: 14, 4: 14}
+        0: 3, 2: 3, 4: 3}
     probe_tb = probe_tensorboard(tmp_path / "out")  # beside the Trainer's folder; the scalars are in the Trainer's
-    assert "custom_scalars__config__" in probe_tb.Tags()["tensors"]
-    assert ("eval/moral_scifi/figure" in probe_tb.Tags()["images"]) == figure
-    if figure:
-        assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
+    assert "custom_scalars__config__" in probe_tb.Tags()["tensors"] and not probe_tb.Tags()["scalars"]
+    assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
     assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")) == [0, 2, 4]
+
+
+def test_figure_false_leaves_the_figure_out(tmp_path, qwen_tok):
+    from helpers.trackers import probe_tensorboard
+    from helpers.trainer_utils import make_trainer
+
+    from tinymcf_callback import MoralProbeCallback
+
+    cb = MoralProbeCallback(name="scifi", limit=2, n_resamples=0, verbose=False, figure=False)
+    make_trainer(tmp_path / "out", qwen_tok, [cb], max_steps=2, report_to=("tensorboard",)).train()
+    probe_tb = probe_tensorboard(tmp_path / "out")
+    assert probe_tb.Tags()["tensors"] == ["custom_scalars__config__"] and not probe_tb.Tags()["images"]
 
 
 def test_a_reporter_that_fails_is_a_warning_and_the_training_goes_on(tmp_path, qwen_tok, monkeypatch, caplog):
     from helpers.trainer_utils import make_trainer
 
     from tinymcf_callback import MoralProbeCallback
-    from tinymcf_callback.trackers import mlflow as mlflow_sink
+    from tinymcf_callback.trackers import tensorboard as tensorboard_sink_module
 
     def broken(self, point):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(mlflow_sink.MlflowWriter, "send", broken)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setattr(tensorboard_sink_module.TensorBoardWriter, "send", broken)
     cb = MoralProbeCallback(name="scifi", limit=2, n_resamples=0, verbose=False)
-    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("mlflow",))
+    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard",))
     trainer.train()
     assert trainer.state.global_step == 4
     assert [line["step"] for line in map(json.loads, (tmp_path / "out" / "moral_probe_scifi.jsonl").open())] == [
         0, 2, 4]
-    said = [r.message for r in caplog.records if "not sent to the training's MLflow run" in r.message]
+    said = [r.message for r in caplog.records if "not sent to TensorBoard" in r.message]
     assert len(said) == 3 and "No space left on device" in said[0]
+    assert any("did not reach it" in r.message for r in caplog.records)  # said again at the end, per tracker
 
 
 # ---- wandb: the band chart -------------------------------------------------------------------------------------
