@@ -517,3 +517,50 @@ def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path
     training_run = Path(record.tensorboard_dir).name
     assert steps_seen(tb, training_run, "train/loss") == list(range(1, 7))
     assert steps_seen(tb, f"{training_run}/moral_probe_scifi", "eval/moral_scifi/score") == list(range(7))
+
+
+@pytest.mark.slow
+def test_the_sweeps_trackers_write_into_a_run_on_an_mlflow_tracking_server(tmp_path, lines, probe, monkeypatch):
+    """A real ``mlflow server`` on a free loopback port: the training's run made through it, the probe's points
+    written into that run over HTTP while the training logs, read back through the server."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from helpers.ports import free_port
+    from mlflow.tracking import MlflowClient
+
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                               f"sqlite:///{tmp_path}/server.db", "--artifacts-destination", str(tmp_path / "art"),
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+            time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        client = MlflowClient(uri)
+        run_id = client.create_run(client.create_experiment("served")).info.run_id
+        out = run_folder(tmp_path, report_to=["mlflow"], mlflow={"run_id": run_id, "tracking_uri": uri})
+        trackers = open_trackers(out, ["auto"], "scifi", figure=lambda curve: probe_figure(curve, out / "h.jsonl"))
+        line_list, report = lines
+        for line in line_list:
+            assert trackers.send(line, rows=rows_of(probe, report, line["step"]))
+            client.log_metric(run_id, "loss", 1.0, step=line["step"] + 1)
+        trackers.close()
+        assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/score_hi")} == set(STEPS)
+        assert len(client.get_metric_history(run_id, "loss")) == 3
+        assert pd_read(client, run_id, "moral_probe_scifi/vignettes.json").groupby("step").size().to_dict() == {
+            step: 14 for step in STEPS}
+        assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
