@@ -33,6 +33,21 @@ from tinymcf_callback.trackers.tensorboard import margin_layout, probe_folder, t
 STEPS = (0, 3, 6)
 
 
+@pytest.fixture
+def trackio_home(tmp_path, monkeypatch) -> Path:
+    """trackio's folder in ``tmp_path``: trackio reads ``TRACKIO_DIR`` once, at import, into its modules' globals."""
+    import importlib
+
+    home = tmp_path / "trackio"
+    monkeypatch.setenv("TRACKIO_DIR", str(home))
+    for name in ("utils", "sqlite_storage", "run", "table", "media.media", "__init__"):
+        module = importlib.import_module("trackio" if name == "__init__" else f"trackio.{name}")
+        for attr, value in (("TRACKIO_DIR", home), ("MEDIA_DIR", home / "media")):
+            if hasattr(module, attr):
+                monkeypatch.setattr(module, attr, value)
+    return home
+
+
 @pytest.fixture(scope="module")
 def probe(qwen_tok):
     return Probe(qwen_tok, "scifi", per_foundation=2, n_resamples=200)
@@ -311,11 +326,8 @@ def test_credentials_never_reach_the_record():
 
 
 # ---- trackio ------------------------------------------------------------------------------------------------------
-def test_the_sweeps_trackers_write_into_the_trainings_trackio_run(tmp_path, lines, probe, monkeypatch):
-    trackio_dir = tmp_path / "trackio"
-    monkeypatch.setenv("TRACKIO_DIR", str(trackio_dir))
-    monkeypatch.setattr("trackio.utils.TRACKIO_DIR", trackio_dir)
-    monkeypatch.setattr("trackio.sqlite_storage.TRACKIO_DIR", trackio_dir, raising=False)
+def test_the_sweeps_trackers_write_into_the_trainings_trackio_run(tmp_path, lines, probe, trackio_home):
+    trackio_dir = trackio_home
     import trackio
     from trackio.sqlite_storage import SQLiteStorage
 
@@ -360,7 +372,8 @@ def test_a_trackio_run_must_be_named(tmp_path):
 
 # ---- the callback in the training process ---------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch):
+def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch,
+                                                                       trackio_home):
     from helpers.trackers import probe_tensorboard, tensorboard_scalars
     from helpers.trainer_utils import make_trainer
     from mlflow.tracking import MlflowClient
@@ -370,8 +383,17 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     cb = MoralProbeCallback(name="scifi", limit=3, n_resamples=100, verbose=False)
-    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "mlflow"))
+    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "mlflow", "trackio"),
+                           project="in-process")
     trainer.train()
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackio["name"])
+    figures = [log["train/global_step"] for log in logs if "eval/moral_scifi/figure" in log]
+    assert figures == [0, 2, 4]  # beside the Trainer's own rows (TrackioCallback: the numbers)
+    assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score_hi" in log) == [0, 2, 4]
+    assert all(len(log["eval/moral_scifi/vignette_rows"]["_value"]) == 3 for log in logs
+               if "eval/moral_scifi/vignette_rows" in log)
     record = RunRecord.read(tmp_path / "out")
     assert record.mlflow["tracking_uri"] == uri and record.output_dir == str(tmp_path / "out")
     run_id = record.mlflow["run_id"]

@@ -84,7 +84,6 @@ class Trackers:
         self.missed: dict[str, list[int]] = {}  # tracker -> steps it did not get
         self.causes: dict[str, str] = {}  # tracker -> the first error it gave
         self.curve: dict[int, dict] = {}  # step -> the newest point line: what the figure draws
-        self.delivered = 0  # points every sink took
 
     def __bool__(self) -> bool:
         return bool(self.sinks)
@@ -125,7 +124,6 @@ class Trackers:
                 self.missed.setdefault(sink.what, []).append(line["step"])
                 self.causes.setdefault(sink.what, cause)
                 logger.warning("%s: step %d not sent to %s: %s", label, line["step"], sink.what, cause)
-        self.delivered += ok and bool(self.sinks)
         return ok
 
     def _draw(self, curve: list[dict], label: str):
