@@ -259,6 +259,7 @@ def test_the_vignette_rows_and_the_bands_are_the_reports_numbers(lines, probe):
 
 # ---- MLflow -----------------------------------------------------------------------------------------------------
 def test_the_sweeps_trackers_write_into_the_trainings_mlflow_run(tmp_path, lines, probe, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns, wandb runs in ./wandb
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -304,6 +305,7 @@ def pd_read(client, run_id: str, path: str):
 
 
 def test_an_mlflow_run_that_is_not_there_is_one_error_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns, wandb runs in ./wandb
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
@@ -374,6 +376,7 @@ def test_a_trackio_run_must_be_named(tmp_path):
 @pytest.mark.slow
 def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch,
                                                                        trackio_home):
+    monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns
     from helpers.trackers import probe_tensorboard, tensorboard_scalars
     from helpers.trainer_utils import make_trainer
     from mlflow.tracking import MlflowClient
@@ -447,6 +450,7 @@ def test_a_reporter_that_fails_is_a_warning_and_the_training_goes_on(tmp_path, q
 def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_path, lines, probe, monkeypatch):
     """An offline run (the only kind here) with the entity's chart preset taken as there: the panel's definition and
     its table, read back from the run file."""
+    monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns, wandb runs in ./wandb
     import wandb
     from helpers.trackers import wandb_run_records
 
@@ -454,14 +458,18 @@ def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_pa
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # as the other wandb tests: wandb keeps a process's settings
     monkeypatch.setattr(wandb_trackers, "_offline", lambda run: False)  # as an online run would
     monkeypatch.setitem(wandb_trackers._presets, "my-team", True)
-    run = wandb.init(project="p", entity="my-team", dir=str(tmp_path))
-    trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
-    line_list, report = lines
-    for line in line_list:
-        assert trackers.send(line, rows=rows_of(probe, report, line["step"]))
-    run.finish()
+    run = wandb.init(project="p", entity="my-team")
+    try:
+        trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
+        line_list, report = lines
+        for line in line_list:
+            assert trackers.send(line, rows=rows_of(probe, report, line["step"]))
+        run.finish()
+    finally:
+        wandb.teardown()  # the process's wandb settings (its folder among them) are not the next test's
     rows, _, config = wandb_run_records(tmp_path)
     panel = config["_wandb/visualize/eval/moral_scifi/intervals"]
     assert panel["panel_type"] == "Vega2"
@@ -545,6 +553,7 @@ def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path
 def test_the_sweeps_trackers_write_into_a_run_on_an_mlflow_tracking_server(tmp_path, lines, probe, monkeypatch):
     """A real ``mlflow server`` on a free loopback port: the training's run made through it, the probe's points
     written into that run over HTTP while the training logs, read back through the server."""
+    monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns, wandb runs in ./wandb
     import subprocess
     import sys
     import urllib.request
