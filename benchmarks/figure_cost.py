@@ -62,7 +62,8 @@ def local_trackers(folder: Path, figure):
     from tinymcf_callback.trackers.wandb import wandb_sender
 
     client = mlflow.tracking.MlflowClient(f"sqlite:///{folder}/mlflow.db")
-    run_id = client.create_run(client.create_experiment("bench")).info.run_id
+    experiment = client.create_experiment("bench", artifact_location=(folder / "mlruns").as_uri())  # not ./mlruns
+    run_id = client.create_run(experiment).info.run_id
     trackio_run = trackio.init(project="bench", embed=False, auto_log_cpu=False, auto_log_gpu=False)
     wandb_run = wandb.init(project="bench", dir=str(folder), mode="offline")
     sinks = [Sink("tensorboard", TensorBoardWriter(SummaryWriter(str(folder / "tb"))).send, figure=True),
