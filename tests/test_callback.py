@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.trackers import tensorboard_scalars, wandb_run_records
+from helpers.trackers import probe_tensorboard, tensorboard_scalars, wandb_run_records
 from helpers.trainer_utils import make_trainer
 from transformers import TrainerCallback
 
 from tinymcf_callback import MoralProbeCallback, ProbeLogger, compare
 from tinymcf_callback.errors import ProbeDataError
 from tinymcf_callback.results.metrics import baseline_record, metric_names
+from tinymcf_callback.results.rows import ROW_COLUMNS
 from tinymcf_callback.training.state import record_counters
 
 SCORE = "eval_moral_scifi/score"
@@ -50,7 +51,10 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
         assert "eval_moral_scifi/care/align_other" in e and "eval_moral_scifi/care/self_other_gap" in e
         assert e[names["score_lo"]] <= e[SCORE] <= e[names["score_hi"]]
         assert e[names["gap_lo"]] <= e[names["gap"]] <= e[names["gap_hi"]]
-        assert not [k for k in e if "/care/" in k and k.endswith(("_lo", "_hi"))]  # per-foundation bounds: not here
+        assert e[names["score_lo"]] <= e[SCORE] <= e[names["score_hi"]]
+        care = "eval_moral_scifi/care/align_other"  # its band in every dashboard
+        assert e[care + "_lo"] <= e[care] <= e[care + "_hi"]
+        assert [k for k in e if "/care/" in k and k.endswith("_lo")] == [care + "_lo"]  # align_self's: tables only
         assert not any(k.startswith("train") for k in e)
     # the change since the step-0 baseline: nothing at step 0, some after training (lr > 0; mechanics only)
     assert entries[0][names["score_change"]] == 0.0 and entries[0][names["score_change_p"]] == 1.0
@@ -64,7 +68,11 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert [tb[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
     assert tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other")
     assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/score_change_p")) == [0, 2, 4]
-    assert not tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")
+    assert not tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_self_lo")
+    # the probe's own folder beside the Trainer's: the margin charts' layout and the figure at each probe
+    probe_tb = probe_tensorboard(tmp_path / "out")
+    assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
+    assert probe_tb.Tags()["tensors"] == ["custom_scalars__config__"] and not probe_tb.Tags()["scalars"]
     assert not tensorboard_scalars(tmp_path / "out", "train/moral_scifi/score")
 
     # wandb (offline): read the run file back
@@ -88,19 +96,36 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     [run_dir] = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     reports = {0: tmp_path / "out" / "moral_probe_scifi_baseline.json",
                **{s: tmp_path / "out" / f"checkpoint-{s}" / "moral_probe_scifi.json" for s in (2, 4)}}
+    increments = {int(float(r["train/global_step"])): (json.loads(r["eval/moral_scifi/table/_type"]),
+                                                         int(r["eval/moral_scifi/table/increment_num"]))
+                  for r in rows if "eval/moral_scifi/table/path" in r}
+    assert increments == {0: ("incremental-table-file", 0), 2: ("incremental-table-file", 1),
+                          4: ("incremental-table-file", 2)}  # one table whose increments the run keeps, not three
     for step, path in tables.items():
         logged = json.loads((Path(run_dir) / "files" / path).read_text())
         expected = json.loads(reports[step].read_text())["table"]
-        assert logged["columns"] == list(expected[0])
-        assert len(logged["data"]) == len(expected) == 1  # limit=3: Care only
+        assert logged["columns"] == ["step", *expected[0]]
+        assert len(logged["data"]) == len(expected) == 1  # limit=3: Care only; each increment holds its step's rows
         for row, want in zip(logged["data"], expected, strict=True):
-            for got, (column, value) in zip(row, want.items(), strict=True):
+            assert row[0] == step
+            for got, (column, value) in zip(row[1:], want.items(), strict=True):
                 if value is None:  # undefined in the report (null), NaN in the wandb table
                     assert got is None or got != got, column
                 elif isinstance(value, str):  # the foundation
                     assert got == value
                 else:
                     assert got == pytest.approx(value, rel=1e-12, abs=1e-15), column
+    # the figure of the curve so far and the per-vignette rows, at each probe's step
+    figures = {int(float(r["train/global_step"])): json.loads(r["eval/moral_scifi/figure/path"])
+               for r in rows if "eval/moral_scifi/figure/path" in r}
+    assert sorted(figures) == [0, 2, 4] and all((Path(run_dir) / "files" / f).stat().st_size for f in figures.values())
+    vignettes = {int(float(r["train/global_step"])): json.loads(r["eval/moral_scifi/vignette_rows/path"])
+                 for r in rows if "eval/moral_scifi/vignette_rows/path" in r}
+    assert sorted(vignettes) == [0, 2, 4]
+    for step, path in vignettes.items():
+        logged = json.loads((Path(run_dir) / "files" / path).read_text())
+        assert logged["columns"] == list(ROW_COLUMNS) and len(logged["data"]) == 3  # limit=3: its three vignettes
+        assert {row[0] for row in logged["data"]} == {step}
 
 
 @pytest.mark.slow

@@ -28,6 +28,8 @@ NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md"
            "validity.md": "synopses of examples/validity.py",
            "measurements.md": "the GPU benchmark on a lent GPU machine with its wheels (tests/test_gpu_bench.py runs "
                               "its --small dry run)",
+           "dashboards.md": "the commands that open a dashboard's server (tests/dashboards/ starts TensorBoard's; "
+                            "tests/test_dashboards.py reads each store those servers show)",
            "served.md": "an inference server to ask (tests/test_served.py makes the same calls of a test server, "
                         "tests/servers/ of real vLLM and llama.cpp servers)",
            "rl.md": "an inference server and RL trainers' runs (tests/test_rl.py, tests/test_layouts.py and "

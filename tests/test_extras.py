@@ -35,6 +35,7 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 HIDDEN = {"openai": ("openai",), "dotenv": ("dotenv",), "vaderSentiment": ("vaderSentiment",
           "vaderSentiment.vaderSentiment"), "matplotlib": ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"),
           "wandb": ("wandb",), "tensorboard": ("tensorboard",), "peft": ("peft",), "gguf": ("gguf",),
+          "mlflow": ("mlflow", "mlflow.tracking", "mlflow.entities"), "trackio": ("trackio",),
           "deepspeed": ("deepspeed", "deepspeed.utils", "deepspeed.utils.zero_to_fp32")}
 
 
@@ -145,6 +146,10 @@ def test_the_plot_needs_only_matplotlib(monkeypatch, capsys, history, tmp_path):
     ("prepare (rewrites)", "vaderSentiment", "prepare"),
     ("validate", "openai", "api"),
     ("eval --endpoint", "openai", "api"),
+    ("sweep --report-to mlflow", "mlflow", "mlflow"),
+    ("sweep --report-to trackio", "trackio", "trackio"),
+    ("sweep --report-to tensorboard", "tensorboard", "tensorboard"),
+    ("sweep --report-to wandb", "wandb", "wandb"),
 ])
 def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra, monkeypatch, capsys, tiny_dir,
                                                          history, tmp_path):
@@ -166,6 +171,8 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
             "eval --gguf-file": ["eval", "--model", tiny_dir, "--gguf-file", "model.gguf", "--device", "cpu"],
             "sweep of adapters": ["sweep", run, "--base-model", tiny_dir, "--limit", "1"],
             "sweep of ZeRO checkpoints": ["sweep", zero.parent, "--base-model", tiny_dir, "--limit", "1"],
+            **{f"sweep --report-to {t}": ["sweep", run, "--base-model", tiny_dir, "--limit", "1", "--report-to", t]
+               for t in ("mlflow", "trackio", "tensorboard", "wandb")},
             "prepare (rewrites)": ["prepare", "--name", "myset", "--source", my_csv(tmp_path), *llm],
             "validate": ["validate", "--name", "scifi", "--limit", "1", *llm],
             "eval --endpoint": ["eval", "--endpoint", server.base_url, "--model", "m", "--tokenizer", tiny_dir,

@@ -38,7 +38,7 @@ from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS, REAL_FOUNDATIONS
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.results.curves import load_history
 from tinymcf_callback.results.history import history_line
-from tinymcf_callback.results.metrics import LOGGED_HEADLINE, report_metrics
+from tinymcf_callback.results.metrics import LOGGED_HEADLINE, report_metrics, slug
 from tinymcf_callback.results.readout import HEADLINE_FIELDS
 from tinymcf_callback.results.report import SCHEMA_VERSION, report_to_json
 from tinymcf_callback.results.stats import METRICS, t_quantile
@@ -211,12 +211,17 @@ def test_history_line_has_the_fields_the_plot_reads(report, tmp_path):
     assert care.hi[1] == pytest.approx(report["table"].loc["Care", "align_other_hi"])
 
 
-def test_logged_scalars_hold_headline_bounds_only(report):
+def test_logged_scalars_hold_the_headline_bounds_and_each_foundations_align_other_bounds(report):
     metrics = report_metrics("scifi", report)
     for key, field in LOGGED_HEADLINE.items():
         for suffix in ("", "_lo", "_hi"):
             assert metrics[f"eval_moral_scifi/{key}{suffix}"] == report[f"{field}{suffix}"], key + suffix
-    assert not [k for k in metrics if k.count("/") > 1 and k.endswith(("_lo", "_hi"))]  # no per-foundation bounds
+    per_foundation = sorted(k for k in metrics if k.count("/") > 1 and k.endswith(("_lo", "_hi")))
+    assert per_foundation == sorted(f"eval_moral_scifi/{slug(f)}/align_other{b}" for f in report["table"].index
+                                    for b in ("_lo", "_hi"))  # the band a dashboard draws; align_self's: tables only
+    for foundation, row in report["table"].iterrows():
+        assert metrics[f"eval_moral_scifi/{slug(foundation)}/align_other_lo"] == row["align_other_lo"]
+        assert metrics[f"eval_moral_scifi/{slug(foundation)}/align_other_hi"] == row["align_other_hi"]
 
 
 def test_eval_cli_report_has_the_whole_documented_schema(tiny_qwen, qwen_tok, tmp_path):

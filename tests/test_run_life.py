@@ -412,7 +412,7 @@ def test_points_a_full_tensorboard_disk_lost_are_listed_and_the_status_says_so(t
     run = tmp_path / "run"
     train_run(run, qwen_tok, init, max_steps=6)
     with another_filesystem(tmp_path / "tb", size="4k") as tb:
-        rc = watch(run, "--report-to", "tensorboard", "--tensorboard-dir", str(tb))
+        rc = watch(run, "--report-to", "tensorboard", "--tensorboard-dir", str(tb), "--no-figure")  # scalars fill it
         out = capsys.readouterr()
         assert rc == 1, out.err
         missed = re.search(r"TensorBoard \(.*\): step\(s\) ([\d, ]+) did not reach it \((.*)\)", out.err)
@@ -420,7 +420,7 @@ def test_points_a_full_tensorboard_disk_lost_are_listed_and_the_status_says_so(t
         lost = [int(s) for s in missed.group(1).split(", ")]
         assert "No space left on device" in missed.group(2)
         assert "some points did not reach a dashboard (they are in the history" in out.err
-        [events] = list(tb.glob("events.out.tfevents*"))
+        [events] = list((tb / "moral_probe_scifi").glob("events.out.tfevents*"))
         acc = EventAccumulator(str(events))
         acc.Reload()
         kept = {s.step for s in acc.Scalars("eval/moral_scifi/score")} if "eval/moral_scifi/score" in \
@@ -432,7 +432,7 @@ def test_points_a_full_tensorboard_disk_lost_are_listed_and_the_status_says_so(t
     capsys.readouterr()
     assert watch(run, "--report-to", "tensorboard", "--tensorboard-dir", str(tmp_path / "roomy")) == 0
     assert "7 line(s) an earlier sweep or watch wrote sent to the dashboards again" in capsys.readouterr().err
-    [events] = list((tmp_path / "roomy").glob("events.out.tfevents*"))
+    [events] = list((tmp_path / "roomy" / "moral_probe_scifi").glob("events.out.tfevents*"))
     acc = EventAccumulator(str(events))
     acc.Reload()
     assert {s.step for s in acc.Scalars("eval/moral_scifi/score")} == set(range(7))

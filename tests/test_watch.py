@@ -122,10 +122,11 @@ def test_a_watched_run_gives_the_callbacks_lines_survives_a_restart_and_reaches_
     # TensorBoard: the probe's curve in the Trainer's own logging folder, beside the loss, at the Trainer's steps
     tb = Path(info["tensorboard_dir"])
     assert tb.parent == run / "runs"
-    points = tensorboard_points(tb, "eval/moral_scifi/score")
+    points = tensorboard_points(tb / "moral_probe_scifi", "eval/moral_scifi/score")  # the probe's own folder
     assert list(points) == ["tinymcf"] and sorted(points["tinymcf"]) == list(range(7))
     assert pytest.approx(points["tinymcf"][6], abs=1e-6) == lines[6]["score"]
-    assert tensorboard_points(tb, "train/loss")  # the Trainer's own file, same folder: one run in TensorBoard
+    assert tensorboard_points(tb, "train/loss")  # the Trainer's own file, alone in its folder
+    assert not tensorboard_points(tb, "eval/moral_scifi/score")  # a second file there would freeze a live TensorBoard
     # wandb (offline): the watcher's writer carries the training run's id; its rows sit on the Trainer's step axis
     runs = [r for r in glob.glob(str(tmp_path / "wandb" / "offline-run-*")) if r.endswith("-" + info["wandb"]["id"])]
     assert len(runs) == 3  # the training's, and the two watchers' (the reference run has an id of its own)
@@ -268,7 +269,11 @@ def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path, hand
     lines = history(run)
     assert [line["step"] for line in lines] == list(range(7)) and {line["by"] for line in lines} == {"sweep"}
     assert not (run / ".moral_probe_queue").exists() or not list((run / ".moral_probe_queue").glob("checkpoint-*"))
-    points = tensorboard_points(Path(info["tensorboard_dir"]), "eval/moral_scifi/score_change")
+    # the run folder is a copy (clone): its own logging folder gets the points, not the one the record names
+    recorded = Path(info["tensorboard_dir"])
+    assert recorded.parent.parent == handed_off_run and "this folder is a copy of that run" in p.stderr
+    assert not (recorded / "moral_probe_scifi").exists()
+    points = tensorboard_points(run / "runs" / recorded.name / "moral_probe_scifi", "eval/moral_scifi/score_change")
     assert sorted(points["tinymcf"]) == list(range(7))
     assert points["tinymcf"][6] == pytest.approx(lines[6]["metrics"]["eval_moral_scifi/score_change"], abs=1e-6)
 
@@ -280,11 +285,11 @@ assert os.environ.get("WANDB_SERVICE")  # what a child of this process inherits:
 child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1]], env=os.environ, capture_output=True, text=True)
 print(child.stdout + child.stderr)
 from pathlib import Path
-from tinymcf_callback.trackers.open import open_trackers
-inside = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")  # in the training process itself
+from tinymcf_callback.trackers.open import Destinations, open_trackers
+inside = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="trainrun1"))  # in it
 print("inside:", inside.names, inside.sinks and wandb.run is run)
 inside.close()
-other = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="otherrun1")  # another run's id, opened here
+other = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="otherrun1"))  # another
 other.close()
 print("still live:", wandb.run is run and not run._is_finished)
 run.finish()
@@ -292,8 +297,8 @@ run.finish()
 _CHILD = """
 import sys
 from pathlib import Path
-from tinymcf_callback.trackers.open import open_trackers
-dashboards = open_trackers(Path(sys.argv[1]), ["wandb"], wandb_run="trainrun1")
+from tinymcf_callback.trackers.open import Destinations, open_trackers
+dashboards = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="trainrun1"))
 print("child:", dashboards.names)
 dashboards.close()
 """

@@ -3,7 +3,8 @@
 The core install scores models and logs through the Trainer. What only some commands need comes
 with an extra (``pip install 'tinymcf_callback[prepare]'``): the ``openai`` client (``[api]``, part of
 ``[prepare]`` and ``[served]``), the ``.env`` reader and the lexicon of ``prepare``, matplotlib for the
-plots, wandb and tensorboard for their dashboards, peft for adapter checkpoints, gguf for GGUF files,
+plots (and each probe's figure in the dashboards), wandb, tensorboard, mlflow and trackio for their
+dashboards, peft for adapter checkpoints, gguf for GGUF files,
 deepspeed for ZeRO checkpoints. Every import of one of
 them goes through here, so a missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
@@ -24,6 +25,8 @@ EXTRAS = {
     "matplotlib": ("plot", "drawing the curves"),
     "wandb": ("wandb", "logging to Weights & Biases"),
     "tensorboard": ("tensorboard", "logging to TensorBoard"),
+    "mlflow": ("mlflow", "logging to MLflow"),
+    "trackio": ("trackio", "logging to trackio"),
     "peft": ("peft", "scoring PEFT adapter checkpoints"),
     "gguf": ("gguf", "loading GGUF checkpoints (--gguf-file)"),
     "deepspeed": ("deepspeed", "reading DeepSpeed ZeRO checkpoints (their float32 weights, zero_to_fp32)"),

@@ -40,3 +40,19 @@ ENGINE_FIELDS = {
                        n_forward=2, seconds=0.01).as_dict(),
     "precision": {"dtype": "float32", "autocast": None, "device": "cpu", "compute": "float32"},
 }
+
+
+def made_up_lines(probe: Probe, steps, *, name: str = "scifi") -> tuple[list[dict], list[dict]]:
+    """History lines of ``probe`` at ``steps`` (the first the step-0 baseline, the score rising a little at each step)
+    from made-up scores, and the last probe's report: for the dashboards' tests, no model."""
+    from tinymcf_callback.results.history import probe_line
+    from tinymcf_callback.results.metrics import baseline_record
+
+    lines, base, report = [], None, None
+    for k, step in enumerate(steps):
+        report = probe.report(made_up_scores(probe, seed=k, shift=0.02 * k), elapsed=1.0)
+        if base is None:
+            base = baseline_record(report, step)
+        lines.append(probe_line(name, report, baseline=base, step=step, epoch=0.1 * k,
+                                event="train_begin" if k == 0 else "watch"))
+    return lines, report

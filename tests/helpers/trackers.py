@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import time
+from pathlib import Path
 
 
 def read_wandb_records(path):
@@ -35,14 +36,28 @@ def read_wandb_records(path):
 
 
 def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
-    """{step: value} of one scalar tag in the run's single tensorboard event file ({} when absent)."""
+    """{step: value} of one scalar tag in the Trainer's single tensorboard event file ({} when absent); the probe's
+    own folder (``moral_probe_<name>/``, its layout and figure) is not the Trainer's."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = glob.glob(str(out_dir / "**" / "events.out.tfevents*"), recursive=True)
-    assert len(events) == 1
+    events = [e for e in glob.glob(str(out_dir / "**" / "events.out.tfevents*"), recursive=True)
+              if not Path(e).parent.name.startswith("moral_probe_")]
+    assert len(events) == 1, events
     acc = EventAccumulator(events[0])
     acc.Reload()
     return {s.step: s.value for s in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+def probe_tensorboard(out_dir, key="scifi"):
+    """The probe's own TensorBoard folder under ``out_dir`` (one), read by TensorBoard's reader, images included."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folders = {Path(e).parent for e in glob.glob(str(out_dir / "**" / f"moral_probe_{key}" / "events.out.tfevents*"),
+                                                 recursive=True)}
+    assert len(folders) == 1, folders
+    acc = EventAccumulator(str(folders.pop()), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
 
 
 def wandb_run_records(wandb_dir, wait_s=60):

@@ -5,11 +5,13 @@ two checkpoints (``save_total_limit=2``); ``callback``: the same run probed in-p
 reference). With GATE, the training waits after step 3 until that file exists (the test kills and restarts
 the watcher meanwhile, so the restart surely comes while the run goes on). The starting weights are read
 from INIT (saved there first when absent), so the watcher can score them as step 0. Reports to TensorBoard
-and to an offline wandb run (``WANDB_DIR``).
+and to an offline wandb run (``WANDB_DIR``), or to the reporters ``WATCHED_REPORT_TO`` names (comma-separated; a
+trackio run in project ``WATCHED_TRACKIO_PROJECT``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,7 +49,9 @@ def main(out: str, init: str, mode: str, gate: str | None = None) -> None:
         tok.save_pretrained(init)
     model = AutoModelForCausalLM.from_pretrained(init).train()  # its config names INIT: step 0's source
     trainer = make_trainer(out, tok, [Gate(gate)], max_steps=MAX_STEPS, save_steps=1, eval=False, model=model,
-                           save_total_limit=2 if mode == "watch" else None, report_to=("tensorboard", "wandb"))
+                           save_total_limit=2 if mode == "watch" else None,
+                           report_to=os.environ.get("WATCHED_REPORT_TO", "tensorboard,wandb").split(","),
+                           project=os.environ.get("WATCHED_TRACKIO_PROJECT", "huggingface"))
     trainer.add_callback(MoralProbeCallback(**PROBE, hand_off=mode == "watch", events=("save",), verbose=False,
                                             trainer=trainer))
     trainer.train()

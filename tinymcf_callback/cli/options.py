@@ -197,16 +197,25 @@ def _given(args: argparse.Namespace, option: str) -> bool:
 
 
 def add_dashboards(parser, *, default: str) -> None:
-    """``--report-to``, ``--wandb-run``, ``--tensorboard-dir``: the run's own dashboards for each line written."""
+    """``--report-to`` and the runs it logs into when the run's record does not name them; ``--no-figure``."""
     parser.add_argument("--report-to", default=default, metavar="NAMES",
                         help="log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
-                             "report_to, as the run's moral_probe_run.json records it), tensorboard, wandb, another "
-                             f"tracker accelerate knows, comma-separated, or none (default: {default})")
+                             "report_to, as the run's moral_probe_run.json records it), tensorboard, wandb, mlflow, "
+                             "trackio, or another tracker accelerate knows (comet_ml, aim, clearml, dvclive, swanlab), "
+                             f"comma-separated, or none (default: {default})")
     parser.add_argument("--wandb-run", default=None, metavar="ID",
                         help="the wandb run to log into (default: the one moral_probe_run.json records)")
     parser.add_argument("--tensorboard-dir", default=None, metavar="DIR",
-                        help="the TensorBoard folder to write into (default: the Trainer's, as the run records it, "
-                             "else the newest RUN_DIR/runs/*)")
+                        help="the TensorBoard logging folder the probe's own folder goes in (default: the Trainer's, "
+                             "as the run records it, else the newest RUN_DIR/runs/*)")
+    parser.add_argument("--mlflow-run", default=None, metavar="RUN_ID",
+                        help="the MLflow run to log into, at MLFLOW_TRACKING_URI (default: the one "
+                             "moral_probe_run.json records)")
+    parser.add_argument("--trackio-run", default=None, metavar="PROJECT/RUN",
+                        help="the trackio run to log into (default: the one moral_probe_run.json records)")
+    parser.add_argument("--no-figure", action="store_true",
+                        help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s "
+                             "a line)")
 
 
 def report_to(value: str) -> tuple[str, ...]:

@@ -85,7 +85,8 @@ def settings_of(args):
                        force_base_model=args.force_base_model, tokenizer=args.tokenizer, device=args.device,
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
                        baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                       tensorboard_dir=args.tensorboard_dir, restart=args.restart,
+                       tensorboard_dir=args.tensorboard_dir, mlflow_run=args.mlflow_run, trackio_run=args.trackio_run,
+                       figure=not args.no_figure, restart=args.restart,
                        served=served_config(args, config, run=True), settle=args.settle)
 
 

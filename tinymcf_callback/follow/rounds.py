@@ -151,6 +151,7 @@ class Rounds:
                            "branch it abandoned and are set aside; those steps are scored again as they are saved",
                            mark["step"], ", ".join(map(str, mark["info"]["resumed"]["superseded"])))
             plan.resume = None
+            self.trackers.seed(self.curve.read().lines)  # the figures draw the branch the training took
         if plan.pending and plan.pending[0].checkpoint.baseline:
             return  # step 0's line starts the history's run: gaps after it
         self._gaps(plan)
@@ -194,7 +195,7 @@ class Rounds:
                 self._say(note)
             unwritten = ", ".join(str(later.step) for later in outcomes[n:] if later.line is not None)
             self.curve.number(o.line)  # its run-level change p, as the next test of the history's run
-            self.trackers.send(o.line)  # before the line: a watcher killed in between sends it again, never loses it
+            self.trackers.send(o.line, rows=o.rows)  # before the line: a watcher killed in between sends it again
             try:  # the baseline's report before its line: a line without its report misleads
                 written = self.curve.append(o.line, once=True, baseline=(o.report, 0, 0.0) if o.report else None)
             except Unwritten as e:

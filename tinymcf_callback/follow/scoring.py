@@ -29,6 +29,7 @@ from ..probe import Probe
 from ..results.history import probe_line
 from ..results.metrics import baseline_record, order_digest
 from ..results.precision import Precision
+from ..results.rows import vignette_rows, vignette_texts
 from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
 from ..rundir.curve import usable_baseline
 from ..rundir.layouts import DCP, VERL_SHARDS
@@ -49,6 +50,7 @@ class Outcome:
     line: dict | None = None
     error: str | None = None
     report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
+    rows: list[dict] | None = None  # the per-vignette rows, for the dashboards (when the run reports to some)
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
     final: bool = False  # trying it again in this run cannot help (CheckpointUnusable): a gap at once
@@ -187,8 +189,9 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     line["fingerprint"], line["by"] = before, plan.by
     if task.replaces:
         line["replaces"] = task.replaces
+    rows = vignette_rows(report, checkpoint.step, vignette_texts(probe.vignettes)) if settings.report_to else None
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
-                   report=report if checkpoint.baseline else None, notes=notes)
+                   report=report if checkpoint.baseline else None, rows=rows, notes=notes)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import HistoryError, SweepError
+from ..figures.tracked import probe_figure
 from ..results.history import baseline_path, sole_writer
 from ..trackers.open import open_trackers
 from ..trackers.sinks import Trackers
@@ -73,19 +74,28 @@ def open_run_trackers(settings: RunSettings) -> Trackers:
     """The trackers ``--report-to`` names, opened on the main process, with the lines an earlier sweep or watch wrote
     sent to them again first: a follower killed after writing a line may not have got it to its trackers (they
     write from buffers), a tracker that failed then (a full disk) gets its points now, and the same point sent twice
-    draws one point."""
+    draws one point. The history's lines start the curve each figure draws."""
     if not settings.report_to:
         return Trackers()
-    trackers = open_trackers(settings.run_dir, settings.report_to, wandb_run=settings.wandb_run,
-                             tensorboard_dir=settings.tensorboard_dir)
-    if trackers:
-        logger.info("logging each line to %s", ", ".join(trackers.names))
-        lines = [line for line in settings.curve().read().lines if line.get("by") in ("sweep", "watch")]
-        for line in lines:
-            trackers.send(line)
-        if lines:
-            logger.info("%d line(s) an earlier sweep or watch wrote sent to the dashboards again", len(lines))
+    history = settings.history
+    trackers = open_trackers(settings.run_dir, settings.report_to, settings.consumer,
+                             where=settings.destinations, figure=tracker_figure(history) if settings.figure else None)
+    if not trackers:
+        return trackers
+    logger.info("logging each line to %s", "; ".join(trackers.names))
+    lines = settings.curve().read().lines
+    again = [line for line in lines if line.get("by") in ("sweep", "watch") and line.get("metrics")]
+    took = sum(trackers.send(line, again=True) for line in again)
+    trackers.seed(lines)  # the figures draw the whole curve, the callback's lines included
+    if again:
+        missed = f"; {len(again) - took} of them did not reach every tracker (said above)" if took < len(again) else ""
+        logger.info("%d line(s) an earlier sweep or watch wrote sent to the dashboards again%s", took, missed)
     return trackers
+
+
+def tracker_figure(history: Path):
+    """Draws the curve so far of ``history``'s probe for the trackers (:mod:`~tinymcf_callback.figures.tracked`)."""
+    return lambda lines: probe_figure(lines, history)
 
 
 def look(planner: Planner, hold) -> object:

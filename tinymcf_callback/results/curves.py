@@ -38,6 +38,7 @@ from .history import (
     DOSE_LINE_FIELDS,
     current_run,
     is_dose_history,
+    is_point,
     last_line_per_step,
     line_format,
     line_precisions,
@@ -387,11 +388,7 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     label = label or run_label(path)
     if x == "step":
         kept = last_line_per_step(path, current_run(path, lines))
-        precision = _warn_precisions(path, kept)
-        _warn_subsets(path, kept)
-        return History(path=path, label=label, name=name,
-                       steps=np.array([line["step"] for _, line in kept], dtype=float), **_curves(path, kept),
-                       level=interval_level(kept), answer_format=fmt, precision=precision, subset=_subset(kept))
+        return _training_history(path, label, name, fmt, kept, _warn_precisions(path, kept))
     groups = dose_lines(path, current_run(path, lines))
     unsteered = groups.pop(("none", 0), [])
     real = _with_unsteered(unsteered, groups.pop(("real", 0), []))
@@ -407,6 +404,31 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     return History(path=path, label=label, name=name, steps=_coefficients(real), **_curves(path, real),
                    level=interval_level(real), answer_format=fmt, precision=_warn_precisions(path, everything), x=x,
                    answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
+
+
+def _training_history(path: Path, label: str, name: str, fmt: str, kept: list[tuple[int, dict]],
+                      precision: Precision | None) -> History:
+    _warn_subsets(path, kept)
+    return History(path=path, label=label, name=name, steps=np.array([line["step"] for _, line in kept], dtype=float),
+                   **_curves(path, kept), level=interval_level(kept), answer_format=fmt, precision=precision,
+                   subset=_subset(kept))
+
+
+def history_of(lines: list[dict], path: Path, label: str | None = None) -> History:
+    """The curve so far of a probe's history lines held in memory (a tracker's figure at each probe), read by the
+    rules :func:`load_history` reads a file by: the points only (gap lines leave a gap), the last line of each step,
+    in step order. ``path`` is the history the lines belong to (named in messages); no warning is logged."""
+    points = [line for line in lines if is_point(line)]
+    if not points:
+        raise HistoryError(f"{path}: no scored point to draw yet")
+    newest = {line["step"]: line for line in points}
+    kept = [(n + 1, newest[step]) for n, step in enumerate(sorted(newest))]
+    last = kept[-1][1]
+    precisions = line_precisions(kept)
+    precision = next(iter(precisions)) if len(precisions) == 1 else None
+    return History(path=path, label=label or run_label(path), name=last["name"], steps=np.array(sorted(newest),
+                   dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=line_format(last),
+                   precision=precision, subset=_subset(kept))
 
 
 def _subset(kept: list[tuple[int, dict]]) -> dict | None:

@@ -25,9 +25,12 @@ SANITY_KEYS = ("yn_mass", "yn_mass_min", "frame_agreement", "human_corr", "elaps
 CHANGE_KEYS = ("score_change", "score_change_lo", "score_change_hi", "score_change_p", "score_change_p_run")
 # with a target foundation and a baseline: the target's change minus the other real foundations' mean change
 SELECTIVITY_KEYS = ("selectivity", "selectivity_lo", "selectivity_hi", "selectivity_p")
+# per foundation (eval_moral_<name>/<foundation>/...): align_other with its bounds (a band in every dashboard)
+FOUNDATION_KEYS = ("align_other", "align_other_lo", "align_other_hi", "align_self", "self_other_gap")
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """A name as it appears in a metric name: a foundation ``"Social Norms"`` is ``social_norms``."""
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
@@ -35,7 +38,7 @@ def probe_key(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """The set's name in metric and file names: ``scifi`` for Yes/No answers, ``scifi_json`` for JSON ones."""
     answer_format_of(answer_format)
     suffix = "" if answer_format == DEFAULT_ANSWER_FORMAT else f"_{answer_format}"
-    return _slug(name) + suffix
+    return slug(name) + suffix
 
 
 def _format(report: dict) -> str:
@@ -66,8 +69,9 @@ def dashboard_names(metrics: dict[str, float]) -> dict[str, float]:
 def report_metrics(name: str, report: dict) -> dict[str, float]:
     """Flatten a probe report into the logged scalar metrics (finite values only).
 
-    Headline numbers come with their interval bounds; per-foundation numbers without (their
-    bounds are in the table of the history line, the checkpoint report and the wandb table).
+    Headline numbers come with their interval bounds; per foundation ``align_other`` comes with its bounds too
+    (``<foundation>/align_other_lo``, ``_hi``: what a dashboard draws as the foundation's band), ``align_self`` and
+    ``self_other_gap`` without (their bounds are in the table of the history line and the checkpoint report).
     """
     names = metric_names(name, _format(report))
     info = report["info"]
@@ -85,8 +89,8 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
     })
     prefix = f"eval_moral_{probe_key(name, _format(report))}"
     for foundation, row in report["table"].iterrows():
-        for col in ("align_other", "align_self", "self_other_gap"):
-            values[f"{prefix}/{_slug(foundation)}/{col}"] = row[col]
+        for col in FOUNDATION_KEYS:
+            values[f"{prefix}/{slug(foundation)}/{col}"] = row.get(col)
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 

@@ -5,8 +5,10 @@ lock, so that a reader never sees half of it and two callbacks of one run, one p
 undo each other's update):
 
 - where the Trainer's own dashboards are: the TensorBoard logging folder, the wandb run (id, project,
-  entity, offline or online, its folder), so that ``tinymcf watch`` and ``tinymcf sweep --report-to`` log
-  into the same run;
+  entity, offline or online, its folder), the MLflow run (id, experiment, tracking URI without credentials), the
+  trackio run (project, name, its folder, Space or server without a token), and the run folder itself
+  (``output_dir``: a copy of the folder writes to its own TensorBoard folder), so that ``tinymcf watch`` and
+  ``tinymcf sweep --report-to`` log into the same runs;
 - the model the run started from (``base_model``: the folder or Hub id it was loaded from), scored as the
   step-0 baseline when the callback hands it off, and what the run trains in (``dtype``);
 - ``max_steps``, ``save_steps``, every step saved so far (``saves``), and ``ended`` once ``on_train_end`` ran:
@@ -101,6 +103,9 @@ class RunRecord:
     dtype: str | None = None  # what the run trains in (its weights' dtype)
     tensorboard_dir: str | None = None
     wandb: dict | None = None  # id, project, entity, mode, dir
+    mlflow: dict | None = None  # run_id, experiment_id, run_name, tracking_uri (without credentials)
+    trackio: dict | None = None  # project, name, id, dir, space_id, server_url (without a token)
+    output_dir: str | None = None  # where the run was when recorded: a copied run folder's own dashboards move with it
     saves: list[int] = field(default_factory=list)
     ended: bool = False
     global_step: int | None = None  # where it ended
@@ -218,9 +223,9 @@ def _fits(value, default, name: str) -> bool:
         return _is_int(value)
     if name in ("save_steps", "heartbeat_every"):
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if name in ("base_model", "dtype", "tensorboard_dir"):
+    if name in ("base_model", "dtype", "tensorboard_dir", "output_dir"):
         return isinstance(value, str)
-    if name == "wandb":
+    if name in ("wandb", "mlflow", "trackio"):
         return isinstance(value, dict)
     if name == "report_to":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)

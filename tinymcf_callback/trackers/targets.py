@@ -17,14 +17,14 @@ def as_sink(target) -> Sink:
         return target
     module = type(target).__module__ or ""
     if module.startswith("accelerate") and callable(getattr(target, "log", None)):
-        return Sink("accelerate.Accelerator.log", lambda line: target.log(line_metrics(line), step=line["step"]))
+        return Sink("accelerate.Accelerator.log", lambda point: target.log(line_metrics(point.line), step=point.step))
     if module.startswith("wandb") and callable(getattr(target, "log", None)):
-        return Sink(f"wandb run {getattr(target, 'id', '')}".strip(), wandb_sender(target))
+        return Sink(f"wandb run {getattr(target, 'id', '')}".strip(), wandb_sender(target), figure=True)
     if callable(getattr(target, "add_scalar", None)):
-        return Sink(f"the {type(target).__name__}", tensorboard_sender(target))
+        return Sink(f"the {type(target).__name__}", tensorboard_sender(target), figure=True)
     if callable(target) and not isinstance(target, type):
         return Sink(getattr(target, "__name__", type(target).__name__),
-                    lambda line: target(line_metrics(line), line["step"]))
+                    lambda point: target(line_metrics(point.line), point.step))
     hint = " (wandb is installed)" if available("wandb") else ""
     raise ConfigError(f"cannot send metrics to a {type(target).__name__}: pass an accelerate.Accelerator, a wandb "
                       f"run{hint}, a TensorBoard SummaryWriter or a callable fn(metrics, step)")

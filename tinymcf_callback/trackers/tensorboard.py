@@ -1,46 +1,164 @@
-"""TensorBoard: the Trainer's logging folder, and a probe's points written beside the Trainer's own.
+"""TensorBoard: the probe's events in a folder of their own inside the Trainer's, its margin charts and its figure.
 
-TensorBoard shows the event files of one folder as one run, so a second writer (``*.tinymcf``) in the
-Trainer's folder puts the probe's curves beside the loss.
+**Why a folder of its own.** TensorBoard reads a folder's event files in order and, with its default
+``--reload_multifile=false``, only the newest one once it has moved on: a second writer in the Trainer's own folder
+(an earlier version wrote ``*.tinymcf`` there) makes a live TensorBoard stop showing the training's later points
+until it restarts. The probe's writer (the watcher's, the sweep's, and the callback's figure and layout) writes to
+``<logging folder>/moral_probe_<name>/``: TensorBoard shows it as a run of its own next to the training's
+(``<time>_<host>/moral_probe_scifi`` beside ``<time>_<host>``), and each folder has one writer.
+
+**Intervals.** The custom-scalars plugin draws a value with its bounds as a band (a *margin chart*); the probe
+writes its layout once per writer (again when a chart is added, e.g. the change since step 0 once a baseline
+exists): the score, the Social Norms control, the score minus the control, the self-other gap, the change since
+step 0 (and the selectivity of a target), and each foundation's ``align_other``. Layouts of all runs are merged,
+so the charts also show the curves the Trainer's own writer logged for an in-process callback.
+
+**The figure** of the curve so far is an image (``eval/moral_<name>/figure``) at the probe's step.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
 
 from ..extras import require
 from ..rundir.record import RunRecord
-from .sinks import Sink, line_metrics
+from .sinks import Point, Sink, line_metrics, line_probe_key
+
+logger = logging.getLogger(__name__)
+
+HEADLINE_CHARTS = (("score", "score"), ("social_norms", "Social Norms control"),
+                   ("score_minus_sn", "score minus the control"), ("gap", "self-other gap"),
+                   ("score_change", "change of the score since step 0"),
+                   ("selectivity", "selectivity of the target foundation"))
+
+
+def probe_folder(logging_dir: str | os.PathLike, key: str) -> Path:
+    """The probe's own TensorBoard folder inside the Trainer's logging folder: ``<logging_dir>/moral_probe_<key>``."""
+    return Path(logging_dir) / f"moral_probe_{key}"
+
+
+def margin_layout(key: str, metrics: dict[str, float]) -> dict:
+    """The custom-scalars layout of probe ``key`` for the dashboard names in ``metrics``: a margin chart (value,
+    lower, upper) for each value logged with both bounds, a plain chart for one logged without (``n_resamples=0``).
+    ``{category: {chart title: [kind, tags]}}``, as ``SummaryWriter.add_custom_scalars`` takes it."""
+    prefix = f"eval/moral_{key}"
+    headline = {title: _chart(f"{prefix}/{name}", metrics) for name, title in HEADLINE_CHARTS
+                if f"{prefix}/{name}" in metrics}
+    foundations = {}
+    for tag in metrics:
+        if tag.startswith(f"{prefix}/") and tag.endswith("/align_other"):
+            foundation = tag[len(prefix) + 1:-len("/align_other")]
+            foundations[f"{foundation} align_other"] = _chart(tag, metrics)
+    level = "with its interval" if any(kind == "Margin" for kind, _ in headline.values()) else "(no intervals)"
+    layout = {f"moral probe {key}: headline {level}": headline}
+    if foundations:
+        layout[f"moral probe {key}: per foundation {level}"] = foundations
+    return layout
+
+
+def _chart(tag: str, metrics: dict) -> list:
+    if f"{tag}_lo" in metrics and f"{tag}_hi" in metrics:
+        return ["Margin", [tag, f"{tag}_lo", f"{tag}_hi"]]
+    return ["Multiline", [f"^{re.escape(tag)}$"]]  # a multiline chart's tags are regular expressions: this one only
+
+
+class TensorBoardWriter:
+    """One probe's points into one ``SummaryWriter``: the scalars (``metrics``), the layout once (again when it grows)
+    and the figure, each at the point's step, then a flush, so that a write the disk refuses raises here (the
+    writer's own thread holds the error until the next write or flush)."""
+
+    def __init__(self, writer, *, metrics: bool = True):
+        self.writer, self.metrics = writer, metrics
+        self._charts: dict[str, set] = {}  # probe key -> the chart tags its written layout holds
+
+    def send(self, point: Point) -> None:
+        values = line_metrics(point.line)
+        step = point.step
+        if self.metrics:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, global_step=step)
+        key = line_probe_key(point.line)
+        if key is not None:
+            layout = margin_layout(key, values)
+            charts = {tuple(tags) for category in layout.values() for _, tags in category.values()}
+            if not charts <= self._charts.get(key, set()):
+                self.writer.add_custom_scalars(layout)
+                self._charts[key] = charts | self._charts.get(key, set())
+            if point.figure is not None:
+                self.writer.add_image(f"eval/moral_{key}/figure", point.figure, global_step=step, dataformats="HWC")
+        if callable(getattr(self.writer, "flush", None)):
+            self.writer.flush()
 
 
 def tensorboard_sender(writer):
-    """``send(line)`` for a ``SummaryWriter``: each metric at the line's step, then a flush, so that a write the
-    disk refuses raises here (the writer's own thread holds the error until the next write or flush)."""
-
-    def send(line: dict) -> None:
-        for key, value in line_metrics(line).items():
-            writer.add_scalar(key, value, global_step=line["step"])
-        if callable(getattr(writer, "flush", None)):
-            writer.flush()
-
-    return send
+    """``send(point)`` for a ``SummaryWriter`` of one's own (``ProbeLogger(to=writer)``): everything at the step."""
+    return TensorBoardWriter(writer).send
 
 
-def tensorboard_folder(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Path:
-    """Where the Trainer's TensorBoard events are: given, recorded by the callback, ``TENSORBOARD_LOGGING_DIR``,
-    the newest ``<run>/runs/*``, or a new ``<run>/runs/tinymcf``."""
-    for candidate in (given, record.tensorboard_dir if record else None, os.environ.get("TENSORBOARD_LOGGING_DIR")):
-        if candidate:
-            return Path(candidate)
+def tensorboard_folder(run_dir: Path, record: RunRecord | None, given: str | None = None) -> tuple[Path, str]:
+    """Where the Trainer's TensorBoard events are, and how that was decided (said when the trackers open): given;
+    recorded by the callback (moved along with a run folder that was copied: the recorded folder inside the recorded
+    output folder is taken inside ``run_dir``); ``TENSORBOARD_LOGGING_DIR``; the newest ``<run>/runs/*``; or a new
+    ``<run>/runs/tinymcf``."""
+    if given:
+        return Path(given), "--tensorboard-dir"
+    if record is not None and record.tensorboard_dir:
+        return _recorded(run_dir, record)
+    if os.environ.get("TENSORBOARD_LOGGING_DIR"):
+        return Path(os.environ["TENSORBOARD_LOGGING_DIR"]), "TENSORBOARD_LOGGING_DIR"
     runs = sorted((p for p in (run_dir / "runs").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    return runs[-1] if runs else run_dir / "runs" / "tinymcf"
+    if runs:
+        return runs[-1], "the newest logging folder of the run"
+    return run_dir / "runs" / "tinymcf", "no logging folder found in the run: a new one"
 
 
-def tensorboard_sink(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Sink:
-    """A second event file (``*.tinymcf``) in the run's TensorBoard folder."""
+def _recorded(run_dir: Path, record: RunRecord) -> tuple[Path, str]:
+    recorded = Path(record.tensorboard_dir)
+    here = run_dir.resolve()
+    origin = Path(record.output_dir).resolve() if record.output_dir else None
+    if origin is not None and origin != here and recorded.resolve().is_relative_to(origin):
+        moved = here / recorded.resolve().relative_to(origin)
+        return moved, (f"the run's record names {recorded}, in {origin}; this folder is a copy of that run, so its "
+                       f"own logging folder is written to")
+    if origin is None and not recorded.resolve().is_relative_to(here) and (here / "runs" / recorded.name).is_dir():
+        return here / "runs" / recorded.name, (f"the run's record names {recorded}, outside this folder, which holds "
+                                               f"a logging folder of that name: written there")
+    if not recorded.resolve().is_relative_to(here):
+        return recorded, "the run's record names it (outside the run folder)"
+    return recorded, "the run's record names it"
+
+
+def tensorboard_sink(run_dir: Path, record: RunRecord | None, key: str, given: str | None = None) -> Sink:
+    """A writer of probe ``key``'s points in its own folder inside the run's TensorBoard logging folder."""
     require("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=str(tensorboard_folder(run_dir, record, given)), filename_suffix=".tinymcf")
-    return Sink(f"TensorBoard ({writer.log_dir})", tensorboard_sender(writer), writer.close)
+    folder, why = tensorboard_folder(run_dir, record, given)
+    writer = SummaryWriter(log_dir=str(probe_folder(folder, key)), filename_suffix=".tinymcf")
+    return Sink(f"TensorBoard ({writer.log_dir}; {why})", TensorBoardWriter(writer).send, writer.close, figure=True)
+
+
+def tensorboard_extras(logging_dir: str, key: str) -> Sink:
+    """For the callback in the training process, whose metrics reach the Trainer's own writer through
+    ``Trainer.log``: the layout and the figure, in the probe's own folder (never a second file in the Trainer's)."""
+    require("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = probe_folder(logging_dir, key)
+    opened: list[TensorBoardWriter] = []  # the writer, made at the first probe (no folder for a run never probed)
+
+    def send(point: Point) -> None:
+        if not opened:
+            opened.append(TensorBoardWriter(SummaryWriter(log_dir=str(folder), filename_suffix=".tinymcf"),
+                                            metrics=False))
+        opened[0].send(point)
+
+    def close() -> None:
+        for writer in opened:
+            writer.writer.close()
+
+    return Sink(f"TensorBoard ({folder})", send, close, figure=True)
+

@@ -3,59 +3,198 @@
 Once per run (a new run id: a new hyperparameter-search trial, say) every ``eval/moral_<name>/...``
 key is plotted against ``train/global_step`` (``define_metric``): wandb silently drops a row whose own
 step is below the run's current one, which is what a score that comes late is. The probe's precision
-goes into the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``); at each
-probe come the metrics and the per-foundation table (``eval/moral_<name>/table``), at the Trainer's step.
+goes into the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``). At each
+probe, at the Trainer's step:
+
+- the metrics (each headline number with its ``_lo``/``_hi``, each foundation's ``align_other`` too);
+- ``eval/moral_<name>/table``, the per-foundation table, and ``eval/moral_<name>/vignette_rows``, the per-vignette
+  rows, both with a ``step`` column and logged as *incremental* tables: each probe adds its rows, and the run keeps
+  every probe's (a table logged whole under one key shows only the newest);
+- ``eval/moral_<name>/figure``, the curve so far with its bands (a ``wandb.Image``);
+- ``eval/moral_<name>/intervals``, a custom chart of each value with its interval as a band, faceted by metric:
+  W&B draws a band only across grouped runs, never from a run's own lo/hi. The chart's Vega-Lite spec is a preset
+  of the run's entity (:data:`BAND_CHART`), created by the first online run that logs it; an offline run (or one
+  whose entity cannot create presets) logs everything else and says once why the chart is left out.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from ..errors import SweepError
 from ..extras import require
 from ..results.metrics import probe_key
+from ..results.rows import ROW_COLUMNS
 from ..rundir.record import RunRecord
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .sinks import Sink, line_metrics
+from .bands import band_rows
+from .sinks import Point, Sink, line_metrics
+
+logger = logging.getLogger(__name__)
 
 PRECISION_CONFIG = ("dtype", "autocast", "compute", "device")  # the line's fields put in a wandb run's config
+BAND_CHART = "tinymcf-interval-band"  # the custom chart preset's name in the run's entity
+BAND_FIELDS = {"step": "step", "metric": "metric", "value": "value", "lo": "lo", "hi": "hi"}
+BAND_SPEC = {
+    "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+    "description": "A value per training step with its interval as a band, one panel per metric (tinymcf_callback)",
+    "data": {"name": "wandb"},
+    "facet": {"field": "${field:metric}", "type": "nominal", "title": None,
+              "header": {"labelFontSize": 11, "labelLimit": 260}},
+    "columns": 4,
+    "resolve": {"scale": {"y": "independent"}},
+    "spec": {
+        "width": 230, "height": 150,
+        "encoding": {"x": {"field": "${field:step}", "type": "quantitative", "title": "training step"}},
+        "layer": [
+            {"mark": {"type": "area", "opacity": 0.25, "color": "#0072B2"},
+             "encoding": {"y": {"field": "${field:lo}", "type": "quantitative", "title": None,
+                                "scale": {"zero": False}},
+                          "y2": {"field": "${field:hi}"}}},
+            {"mark": {"type": "line", "point": True, "color": "#0072B2"},
+             "encoding": {"y": {"field": "${field:value}", "type": "quantitative", "title": None,
+                                "scale": {"zero": False}},
+                          "tooltip": [{"field": "${field:step}", "type": "quantitative", "title": "step"},
+                                      {"field": "${field:value}", "type": "quantitative", "format": "+.3f"},
+                                      {"field": "${field:lo}", "type": "quantitative", "format": "+.3f"},
+                                      {"field": "${field:hi}", "type": "quantitative", "format": "+.3f"}]}},
+        ],
+    },
+}
+_presets: dict[str, bool] = {}  # entity -> whether its band-chart preset is there (asked once per process)
 
 
 class WandbWriter:
-    """One probe (set and answer format) in wandb runs: its metric definitions and config once per run."""
+    """One probe (set and answer format) in wandb runs: its metric definitions and config once per run, its tables
+    kept whole across probes (one incremental table per key and run)."""
 
     def __init__(self, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT):
         self.key = f"moral_{probe_key(name, answer_format)}"
         self._defined: str | None = None  # the run whose metrics are defined
         self._recorded: str | None = None  # the run whose config holds the precision
+        self._tables: dict[str, object] = {}  # table key -> its incremental wandb.Table (of the run in _defined)
+        self._said: set[str] = set()
 
-    def write(self, run, line: dict, *, metrics: bool = True) -> None:
-        """The line's table (and, with ``metrics``, its metrics) at its step; ``metrics=False`` when the metrics
-        went another way (the callback's, through ``Trainer.log``)."""
+    def write(self, run, point: Point, *, metrics: bool = True) -> None:
+        """The point at its step: its metrics (``metrics=False`` when they went another way: the callback's, through
+        ``Trainer.log``), tables, figure and band chart."""
+        line = point.line
+        wandb = require("wandb")
         if self._defined != run.id:
             run.define_metric(f"eval/{self.key}/*", step_metric="train/global_step")
-            self._defined = run.id
+            self._defined, self._tables = run.id, {}
         if self._recorded != run.id:
             run.config.update({f"{self.key}/{field}": line.get(field) for field in PRECISION_CONFIG},
                               allow_val_change=True)
             self._recorded = run.id
         payload = line_metrics(line) if metrics else {}
-        if line.get("table"):
-            import pandas as pd
-
-            payload[f"eval/{self.key}/table"] = require("wandb").Table(dataframe=pd.DataFrame(line["table"]))
+        if point.fresh:
+            table = self._table(f"eval/{self.key}/table", ["step", *_columns(line.get("table"))],
+                                [_foundation_rows(earlier) for earlier in point.curve[:-1]])
+            if table is not None and self._add(table, _foundation_rows(line)):
+                payload[f"eval/{self.key}/table"] = table
+            vignettes = self._table(f"eval/{self.key}/vignette_rows", list(ROW_COLUMNS), [])
+            if self._add(vignettes, point.rows or []):
+                payload[f"eval/{self.key}/vignette_rows"] = vignettes
+        if point.figure is not None:
+            payload[f"eval/{self.key}/figure"] = wandb.Image(point.figure, caption=f"step {point.step}")
+        if point.fresh and point.curve:
+            chart = self._band_chart(wandb, run, point)
+            if chart is not None:
+                payload[f"eval/{self.key}/intervals"] = chart
         if payload:
-            run.log({**payload, "train/global_step": line["step"]})
+            run.log({**payload, "train/global_step": point.step})
+
+    # ---- tables --------------------------------------------------------------------------------------------
+    def _table(self, key: str, columns: list[str], earlier: list[list[dict]]):
+        """The run's incremental table under ``key``; a new one starts with the rows of ``earlier`` probes (the curve
+        so far: a run resumed, a watcher started again)."""
+        if key not in self._tables:
+            if len(columns) <= 1:
+                return None
+            table = require("wandb").Table(columns=columns, log_mode="INCREMENTAL")
+            for rows in earlier:
+                self._add(table, rows)
+            self._tables[key] = table
+        return self._tables[key]
+
+    @staticmethod
+    def _add(table, rows: list[dict]) -> bool:
+        for row in rows:
+            table.add_data(*[row.get(column) for column in table.columns])
+        return bool(rows)
+
+    # ---- the band chart ------------------------------------------------------------------------------------
+    def _band_chart(self, wandb, run, point: Point):
+        entity = _entity(run)
+        why = None
+        if _offline(run):
+            why = "the run is offline"
+        elif not entity:
+            why = "the run names no entity"
+        elif not _preset(entity):
+            why = f"the chart preset {entity}/{BAND_CHART} could not be created (see the earlier warning)"
+        if why is not None:
+            if "chart" not in self._said:
+                self._said.add("chart")
+                logger.info("moral probe: the W&B interval chart (eval/%s/intervals) is left out: %s; the figure "
+                            "(eval/%s/figure) shows every band", self.key, why, self.key)
+            return None
+        columns = list(BAND_FIELDS.values())
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in band_rows(point.curve)])
+        return wandb.plot_table(f"{entity}/{BAND_CHART}", table, BAND_FIELDS,
+                                {"title": f"{self.key}: each value with its interval"})
+
+
+def _columns(table: list[dict] | None) -> list[str]:
+    return list((table or [{}])[0].keys())
+
+
+def _foundation_rows(line: dict) -> list[dict]:
+    return [{"step": line["step"], **row} for row in line.get("table") or []]
+
+
+def _entity(run) -> str | None:
+    return getattr(run, "entity", None) or os.environ.get("WANDB_ENTITY") or None
+
+
+def _offline(run) -> bool:
+    settings = getattr(run, "settings", None)
+    return str(getattr(settings, "mode", "") or "").lower() in ("offline", "dryrun", "disabled")
+
+
+def _preset(entity: str) -> bool:
+    """Whether the entity has the band chart's preset: created here once per process (an error saying it exists is
+    taken for yes)."""
+    if entity not in _presets:
+        import json
+
+        wandb = require("wandb")
+        try:
+            wandb.Api().create_custom_chart(entity=entity, name=BAND_CHART, display_name="tinymcf: value with its "
+                                            "interval band", spec_type="vega2", access="private",
+                                            spec=json.dumps(BAND_SPEC))
+            _presets[entity] = True
+        except Exception as e:  # noqa: BLE001 - the chart is an extra: its trouble costs the chart
+            exists = "exist" in str(e).lower()
+            _presets[entity] = exists
+            if not exists:
+                logger.warning("moral probe: the W&B chart preset %s/%s could not be created (%s: %s); the interval "
+                               "chart is left out, the figure shows the bands", entity, BAND_CHART, type(e).__name__,
+                               " ".join(str(e).split())[:200])
+    return _presets[entity]
 
 
 def wandb_sender(run):
-    """``send(line)`` into ``run``: one :class:`WandbWriter` per probe (set and answer format)."""
+    """``send(point)`` into ``run``: one :class:`WandbWriter` per probe (set and answer format)."""
     writers: dict[tuple[str, str], WandbWriter] = {}
 
-    def send(line: dict) -> None:
+    def send(point: Point) -> None:
+        line = point.line
         probe = (line["name"], line.get("answer_format") or DEFAULT_ANSWER_FORMAT)
-        writers.setdefault(probe, WandbWriter(*probe)).write(run, line)
+        writers.setdefault(probe, WandbWriter(*probe)).write(run, point)
 
     return send
 
@@ -69,7 +208,20 @@ def active_wandb_run():
 def wandb_sink(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Sink:
     """The training's wandb run, resumed as a second writer (see :func:`open_run`)."""
     run, opened_here = open_run(run_dir, record, given)
-    return Sink(f"wandb run {run.id}", wandb_sender(run), run.finish if opened_here else None)
+    return Sink(f"wandb run {run.id}", wandb_sender(run), run.finish if opened_here else None, figure=True)
+
+
+def wandb_extras(name: str, answer_format: str) -> Sink:
+    """For the callback in the training process, whose metrics reach the run through ``Trainer.log``: the tables,
+    the figure and the band chart, into the run open in the process (none open: nothing)."""
+    writer = WandbWriter(name, answer_format)
+
+    def send(point: Point) -> None:
+        run = active_wandb_run()
+        if run is not None:
+            writer.write(run, point, metrics=False)
+
+    return Sink("the training's wandb run", send, figure=True)
 
 
 def open_run(run_dir: Path, record: RunRecord | None, given: str | None):

@@ -39,11 +39,11 @@ from ..results.history import BASELINE_EVENT
 from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
 from ..scoring.model_info import check_causal_lm
-from ..trackers.wandb import WandbWriter, active_wandb_run
 from .keeper import RunKeeper, run_facts
 from .logger import ProbeLogger
+from .reporters import reporter_sinks
 from .state import record_counters, stored_counters
-from .writers import reports_to_wandb, write_checkpoint
+from .writers import write_checkpoint
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -98,6 +98,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             probe as a consumer of that queue (an entry goes once every consumer has scored it: two callbacks,
             one per answer format, can both hand off) and says once, at the first save, the ``tinymcf watch``
             command that scores them. A link that cannot be made (another filesystem) is said once.
+        figure: at each probe, give the reporters that show images (TensorBoard, wandb, MLflow, trackio) a figure of
+            the curve so far with its interval bands (about 0.2 s a probe, measured; ``False``: none).
         endpoint: a :class:`~tinymcf_callback.served.ServedModel` to score instead of the Trainer's model: the
             inference server an RL trainer syncs the policy's weights into (TRL's GRPO in server mode, verl,
             OpenRLHF), probed at each event at no cost to the training's own devices (see docs/served.md).
@@ -117,7 +119,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
                  baseline: bool = True, tokenizer=None, trainer=None, strict: bool = False, verbose: bool = True,
-                 hand_off: bool = False, endpoint=None, **settings):
+                 hand_off: bool = False, endpoint=None, figure: bool = True, **settings):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -131,7 +133,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if tokenizer is None:
             self.config.vignettes()  # an unprepared set fails here, not at step 500
         self.events, self.every, self.baseline, self.strict, self.verbose = events, every, baseline, strict, verbose
-        self.hand_off = bool(hand_off)
+        self.hand_off, self.figure = bool(hand_off), bool(figure)
         if endpoint is not None and scorer_of(endpoint) is None:
             raise ConfigError(f"endpoint= must be a tinymcf_callback.served.ServedModel (the server to probe), got "
                               f"{type(endpoint).__name__}")
@@ -146,7 +148,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.names = metric_names(self.name, self.answer_format)
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
-        self._wandb = WandbWriter(self.name, self.answer_format)
         self._start_counting()
         if tokenizer is not None:
             self._build_probe(tokenizer)
@@ -170,7 +171,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
                      "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose,
-                     "hand_off": self.hand_off},
+                     "hand_off": self.hand_off, "figure": self.figure},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
                            "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
                            "baseline_record": self.baseline_record},
@@ -289,7 +290,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- where to log ----------------------------------------------------------------------------
     def _publish(self, args, state, report, metrics):
-        """Reporters and log_history on every rank (Trainer.log), then the wandb table on the main process.
+        """Reporters and log_history on every rank (Trainer.log), then, on the main process, what those reporters
+        show besides numbers (figure, tables, layout: :func:`~.reporters.reporter_sinks`).
 
         The history line and the baseline's report were written by :meth:`ProbeLogger.record`.
         """
@@ -299,17 +301,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             state.log_history.append({**metrics, "step": state.global_step})
             logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
                            "state.log_history only (pass trainer= to MoralProbeCallback)", self.name)
-        if state.is_world_process_zero and reports_to_wandb(args):
-            self._log_wandb()
-
-    def _log_wandb(self):
-        run = active_wandb_run()
-        if run is None:
-            return
-        try:
-            self._wandb.write(run, self.logger.last_line, metrics=False)  # the metrics went through Trainer.log
-        except Exception as e:  # noqa: BLE001 - the dashboard extra must not break training
-            logger.warning("moral probe [%s]: wandb table not logged: %s", self.name, e)
+        if state.is_world_process_zero:
+            self.logger.publish(report)  # a tracker's trouble is a warning: the training goes on
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
@@ -319,10 +312,16 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
         callback's state), never read back from the output folder."""
-        self.logger = ProbeLogger(self.probe, args.output_dir, baseline=self.baseline, resume=False, strict=self.strict,
-                                  verbose=self.verbose)
+        publishes = self._is_main(args) and not self.hand_off  # with the hand-off the watcher logs every probe
+        extras = reporter_sinks(args, self.trainer, self.name, self.answer_format) if publishes else []
+        self.logger = ProbeLogger(self.probe, args.output_dir, to=extras, baseline=self.baseline, resume=False,
+                                  strict=self.strict, verbose=self.verbose, figure=self.figure)
         if self.baseline_record is not None:
             self.logger.use_baseline(self.baseline_record)
+
+    @staticmethod
+    def _is_main(args) -> bool:
+        return getattr(args, "process_index", 0) == 0
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")

@@ -19,8 +19,10 @@ import time
 from ..rundir.queue import HandOffQueue
 from ..rundir.record import RUN_INFO, Attempt, RunRecord, updating
 from ..scoring.model_info import weights_dtype
+from ..trackers.mlflow import active_run_facts as mlflow_run
+from ..trackers.trackio import active_run_facts as trackio_run
 from ..trackers.wandb import active_wandb_run
-from .writers import reports_to_wandb
+from .reporters import reports_to, tensorboard_logging_dir
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,8 @@ class RunKeeper:
         self.queue = HandOffQueue(output_dir)
 
         def start(record: RunRecord) -> None:
-            for field in ("report_to", "max_steps", "save_steps", "base_model", "dtype", "tensorboard_dir", "wandb"):
+            for field in ("report_to", "max_steps", "save_steps", "base_model", "dtype", "tensorboard_dir", "wandb",
+                          "mlflow", "trackio", "output_dir"):
                 setattr(record, field, getattr(facts, field))
             record.hand_off = record.hand_off or hand_off  # a second callback without the hand-off leaves it on
             record.ended, record.global_step = False, None
@@ -131,11 +134,26 @@ def run_facts(args, state, trainer, model) -> RunRecord:
     """What the Trainer run tells a follower: its dashboards, its starting model, its length."""
     report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
     save_steps = getattr(args, "save_steps", None)
-    return RunRecord(report_to=[r for r in report_to if r and r != "none"], max_steps=state.max_steps,
+    report_to = [r for r in report_to if r and r != "none"]
+    return RunRecord(report_to=report_to, max_steps=state.max_steps,
                      save_steps=save_steps if isinstance(save_steps, (int, float)) else None,
                      base_model=_model_source(model), dtype=_dtype_name(model),
-                     tensorboard_dir=_tensorboard_dir(trainer),
-                     wandb=_wandb_facts() if reports_to_wandb(args) else None)
+                     tensorboard_dir=tensorboard_logging_dir(trainer),
+                     wandb=_wandb_facts() if reports_to(args, "wandb") else None,
+                     mlflow=_facts("mlflow", mlflow_run) if "mlflow" in report_to else None,
+                     trackio=_facts("trackio", trackio_run) if "trackio" in report_to else None,
+                     output_dir=os.path.abspath(args.output_dir))
+
+
+def _facts(tracker: str, read) -> dict | None:
+    """The run ``read()`` finds open (the Trainer's reporter opened it at train begin), or None, warned: a follower
+    then needs it named (``--mlflow-run``, ``--trackio-run``)."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - a run that cannot be read costs the follower's default, not the training
+        logger.warning("moral probe: the %s run the Trainer reports to could not be read (%s: %s); a tinymcf watch or "
+                       "sweep of this run must be told which it is", tracker, type(e).__name__, e)
+        return None
 
 
 def _model_source(model) -> str | None:
@@ -148,13 +166,6 @@ def _dtype_name(model) -> str | None:
     """What the model trains in (its weights' dtype): what a watcher scores every model of the run in."""
     dtype = weights_dtype(model) if model is not None else None
     return str(dtype).removeprefix("torch.") if dtype is not None else None
-
-
-def _tensorboard_dir(trainer) -> str | None:
-    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
-        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
-            return os.path.abspath(cb.logging_dir)
-    return None
 
 
 def _wandb_facts() -> dict | None:

@@ -34,11 +34,14 @@ import contextlib
 import logging
 import os
 import time
+from pathlib import Path
 
 from ..errors import ConfigError, HistoryError, UnsupportedModelError
+from ..figures.tracked import probe_figure
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, probe_line
+from ..results.history import BASELINE_EVENT, history_path, probe_line
 from ..results.metrics import baseline_record, count_tests, dashboard_names, with_run_level
+from ..results.rows import vignette_rows, vignette_texts
 from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten, usable_baseline
 from ..scoring.ranks import Ranks
@@ -63,12 +66,14 @@ class ProbeLogger:
             ``moral_probe_<name>_baseline.json`` (when it scored the same prompts).
         strict: raise when a probe fails (default: warn, return ``{}``, and let the loop go on).
         verbose: print the sanity lines and the per-foundation table at each probe (main process).
+        figure: give the trackers that show images (a wandb run, a ``SummaryWriter``) a figure of the curve so far,
+            with its interval bands, at each probe (about 0.2 s; needs matplotlib, the ``[plot]`` extra).
 
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a ``to=`` it cannot send to.
     """
 
     def __init__(self, probe: Probe, output_dir: str | os.PathLike | None = None, *, to=(), baseline: bool = True,
-                 resume: bool = True, strict: bool = False, verbose: bool = False):
+                 resume: bool = True, strict: bool = False, verbose: bool = False, figure: bool = True):
         if not isinstance(probe, Probe):
             raise ConfigError(f"ProbeLogger needs a Probe (tinymcf_callback.Probe(tok, 'scifi', ...)), got "
                               f"{type(probe).__name__}")
@@ -76,7 +81,11 @@ class ProbeLogger:
         self.output_dir = None if output_dir is None else os.fspath(output_dir)
         # the run's history and baseline report, written through the one curve writer (rundir.curve)
         self.curve = None if output_dir is None else Curve(output_dir, probe.name, probe.answer_format)
-        self.trackers = Trackers([as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])], strict=strict)
+        shown = self.curve.path if self.curve is not None else Path(history_path(".", probe.name, probe.answer_format))
+        self.trackers = Trackers([as_sink(t) for t in (to if isinstance(to, (list, tuple)) else [to])], strict=strict,
+                                 figure=(lambda lines: probe_figure(lines, shown)) if figure else None)
+        self._texts = vignette_texts(probe.vignettes)
+        self._seeded = False
         self.baseline, self.resume, self.strict, self.verbose = baseline, resume, strict, verbose
         self.baseline_record: dict | None = None  # the baseline's per-vignette s (metrics.baseline_record)
         self.last_step: int | None = None
@@ -114,8 +123,22 @@ class ProbeLogger:
             return {}
         metrics = self.record(report, step=step, epoch=epoch, event=event, fingerprint=fingerprint)
         if Ranks.current().is_main:
-            self.trackers.send(self.last_line, label=f"moral probe [{self.name}]")
+            self.publish(report)
         return dashboard_names(metrics)
+
+    def publish(self, report: dict) -> bool:
+        """Give the trackers the last probe (main process): its history line, its per-vignette rows and the figure of
+        the curve so far (the history's earlier lines included, at the first probe of a resumed loop). True when
+        every tracker took it; a tracker that fails is a warning (``strict``: the error)."""
+        if not self.trackers or self.last_line is None:
+            return True
+        if not self._seeded:
+            self._seeded = True
+            if self.curve is not None:
+                with contextlib.suppress(OSError, HistoryError):
+                    self.trackers.seed(self.curve.read().lines)
+        rows = vignette_rows(report, self.last_line["step"], self._texts)
+        return self.trackers.send(self.last_line, rows=rows, label=f"moral probe [{self.name}]")
 
     # ---- the parts, also the callback's ----------------------------------------------------------
     def score(self, model, *, step: int, event: str) -> dict | None:
@@ -200,6 +223,7 @@ class ProbeLogger:
 
         Returns the lost steps. The callback calls this at ``on_train_end``; a loop of your own may too.
         """
+        self.trackers.close()  # what this logger opened (the callback's writers); a loop's own trackers stay open
         for missed in self.trackers.undelivered():
             logger.warning("moral probe [%s]: %s; the history holds those lines", self.name, missed)
         if self.curve is None or self.curve.flush():

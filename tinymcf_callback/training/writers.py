@@ -43,8 +43,3 @@ def state_json(state) -> str:
     """``TrainerState.save_to_json``'s text (sorted keys, indent 2), to be written atomically."""
     return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
 
-
-def reports_to_wandb(args) -> bool:
-    """Did the user ask the Trainer for wandb (``report_to``)? An active run alone is not consent."""
-    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-    return "wandb" in report_to

@@ -1,0 +1,89 @@
+"""The figure a tracker gets at each probe: the curve so far, with its intervals, and the foundations.
+
+Dashboards draw a run's own lo/hi as a band in TensorBoard only (its margin charts); W&B, MLflow and trackio draw
+lines without bands. A picture per probe shows the band everywhere: two panels, the headline score with the Social
+Norms control (dashed), each with its interval band, and every foundation's ``align_other`` with its band, drawn
+with the same series, colours and bands as ``tinymcf plot`` (:mod:`.drawing`).
+
+It is drawn once per probe for all the trackers of a run, and kept small on purpose: a probe's figure is paid at
+every probe, inside the training when the callback probes in-process. Two axes, no constrained layout (the layout
+engine alone costs more than drawing), 80 dpi: drawn in about 0.12 s on this project's 2-core machine, 0.2 s with
+four trackers encoding and writing it (``benchmarks/figure_cost.py`` measures it against a probe). ``figure=False``
+(callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..data.sets import CONTROL
+from ..results.curves import History, history_of
+from .drawing import RUN_COLOURS, RUN_MARKERS, Style, at_least, draw_series, require_matplotlib, zero_line
+
+SIZE = (10.0, 3.6)  # inches
+DPI = 80  # 800 x 288 pixels: readable in a dashboard's media panel, cheap to draw
+SCORE, CONTROL_COLOUR = RUN_COLOURS[0], RUN_COLOURS[1]
+FOUNDATION_BAND_ALPHA = 0.07
+
+
+def probe_figure(lines: list[dict], history: Path, label: str | None = None) -> np.ndarray:
+    """The figure of the curve so far (``lines``: the history lines logged so far, this probe's last) as an RGB
+    image, ``uint8`` of shape (height, width, 3). Needs matplotlib (the ``[plot]`` extra)."""
+    h = history_of(lines, history, label)
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SIZE, dpi=DPI)
+    fig.subplots_adjust(left=0.06, right=0.83, bottom=0.14, top=0.82, wspace=0.22)
+    headline, foundations = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2, sharex=None)
+    _headline(headline, h)
+    _foundations(foundations, h)
+    fig.suptitle(_title(h), fontsize=10, x=0.01, ha="left")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.array(canvas.buffer_rgba())[..., :3]
+
+
+def _axes(ax, title: str) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("training step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, color="0.92", linewidth=0.6)
+    zero_line(ax)
+
+
+def _headline(ax, h: History) -> None:
+    _axes(ax, "score (solid) and Social Norms control (dashed)")
+    draw_series(ax, h.steps, h.headline["score"], Style("score", SCORE, "o"), "score")
+    draw_series(ax, h.steps, h.headline["sn"], Style("control", CONTROL_COLOUR, "s"), "sn", dashed=True)
+    ax.set_ylabel("align_other (−2..+2)", fontsize=8)
+    at_least(ax)
+
+
+def _foundations(ax, h: History) -> None:
+    _axes(ax, "align_other per foundation")
+    for i, (foundation, curves) in enumerate(h.foundations.items()):
+        style = Style(foundation, RUN_COLOURS[i % len(RUN_COLOURS)], RUN_MARKERS[i % len(RUN_MARKERS)])
+        series = curves["align_other"]
+        draw_series(ax, h.steps, series, style, "align_other", dashed=foundation == CONTROL, band=False)
+        if series.lo is not None:  # seven bands overlap: lighter than a lone curve's
+            ax.fill_between(h.steps, series.lo, series.hi, facecolor=style.colour, alpha=FOUNDATION_BAND_ALPHA,
+                            linewidth=0)
+    at_least(ax)
+    handles = [line for line in ax.get_lines() if line.get_label().endswith("· align_other")]
+    ax.legend(handles, [line.get_label().split(" · ")[0] for line in handles], fontsize=7, frameon=False,
+              loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def _title(h: History) -> str:
+    score = h.headline["score"]
+    last = len(h.steps) - 1
+    bounds = ""
+    if score.lo is not None and np.isfinite(score.lo[last]) and np.isfinite(score.hi[last]):
+        bounds = f" [{score.lo[last]:+.3f}, {score.hi[last]:+.3f}]"
+    level = f"{h.level:.0%} intervals shaded" if h.level else "no intervals (n_resamples=0)"
+    return (f"moral probe '{h.name}' · {h.label} · step {h.steps[last]:g}: score {score.est[last]:+.3f}{bounds}"
+            f" · {level}")
