@@ -39,6 +39,7 @@ def saved_run(tmp_path, qwen_tok, *, adapters: bool = False, steps=(1, 2), model
 def numbers(line: dict) -> dict:
     """What a history line measured (not how: the backend, its self-check and its precision say that)."""
     # yn_top3_rate is null through vLLM's logprob_token_ids (it returns the ids asked for instead of the top k)
-    how = ("backend", "self_check", "strategy", "precision", "n_forward", "elapsed_s", "warnings", "yn_top3_rate")
+    how = ("backend", "self_check", "strategy", "precision", "n_forward", "elapsed_s", "warnings", "yn_top3_rate",
+           "batches")
     return {"step": line["step"], "score": line["score"], "gap": line["gap"], "metrics": line["metrics"],
             "table": line["table"], "info": {k: v for k, v in line["info"].items() if k not in how}}

@@ -153,13 +153,13 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         before = fingerprint(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         probe = probes.get(task.tokenizer)
         baseline = None if checkpoint.baseline else plan.baseline  # a precision target measures its change from it
+        why = cut_short(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
+        if why is not None:  # neither loaded nor handed to a server, which would load half of it
+            raise CheckpointUnusable(f"{checkpoint.folder}: {why}; it is not loaded or sent to a server (a new sweep "
+                                     "or watch reads it again)")
         if settings.served is not None:
             report = score_served(checkpoint, before, probe, baseline, settings, plan, probes, device)
         else:
-            why = cut_short(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
-            if why is not None:
-                raise CheckpointUnusable(f"{checkpoint.folder}: {why}; it is not loaded (a new sweep or watch reads "
-                                         "it again)")
             model = load_checkpoint(checkpoint, plan, device)
             try:
                 with in_precision(plan.precision, device):

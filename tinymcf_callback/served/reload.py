@@ -15,7 +15,7 @@ a command  run with ``{checkpoint}`` and ``{step}`` filled in (also ``$TINYMCF_C
 
 What a reload is trusted with, and what it is not (one :class:`Reloader` per followed run):
 
-- **Only whole checkpoints are sent.** The weight files are read first (headers and sizes,
+- **Only whole checkpoints are sent.** The follower reads the weight files first (headers and sizes,
   :func:`~tinymcf_callback.rundir.checkpoints.cut_short`): a file cut short or half-written is named in one line and
   never handed to the server, which would load half of it (and once died on its next forward pass).
 - **At most twice per checkpoint.** A weight-update route (or the command) is asked at most :data:`SENDS` times for
@@ -46,7 +46,6 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import CheckpointUnusable, ServedError
-from ..rundir.checkpoints import cut_short
 from .client import ServerClient
 from .config import RELOAD_TIMEOUT_S
 from .server import server_setup
@@ -116,15 +115,10 @@ class Reloader:
         """Load ``folder`` (step ``step``) into the server: the weight version it answers with now (a built-in's:
         ``version``, default ``step-<step>``; an adapter's: its folder), None for a command.
 
-        Raises :class:`~tinymcf_callback.errors.CheckpointUnusable` (not to be tried again in this run) for a weight
-        file cut short, and once the checkpoint was sent :data:`SENDS` times without taking;
-        :class:`ServedError` for a failure that a later try may not meet."""
+        Raises :class:`~tinymcf_callback.errors.CheckpointUnusable` (not to be tried again in this run) once the
+        checkpoint was sent :data:`SENDS` times without taking; :class:`ServedError` for a failure that a later try may
+        not meet. The follower reads the checkpoint's weight files before (a file cut short is never sent)."""
         where = "" if folder is None else str(folder)
-        if where and Path(where).is_dir():
-            why = cut_short(Path(where))
-            if why is not None:
-                raise CheckpointUnusable(f"{where}: {why}; it is not handed to the server, which would load half of it "
-                                         "(a new sweep or watch reads it again)")
         key = (where, version)
         if self.sent[key] >= SENDS:
             raise CheckpointUnusable(f"{self.shown} could not load step {step} ({where}) into the server: "
