@@ -12,6 +12,7 @@ subprocess (torchrun, the CLI as a program, a wheel build, the demo) or compiles
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,17 @@ def tinymcf_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("tinymcf_home")
     monkeypatch.setenv("TINYMCF_HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True)
+def fresh_wandb_settings():
+    """wandb keeps a process's settings (its run folder among them) after a run finishes: a test that used it tears
+    them down, so the next test's runs go to its own folder (measured: one went to an earlier test's and was not
+    found)."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and hasattr(wandb, "teardown"):
+        wandb.teardown()
 
 
 @pytest.fixture

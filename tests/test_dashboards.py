@@ -461,7 +461,7 @@ def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_pa
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # as the other wandb tests: wandb keeps a process's settings
     monkeypatch.setattr(wandb_trackers, "_offline", lambda run: False)  # as an online run would
     monkeypatch.setitem(wandb_trackers._presets, "my-team", True)
-    run = wandb.init(project="p", entity="my-team")
+    run = wandb.init(project="p", entity="my-team", dir=str(tmp_path))
     try:
         trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
         line_list, report = lines

@@ -380,7 +380,7 @@ def test_a_checkpoint_unreadable_for_a_moment_is_retried_and_one_that_stays_so_i
         logging.getLogger("tinymcf_callback").removeHandler(mender)
     assert result.scored == [1, 2] and result.failures == []
     retried = [r.getMessage() for r in caplog.records if "trying again in" in r.getMessage()]
-    assert retried and "checkpoint-2: not scored (SafetensorError" in retried[0]
+    assert retried and "checkpoint-2: not scored (CheckpointIncomplete: model.safetensors is cut short" in retried[0]
     assert steps_events(history(run)) == [(1, "watch"), (2, "watch")]
 
     # unreadable through every try: a gap line with its cause, status 1; readable again: the next watch scores it
@@ -393,11 +393,12 @@ def test_a_checkpoint_unreadable_for_a_moment_is_retried_and_one_that_stays_so_i
     capsys.readouterr()
     assert watch(other, "--retries", "1", "--no-baseline", "--stop-at", "2") == 1
     err = capsys.readouterr().err
-    assert "checkpoint-2: not scored after 2 tries: SafetensorError" in err
+    assert "checkpoint-2: not scored after 2 tries: CheckpointIncomplete: model.safetensors is cut short" in err
     assert "1 checkpoint(s) could not be scored" in err
     lines = history(other)
     assert steps_events(lines) == [(1, "watch"), (2, "unreadable")]
-    assert lines[1]["info"]["unreadable"].startswith("could not be read after 2 tries: SafetensorError")
+    assert lines[1]["info"]["unreadable"].startswith(
+        "could not be read after 2 tries: CheckpointIncomplete: model.safetensors is cut short")
     broken.unlink()
     broken.write_bytes(good)
     assert watch(other, "--no-baseline", "--stop-at", "2") == 0

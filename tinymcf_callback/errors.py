@@ -68,5 +68,12 @@ class ServedError(TinymcfError):
 
 
 class CheckpointUnusable(TinymcfError):
-    """A checkpoint that trying again within this command cannot fix: a weight file cut short, or a server asked to
-    load it that did not take it. Its step is left unscored at once, in one line (a new sweep or watch tries again)."""
+    """A checkpoint that trying again within this command cannot fix: a server asked to load it did not take it, or
+    does not compute it after the reload. Its step is left unscored at once, in one line (a new sweep or watch tries
+    again)."""
+
+
+class CheckpointIncomplete(TinymcfError):
+    """A weight file of a checkpoint is cut short or half-written (a save interrupted, or a copy still in progress).
+    Its weights are never loaded nor handed to a server; the follower reads its headers again after its back-off, and
+    a file that stays short is a gap with this cause."""

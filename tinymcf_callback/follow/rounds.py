@@ -226,8 +226,10 @@ class Rounds:
         if tries <= self.retries and not o.final:
             wait = self.backoff * 2 ** (tries - 1)
             self.waiting[o.step] = Retry(tries, time.monotonic() + wait, o.error)
-            logger.warning("%s: not scored (%s); trying again in %g s (try %d of %d)", o.folder, o.error, wait,
-                           tries + 1, self.retries + 1)
+            # A file cut short is only read again (never loaded or sent): said once, at the end, if it stays short.
+            logger.log(logging.INFO if o.incomplete else logging.WARNING,
+                       "%s: not scored (%s); trying again in %g s (try %d of %d)", o.folder, o.error, wait,
+                       tries + 1, self.retries + 1)
             return
         self.waiting.pop(o.step, None)
         self.given_up.add(o.step)

@@ -9,9 +9,11 @@ scored through it, its self-check rotating over the run's probes as a local one 
 the scores (:mod:`~tinymcf_callback.served.verify`): the checkpoint is loaded here too, in float32, and the server's
 answers to a few prompts held to its forward pass.
 
-A checkpoint whose weight files are cut short is named in one line and not loaded (nor sent to a server); like a
-server that did not take a checkpoint it was given twice, or a reload check that failed, it is not tried again in
-this run (:class:`~tinymcf_callback.errors.CheckpointUnusable`): its step is a gap at once.
+A checkpoint whose weight files are cut short is never loaded nor sent to a server
+(:class:`~tinymcf_callback.errors.CheckpointIncomplete`): its headers are read again after each back-off (a copy may
+still be in progress), and one that stays short is one line naming the file, its step a gap. A server that did not
+take a checkpoint it was given twice, or a reload check that failed, is not tried again in this run
+(:class:`~tinymcf_callback.errors.CheckpointUnusable`): its step is a gap at once.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import CheckpointUnusable
+from ..errors import CheckpointIncomplete, CheckpointUnusable
 from ..loading import load_model, release_memory
 from ..probe import Probe
 from ..results.history import probe_line
@@ -54,6 +56,7 @@ class Outcome:
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
     final: bool = False  # trying it again in this run cannot help (CheckpointUnusable): a gap at once
+    incomplete: bool = False  # a weight file cut short (CheckpointIncomplete): read again quietly, a copy may finish
 
 
 class ProbeCache:
@@ -155,8 +158,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         baseline = None if checkpoint.baseline else plan.baseline  # a precision target measures its change from it
         why = cut_short(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         if why is not None:  # neither loaded nor handed to a server, which would load half of it
-            raise CheckpointUnusable(f"{checkpoint.folder}: {why}; it is not loaded or sent to a server (a new sweep "
-                                     "or watch reads it again)")
+            raise CheckpointIncomplete(f"{why}; not loaded or sent to a server")
         if settings.served is not None:
             report = score_served(checkpoint, before, probe, baseline, settings, plan, probes, device)
         else:
@@ -174,7 +176,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the run's other scores
         return Outcome(checkpoint.step, checkpoint.name, process, error=describe(e),
                        gone=not checkpoint.baseline and not checkpoint.folder.exists(),
-                       final=isinstance(e, CheckpointUnusable))
+                       final=isinstance(e, CheckpointUnusable), incomplete=isinstance(e, CheckpointIncomplete))
     if checkpoint.shown_as:
         report["model"] = checkpoint.shown_as
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline

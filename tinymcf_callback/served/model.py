@@ -186,8 +186,13 @@ class ServedModel:
                                  config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
-        main = batches(form, ((("main", i), prompts[i]) for i in range(n)), size)
-        repeat = batches(form, ((("repeat", i), prompts[i]) for i in checked), size)
+        # echo carries a sequence per (prompt, answer token): one per request where the server takes no list
+        one_each = single and form.name == "echo"
+        answers_of = [*yes, *no]
+        main = (one_token_each(form, ((("main", i), prompts[i]) for i in range(n)), answers_of) if one_each else
+                batches(form, ((("main", i), prompts[i]) for i in range(n)), size))
+        repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if one_each else
+                  batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
         alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
         keyed = [(("second", i), prompts[i]) for i in checked]
         if alone:
