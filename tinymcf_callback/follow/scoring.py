@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -207,22 +208,31 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
     base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
     reloader = probes.reloader if config.reload else None
-    version = None
-    if reloader is not None and not base:  # first: a command may start the server
-        version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+    checked = reloader is not None and config.reload_check
+    # the check's reference is loaded here while the server loads the checkpoint (they wait on different things)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinymcf-reference") if checked else None
+    loading = pool.submit(load_checkpoint, checkpoint, plan, device, dtype="float32") if pool else None
+    try:
+        version = None
+        if reloader is not None and not base:  # first: a command may start the server
+            version = reloader.load(where, checkpoint.step, fingerprint_ or f"step-{checkpoint.step}")
+        started = time.perf_counter()
+        reference = loading.result().eval() if loading else None
+        waited = time.perf_counter() - started  # what the load added after the reload was in
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)  # a reload that failed: the load finishes and is let go
     served = probes.served(base=base)
     served.name, served.expected_version = checkpoint.shown_as or where, version
-    if reloader is None or not config.reload_check:
+    if not checked:
         return probe.run(served, baseline=baseline)
     route = reloader.shown if not base else f"{reloader.shown} (the adapters' base, as the server serves it)"
     # a LoRA vLLM on the CPU answers the base wrongly in a batch beside another client's adapter requests (measured:
     # 1.8e-2 in P(Yes) with attention adapters, 0.39 with embedding ones): nothing was sent, so a later try may agree
     passing = ("a vLLM with LoRA adapters answers the base model wrongly while another client's adapter requests "
                "are batched beside it; tried again, and scored once it agrees") if base else None
-    started = time.perf_counter()
-    reference = load_checkpoint(checkpoint, plan, device, dtype="float32").eval()
-    served.loaded = Loaded(checkpoint.step, where, route, reference, f"float32 on {device}",
-                           seconds=time.perf_counter() - started, passing=passing)
+    served.loaded = Loaded(checkpoint.step, where, route, reference, f"float32 on {device}", seconds=waited,
+                           passing=passing)
     try:
         return probe.run(served, baseline=baseline)
     finally:
