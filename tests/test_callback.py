@@ -431,7 +431,8 @@ def test_resume_probes_on_the_uninterrupted_schedule(tmp_path, qwen_tok, events,
     def run(out, resume=None):
         cb = MoralProbeCallback(name="scifi", limit=1, events=events, every=2, verbose=False)
         trainer = make_trainer(out, qwen_tok, [cb], max_steps=6, eval=events == "evaluate", eval_steps=1,
-                               save_steps=3, restore_callback_states_from_checkpoint=restore)
+                               save_steps=3, restore_callback_states_from_checkpoint=restore,
+                               save_only_model=False)
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 

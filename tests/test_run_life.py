@@ -74,7 +74,7 @@ def test_a_resumed_run_sets_its_abandoned_branch_aside_and_scores_the_steps_agai
     weights. The watcher marks the resume, sets the old lines of 3 and 4 aside and scores the new checkpoints; the
     in-process callback in the same situation writes the same history, number for number."""
     run = tmp_path / "run"
-    train_run(run, qwen_tok, init, max_steps=4)  # hand_off: the watcher scores
+    train_run(run, qwen_tok, init, max_steps=4, save_only_model=False)  # hand_off: the watcher scores
     assert watch(run) == 0
     first = history(run)
     assert steps_events(first) == [(0, "train_begin"), *((s, "watch") for s in (1, 2, 3, 4))]
@@ -103,7 +103,7 @@ def test_a_resumed_run_sets_its_abandoned_branch_aside_and_scores_the_steps_agai
 
     # the same two trainings probed by the callback in-process: the same history
     ref = tmp_path / "ref"
-    train_run(ref, qwen_tok, init, max_steps=4, hand_off=False)
+    train_run(ref, qwen_tok, init, max_steps=4, hand_off=False, save_only_model=False)
     train_run(ref, qwen_tok, init, max_steps=4, hand_off=False, resume=str(ref / "checkpoint-2"), seed=1)
     theirs = history(ref)
     assert steps_events(theirs) == [(0, "train_begin"), *((s, "save") for s in (1, 2, 3, 4)), (2, "resumed"),
@@ -120,7 +120,7 @@ def test_a_checkpoint_saved_again_without_a_record_is_scored_again_by_its_finger
     """No callback, no record: the sweep sees the rewritten checkpoints by their weights alone; the new line names the
     one it supersedes (``replaces``) and the readers take it."""
     run = tmp_path / "run"
-    train_run(run, qwen_tok, init, max_steps=3, probe=False)
+    train_run(run, qwen_tok, init, max_steps=3, probe=False, save_only_model=False)
     assert sweep(run) == 0
     first = history(run)
     train_run(run, qwen_tok, init, max_steps=3, probe=False, resume=str(run / "checkpoint-1"), seed=1)

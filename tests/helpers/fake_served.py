@@ -22,7 +22,8 @@ asks), ``processed`` (the sampled position's log-probabilities after the request
 top-k, as vLLM's ``processed_logprobs``; prompt log-probabilities stay raw, as vLLM's do; ``"ignores pins"``: also
 after a top-k of 20 whatever the request says, as a server whose generation defaults win would), ``drift`` (each
 request's logits shifted by up to this: an order dependence), ``api_key`` (a 401 echoing the key it got, unless it
-is this one), and ``faults`` (``"429"``, ``"500"``, ``"slow"``, ``"die"``: the server goes away at that request;
+is this one), and ``faults`` (``"429"``, ``"500"``, ``"slow"`` (no answer until the fake closes: longer than any
+client's timeout, however fast the machine), ``"die"``: the server goes away at that request;
 consumed one per request). ``requests`` records each request's route and body.
 ``POST /admin/load {"path": folder}`` makes it serve a saved checkpoint (what a ``--reload`` script asks).
 In dev mode (``dev``) a vLLM fake says its ``device`` and ``dtype`` at ``/server_info`` (default a float32 GPU
@@ -68,6 +69,7 @@ class FakeServed:
         self.died: str | None = None  # why the fake's engine died, if it did
         self.failing: dict[str, int] = {}  # a route that always answers this status (a weight update that fails)
         self.requests: list[tuple[str, dict]] = []
+        self.closing = threading.Event()  # a "slow" request answers only once it is set
         self.loaded: list[str] = []  # what /admin/load was given, in order
         self.count = 0
         self._noise = __import__("random").Random(0)
@@ -93,6 +95,7 @@ class FakeServed:
         self.thread.start()
 
     def close(self):
+        self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -133,7 +136,7 @@ class FakeServed:
         if fault == "500":
             return 500, {"error": {"message": "boom"}}
         if fault == "slow":
-            time.sleep(3)
+            self.closing.wait(120)
         if fault == "die":  # the server process is gone: this connection and every later one
             threading.Thread(target=self.close, daemon=True).start()
             raise ConnectionAbortedError("the fake server died")

@@ -51,7 +51,8 @@ def train_run(out: Path, tok, init: Path, *, max_steps: int = 4, hand_off: bool 
 
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     kw.setdefault("per_device_train_batch_size", 2)
-    kw.setdefault("save_only_model", False)  # a run a test resumes needs its optimizer states
+    kw.setdefault("save_only_model", resume is None)  # the model only (a test run's optimizer states are most of
+    # its bytes); a run a test resumes is made with save_only_model=False and resumed with its optimizer's states
     trainer = make_trainer(out, tok, (), max_steps=max_steps, save_steps=1, eval=False, model=model,
                            learning_rate=learning_rate, seed=seed, **kw)
     if probe:

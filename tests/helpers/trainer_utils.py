@@ -33,6 +33,7 @@ def make_trainer(tmp, tok, callbacks=(), *, max_steps=4, eval_steps=2, save_step
     kw.setdefault("learning_rate", 1e-3)
     kw.setdefault("per_device_train_batch_size", 4)
     kw.setdefault("use_cpu", True)
+    kw.setdefault("save_only_model", True)  # a resumed test run passes False: its optimizer's states
     args = TrainingArguments(
         output_dir=str(tmp), max_steps=max_steps, per_device_eval_batch_size=4,
         logging_steps=1, eval_strategy="steps" if eval else "no", eval_steps=eval_steps,

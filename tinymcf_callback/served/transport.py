@@ -77,8 +77,17 @@ class Transport:
         bar = tqdm(total=sum(len(a.keys) for a in asks), desc=desc, unit="prompt", disable=not progress,
                    dynamic_ncols=True, leave=False)
 
+        stop = threading.Event()  # set by the first ask that fails: a worker takes its next ask before the pool is
+        # shut down below, and under load that was one more request sent after a timeout (seen with 3 jobs on 2 cores)
+
         def work(ask: Ask) -> None:
-            readings = self.ask(ask)
+            if stop.is_set():
+                return
+            try:
+                readings = self.ask(ask)
+            except BaseException:
+                stop.set()
+                raise
             with lock:
                 for key, reading in zip(ask.keys, readings, strict=True):
                     merge(out, key, reading)
