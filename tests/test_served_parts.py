@@ -191,6 +191,39 @@ def test_a_request_that_fails_for_good_stops_the_rest_and_closes_the_connections
     assert len(client.bodies) < 10 and client.closed  # the rest were never sent; what was in flight is dropped
 
 
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_after_a_failed_request_not_one_more_is_sent_however_the_threads_are_scheduled(fail_at):
+    # the worker that failed would take the next ask before the pool was shut down: one request more, seen under load
+    for _ in range(20):
+        client = RecordingClient(fail_at=fail_at)
+        with pytest.raises(ServedError, match="kept failing"):
+            Transport(client, concurrency=1).run(batches(form(LogprobTokenIds), [(i, [5, i]) for i in range(30)], 1))
+        assert len(client.bodies) == fail_at
+
+
+def test_p_yes_is_read_in_log_space_on_every_path_and_stays_defined_when_the_masses_underflow(qwen_tok):
+    import torch
+
+    from tinymcf_callback.scoring.answers import score_prompts
+    from tinymcf_callback.scoring.prompts import answer_token_ids
+    from tinymcf_callback.served.answers import answer
+
+    yes, no = answer_token_ids(qwen_tok)
+    cases = [(-800.0, -801.0), (-1.0, -2.0), (-3.0, -math.inf)]  # exp(-800) underflows to 0 even in float64
+    logits = torch.full((len(cases), len(qwen_tok)), -math.inf)
+    logits[:, 0] = 0.0
+    for row, (y, n) in enumerate(cases):
+        logits[row, yes[0]], logits[row, no[0]] = y, n
+    local = score_prompts(logits, qwen_tok)
+    assert local.p_yes[0] == pytest.approx(1 / (1 + math.exp(-1)), abs=1e-7) and local.p_yes[2] == 1.0
+    logp = torch.log_softmax(logits, dim=-1)
+    for row in range(len(cases)):
+        served = Reading(logp={t: float(logp[row, t]) for t in (*yes, *no)})  # what a server answers: log-probs
+        p_yes, mass = answer(served, yes, no)
+        assert p_yes == pytest.approx(local.p_yes[row], abs=1e-7) and mass == pytest.approx(local.yn_mass[row])
+    assert math.isnan(answer(Reading(logp={}), yes, no)[0])  # no answer read at all: undefined, not 0
+
+
 # ---- the checks before scoring ------------------------------------------------------------------------------------
 def test_numbers_that_move_with_the_temperature_are_processed_and_repeat_noise_is_not():
     r = lambda y: Reading({YES[0]: y, NO[0]: -1.0})  # noqa: E731

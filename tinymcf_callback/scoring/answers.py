@@ -65,8 +65,14 @@ def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> An
     yes, no = answer_token_ids(tok, answer_format)
     logits = torch.as_tensor(logits)
     logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # read in float32 by the softmax itself, not copied
-    lyes = torch.logsumexp(logp[:, yes], dim=-1)
-    lno = torch.logsumexp(logp[:, no], dim=-1)
-    p_yes = torch.sigmoid(lyes - lno)
-    yn_mass = lyes.exp() + lno.exp()
-    return AnswerScores(p_yes.double().cpu().numpy(), yn_mass.double().cpu().numpy())
+    p_yes, log_mass = yes_against_no(torch.logsumexp(logp[:, yes], dim=-1), torch.logsumexp(logp[:, no], dim=-1))
+    return AnswerScores(p_yes.double().cpu().numpy(), log_mass.exp().double().cpu().numpy())
+
+
+def yes_against_no(log_yes, log_no) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(P(Yes), log(Yes+No mass))`` from the log-probabilities of Yes and of No (each summed over its variants),
+    in log space: every path (the local forward, a server's answers) reads P(Yes) here. ``sigmoid(log_yes - log_no)``
+    stays defined when both masses underflow to 0 in probability space (two logs of -800 give 0.5, not 0/0); NaN
+    only when neither answer was read at all (both ``-inf``). Tensors or numbers, in their own precision."""
+    log_yes, log_no = torch.as_tensor(log_yes), torch.as_tensor(log_no)
+    return torch.sigmoid(log_yes - log_no), torch.logaddexp(log_yes, log_no)

@@ -6,30 +6,41 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
+from ..scoring.answers import yes_against_no
 from ..scoring.engine import ScoreResult, empty_result
 from .forms import Reading
 
 
 def answer(reading: Reading, yes: list[int], no: list[int]) -> tuple[float, float]:
-    """``(p_yes, yn_mass)`` from the answer tokens read (an unread one counts as 0)."""
-    def total(ids):
+    """``(p_yes, yn_mass)`` from the answer tokens read (an unread one counts as 0), through the local path's own
+    log-space :func:`~tinymcf_callback.scoring.answers.yes_against_no`."""
+    p_yes, log_mass = log_answer(reading, yes, no)
+    return p_yes, math.exp(log_mass)
+
+
+def log_answer(reading: Reading, yes: list[int], no: list[int]) -> tuple[float, float]:
+    """``(p_yes, log yn_mass)`` of one reading, in float64 and log space (``log yn_mass`` is ``-inf`` when no answer
+    token was read; ``p_yes`` then NaN)."""
+    def total(ids) -> float:
         vals = [reading.logp[a] for a in ids if a in reading.logp and math.isfinite(reading.logp[a])]
-        return float(np.exp(np.logaddexp.reduce(vals))) if vals else 0.0
-    py, pn = total(yes), total(no)
-    return (py / (py + pn) if py + pn > 0 else float("nan")), py + pn
+        return float(np.logaddexp.reduce(vals)) if vals else -math.inf
+    p_yes, log_mass = yes_against_no(torch.tensor(total(yes), dtype=torch.float64),
+                                     torch.tensor(total(no), dtype=torch.float64))
+    return float(p_yes), float(log_mass)
 
 
 def difference(a: Reading, b: Reading, yes: list[int], no: list[int]) -> tuple[float, float]:
     """``(|ΔP(Yes)|, |Δ log mass|)`` of two readings of one prompt, on the answer tokens both read."""
     y = [t for t in yes if t in a.logp and t in b.logp]
     n = [t for t in no if t in a.logp and t in b.logp]
-    p0, m0 = answer(a, y, n)
-    p1, m1 = answer(b, y, n)
-    if (m0 > 0) != (m1 > 0):  # one reads the answers as impossible, the other does not
+    p0, m0 = log_answer(a, y, n)
+    p1, m1 = log_answer(b, y, n)
+    if math.isfinite(m0) != math.isfinite(m1):  # one reads the answers as impossible, the other does not
         return 1.0, math.inf
-    dp = abs(p0 - p1) if y and n and m0 > 0 else 0.0
-    dm = abs(math.log(m0) - math.log(m1)) if m0 > 0 and m1 > 0 else 0.0
+    dp = abs(p0 - p1) if y and n and math.isfinite(m0) else 0.0
+    dm = abs(m0 - m1) if math.isfinite(m0) else 0.0
     return dp, dm
 
 
