@@ -127,13 +127,21 @@ def test_a_level_target_with_a_baseline_pairs_over_the_vignettes_both_asked(qwen
     assert change_metrics("scifi", record, later)[f"{KEY}/score_change"] == a["change"]["estimate"]
 
 
-def test_other_prompts_are_never_paired(qwen_tok):
+def test_a_baseline_of_other_prompts_is_refused_with_its_cause_never_scored_as_a_new_baseline(qwen_tok):
     base = Probe(qwen_tok, "scifi", until="change").run(Scripted())
-    other = Probe(qwen_tok, "scifi", until="change", answer_prefix="").run(Scripted(), baseline=baseline_record(
-        base, 0))
-    assert other["info"]["adaptive"]["stopped"] == "baseline"
-    assert any("asked other prompts" in w for w in other["info"]["warnings"])
-    assert change_metrics("scifi", baseline_record(base, 0), other) == {}
+    model = Scripted()
+    for settings, needle in (({"answer_prefix": ""}, r"its prompts are worded otherwise .* from character \d+ the "
+                                                     r"baseline's first prompt reads .* where this probe's reads"),
+                             ({"answer_format": "json"}, "the answer format differs: the baseline's is yesno, this "
+                                                         "probe's json"),
+                             ({"vignettes": Probe(qwen_tok, "scifi").vignettes[1:]},
+                              "it asked from other candidate vignettes")):
+        other = Probe(qwen_tok, "scifi", until="change", **settings)
+        with pytest.raises(ConfigError, match="the baseline cannot be paired with this probe: " + needle):
+            other.run(model, baseline=baseline_record(base, 0))
+    assert model.probes == 0  # refused before anything was scored
+    json_report = Probe(qwen_tok, "scifi", answer_format="json").run(Scripted())
+    assert change_metrics("scifi", baseline_record(base, 0), json_report) == {}  # a fixed probe: no change logged
 
 
 def test_the_settings_refuse_what_cannot_go_together(qwen_tok):

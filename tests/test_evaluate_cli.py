@@ -4,6 +4,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_cli_writes_json_report(tiny_dir, tmp_path, capsys):
     (["--home", " "], "--home needs a folder"),
     (["--base-model", "base"], "unrecognized arguments: --base-model base"),  # a sweep's option (modes: subcommands)
     (["--tokenizer", "tok", "--base-model", "base"], "unrecognized arguments: --base-model base"),
-    (["--tokenizer", "tok"], "--tokenizer goes with --endpoint"),
+    (["--tokenizer", "tok"], "no such folder tok"),
     (["--concurrency", "4"], "--concurrency goes with --endpoint"),
     (["--level", "95"], "--level must be a number between 0 and 1"),
     (["--n-resamples", "50"], "--n-resamples must be a whole number >= 100"),
@@ -106,6 +107,42 @@ def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
     rc = tinymcf(["eval", "--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
     one_error_line(rc, capsys.readouterr().err, needle)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_saved_without_its_tokenizer_takes_one_with_tokenizer(tiny_qwen, tiny_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    tiny_qwen.save_pretrained(bare)  # the model alone: no tokenizer files
+    common = ["--limit", "2", "--n-resamples", "0", "--no-progress", "--device", "cpu"]
+    rc = tinymcf(["eval", "--model", str(bare), "--out", str(tmp_path / "none"), *common])
+    one_error_line(rc, capsys.readouterr().err, f"cannot load the tokenizer of {bare}",
+                   "takes one with --tokenizer PATH")
+    assert tinymcf(["eval", "--model", str(bare), "--tokenizer", str(tiny_dir), "--tag", "bare",
+                    "--out", str(tmp_path), *common]) == 0
+    assert tinymcf(["eval", "--model", str(tiny_dir), "--tag", "whole", "--out", str(tmp_path), *common]) == 0
+    bare_report, whole = (json.loads((tmp_path / f"eval_scifi_{t}.json").read_text()) for t in ("bare", "whole"))
+    assert bare_report["prompt_digest"] == whole["prompt_digest"]
+    assert [p["p_yes"] for p in bare_report["prompts"]] == [p["p_yes"] for p in whole["prompts"]]
+
+
+def test_a_baseline_the_probe_cannot_pair_is_refused_in_one_line_before_the_model_loads(tiny_dir, tmp_path, capsys):
+    """A tokenizer copied without its chat template words the prompts otherwise: the baseline does not pair, and the
+    probe says so and stops, instead of scoring itself as a new baseline."""
+    common = ["--until", "change", "--per-foundation", "2", "--no-progress", "--device", "cpu"]
+    assert tinymcf(["eval", "--model", str(tiny_dir), "--tag", "base", "--out", str(tmp_path), *common]) == 0
+    plain = tmp_path / "plain_tok"
+    plain.mkdir()
+    for f in tiny_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "vocab.json" or f.name == "merges.txt":
+            shutil.copy(f, plain / f.name)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    rc = tinymcf(["eval", "--model", str(tiny_dir), "--tokenizer", str(plain), "--tag", "later", "--out",
+                  str(tmp_path), "--baseline", str(tmp_path / "eval_scifi_base.json"), *common])
+    one_error_line(rc, capsys.readouterr().err, "the baseline cannot be paired with this probe: its prompts are "
+                   "worded otherwise", "--tokenizer names the one the baseline was scored with")
+    assert not (tmp_path / "eval_scifi_later.json").exists()
 
 
 def test_cli_needs_a_model(tiny_dir, tmp_path, capsys):

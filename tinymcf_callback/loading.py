@@ -81,12 +81,21 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
 def load_tokenizer(path: str, gguf_file: str | None = None, *, alone: bool = False):
-    """The tokenizer of ``path``; ``alone``: a folder holding just a tokenizer will do (a served model's)."""
+    """The tokenizer of ``path``; ``alone``: a folder holding just a tokenizer will do (a served model's). A folder
+    without a tokenizer file (a model saved alone) is refused: transformers would build an empty tokenizer from its
+    config."""
     from transformers import AutoTokenizer
 
     if not (alone and Path(path).is_dir()):
         check_model_source(path, gguf_file)
+    if Path(path).is_dir() and gguf_file is None and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise LoadError(f"cannot load the tokenizer of {path}: it has no tokenizer files "
+                        f"({', '.join(TOKENIZER_FILES)})")
     options = hub_options(path)
     try:
         return AutoTokenizer.from_pretrained(path, **options, **({"gguf_file": gguf_file} if gguf_file else {}))

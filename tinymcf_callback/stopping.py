@@ -112,19 +112,27 @@ class Stopping:
         res.asked = Asked(k, looks, stopped, change, notes, sample)
         return res
 
+    def check_baseline(self, baseline: dict) -> dict:
+        """``baseline`` (a report or its :func:`~tinymcf_callback.results.metrics.baseline_record`) as a record, when
+        its vignettes pair with this probe's; else :class:`~tinymcf_callback.errors.ConfigError` naming why. Never
+        scored as a new baseline in its place: the change asked for would not exist, and the run would say nothing."""
+        from .errors import ConfigError
+        from .results.metrics import baseline_record, why_unpaired
+
+        if "scenarios" in baseline:  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
+            baseline = baseline_record(baseline, int(baseline.get("step") or 0))
+        why = why_unpaired(baseline, self.probe)
+        if why is not None:
+            raise ConfigError(f"the baseline cannot be paired with this probe: {why}")
+        return baseline
+
     def _baseline_rows(self, baseline: dict | None, notes: list[str]) -> VignetteScores | None:
         """The baseline's scores of the candidates, in the candidates' order (NaN where it did not score one)."""
         if baseline is None:
             return None
-        from .results.metrics import baseline_record, baseline_scores, order_digest
+        from .results.metrics import baseline_scores
 
-        if "scenarios" in baseline:  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
-            baseline = baseline_record(baseline, int(baseline.get("step") or 0))
-
-        if order_digest(baseline) != self.probe.prompt_digest:
-            notes.append("the baseline asked other prompts (another subset, tokenizer, answer prefix or format): no "
-                         "change since it is measured")
-            return None
+        baseline = self.check_baseline(baseline)
         scores = baseline_scores(baseline)
         where = {str(i): r for r, i in enumerate(scores.id)}
         s = np.full((len(self.probe.vignettes), scores.s.shape[1]), np.nan)

@@ -60,6 +60,18 @@ def read_baseline(path: str, config) -> dict:
     return baseline_record(report, int(report.get("step") or 0))
 
 
+def local_tokenizer(args):
+    """The tokenizer of a local ``--model``: ``--tokenizer`` when given (a folder of the model alone has none), else
+    the model's own, with the option named when it has none."""
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer, alone=True)
+    try:
+        return load_tokenizer(args.model, args.gguf_file)
+    except LoadError as e:
+        raise LoadError(f"{e}; a model saved without its tokenizer takes one with --tokenizer PATH (the tokenizer "
+                        "it was trained with, e.g. the base model's)") from None
+
+
 def run(args) -> int:
     import torch
 
@@ -85,10 +97,14 @@ def run(args) -> int:
             raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
                             "--tokenizer PATH") from None
         probe = Probe(tok, config=config)
+        if baseline is not None:
+            probe.stopping.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
         model = ServedModel.from_config(served, reference=reference)
     else:
-        probe = Probe(load_tokenizer(args.model, args.gguf_file), config=config)  # bad data fail before the weights
+        probe = Probe(local_tokenizer(args), config=config)  # bad data fail before the weights
+        if baseline is not None:
+            probe.stopping.check_baseline(baseline)
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
     report = probe.run(model, progress=not args.no_progress, baseline=baseline)
     print("\n".join(sanity_lines(report)))

@@ -134,8 +134,9 @@ def add_served(parser, *, run: bool = False) -> None:
                             "instead of loading it; --model is then the name it serves (API key, if any: "
                             "$TINYMCF_API_KEY or $OPENAI_API_KEY)")
         g.add_argument("--tokenizer", default=None, metavar="PATH",
-                       help="the served model's tokenizer (a folder or Hub id; default: --model); the prompts go to "
-                            "the server as its token ids")
+                       help="the model's tokenizer (a folder or Hub id; default: --model): for a saved model without "
+                            "tokenizer files (save_pretrained of the model alone), or a served model, whose prompts go "
+                            "to the server as this tokenizer's token ids")
     g.add_argument("--form", default="auto", metavar="FORM",
                    help="how to ask for log-probabilities: auto (the server's exact form), logprob_token_ids (vLLM), "
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
@@ -165,7 +166,7 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
     tolerance. None without ``--endpoint``; a served option given without it is refused, as is a followed run
     without ``--reload``."""
     options = ("--served-model", "--reload", "--reference-tolerance") if run else (
-        "--tokenizer", "--reference", "--reference-tolerance")
+        "--reference", "--reference-tolerance")
     if not getattr(args, "endpoint", None):
         given = [o for o in (*options, "--form", "--check-form", "--concurrency", "--batch-prompts")
                  if _given(args, o)]
@@ -173,7 +174,7 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
             raise ConfigError(f"{given[0]} goes with --endpoint URL, the server it loads each checkpoint into")
         if given:
             raise ConfigError(f"{given[0]} goes with --endpoint (a model in an inference server); a local --model "
-                              "loads its own tokenizer and runs in this process")
+                              "runs in this process")
         return None
     if run and not args.reload:
         raise ConfigError("--endpoint needs --reload CMD: the command that loads each checkpoint into the server "

@@ -137,13 +137,14 @@ def _some(ids: list[str]) -> str:
 
 def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
     """Where the two sample prompts (the first prompt of each report) part, when both reports hold one."""
+    from ..scoring.prompts import where_prompts_part
+
     pa, pb = (r.get("info", {}).get("sample_prompt") for r in (a, b))
-    if not (isinstance(pa, str) and isinstance(pb, str)) or pa == pb:
+    parted = where_prompts_part(pa, pb) if isinstance(pa, str) and isinstance(pb, str) else None
+    if parted is None:
         return ""
-    at = next((i for i, (x, y) in enumerate(zip(pa, pb, strict=False)) if x != y), min(len(pa), len(pb)))
-    start = max(0, at - 20)
-    return (f"; the first prompt reads {pa[start:at + 20]!r} in {labels[0]} and {pb[start:at + 20]!r} in "
-            f"{labels[1]} from character {start}")
+    start, in_a, in_b = parted
+    return f"; the first prompt reads {in_a!r} in {labels[0]} and {in_b!r} in {labels[1]} from character {start}"
 
 
 # ---- the comparison --------------------------------------------------------------------------------

@@ -117,9 +117,42 @@ def baseline_record(report: dict, step: int) -> dict:
     ``order``: :func:`order_digest`."""
     scores = vignette_scores(report["scenarios"])
     return {"step": step, "prompt_digest": report["prompt_digest"], "order": order_digest(report),
-            "score": report["score"],
+            "score": report["score"], "name": report.get("name"), "answer_format": report.get("answer_format"),
+            "sample_prompt": (report.get("info") or {}).get("sample_prompt"),
             "id": [str(i) for i in scores.id], "foundation_coarse": [str(f) for f in scores.foundation_coarse],
             "s": [[None if not math.isfinite(x) else float(x) for x in row] for row in scores.s.tolist()]}
+
+
+def why_unpaired(record: dict, probe) -> str | None:
+    """Why a :func:`baseline_record` (or a report) cannot be paired with ``probe``'s vignettes, in words that name the
+    difference; None when it can (both asked from the same candidate prompts, :func:`order_digest`)."""
+    if order_digest(record) == probe.prompt_digest:
+        return None
+    for field, what in (("name", "the vignette set"), ("answer_format", "the answer format")):
+        theirs, ours = record.get(field), getattr(probe, field)
+        if theirs is not None and theirs != ours:
+            return f"{what} differs: the baseline's is {theirs}, this probe's {ours}"
+    sample = record.get("sample_prompt")
+    if isinstance(sample, str) and sample not in probe.prompts:
+        from ..scoring.prompts import where_prompts_part
+
+        # this probe's prompt of the same vignette, condition and frame (the one whose text the sample holds)
+        same = [probe.prompts[i] for i, row in enumerate(probe.meta.itertuples())
+                if row.frame == "wrong" and _text(probe, row) in sample]
+        if same:
+            start, theirs, ours = where_prompts_part(sample, same[0])
+            return (f"its prompts are worded otherwise (another tokenizer's chat template, or another answer prefix):"
+                    f" from character {start} the baseline's first prompt reads {theirs!r} where this probe's reads "
+                    f"{ours!r}; score both with one tokenizer (--tokenizer names the one the baseline was scored "
+                    "with)")
+    return ("it asked from other candidate vignettes or prompts (another limit, subset, tokenizer or answer prefix); "
+            "score the baseline again with this probe's settings")
+
+
+def _text(probe, row) -> str:
+    """The text of the vignette and condition of ``row`` (a row of ``probe.meta``)."""
+    vignette = next(v for v in probe.vignettes if str(v["id"]) == str(row.id))
+    return vignette[row.condition]
 
 
 def baseline_scores(record: dict) -> VignetteScores:

@@ -27,6 +27,7 @@ from pathlib import Path
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import SweepError
+from ..loading import TOKENIZER_FILES
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -37,8 +38,6 @@ FSDP_FOLDER = re.compile(r"pytorch_model_fsdp_\d+")
 ZERO_FOLDER = re.compile(r"global_step\d+")
 FULL, ADAPTER, FSDP, ZERO = "full", "adapter", "fsdp", "zero"
 FORMATS = (FULL, ADAPTER, FSDP, ZERO)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLE = 64  # bytes read per sample
 

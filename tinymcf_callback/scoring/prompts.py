@@ -234,3 +234,13 @@ def prompt_digest(prompts: list[str], meta: pd.DataFrame, answer_format: str = D
     if answer_format != DEFAULT_ANSWER_FORMAT:
         keyed.insert(0, f"answer_format\x1f{answer_format}")
     return hashlib.sha256("\x1e".join(keyed).encode("utf-8")).hexdigest()
+
+
+def where_prompts_part(a: str, b: str, context: int = 20) -> tuple[int, str, str] | None:
+    """Where two prompts' texts part: ``(start, a's excerpt, b's excerpt)`` from ``context`` characters before the
+    first difference to as many after it; None when they are the same."""
+    if a == b:
+        return None
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    start = max(0, at - context)
+    return start, a[start:at + context], b[start:at + context]
