@@ -144,6 +144,20 @@ def test_a_baseline_of_other_prompts_is_refused_with_its_cause_never_scored_as_a
     assert change_metrics("scifi", baseline_record(base, 0), json_report) == {}  # a fixed probe: no change logged
 
 
+def test_compare_refuses_two_stopped_probes_of_unequal_prefixes_and_its_advice_compares_them(qwen_tok):
+    from tinymcf_callback import compare
+    from tinymcf_callback.errors import CompareError
+
+    short = Probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
+    long = Probe(qwen_tok, "scifi", until="level", width=0.2).run(Scripted(shift=0.1))
+    k = short["info"]["adaptive"]["per_foundation"]
+    assert long["info"]["adaptive"]["per_foundation"] > k
+    with pytest.raises(CompareError, match=f"stopped after .* score both with --per-foundation {k} --subset-seed 0"):
+        compare(short, long)
+    a, b = (Probe(qwen_tok, "scifi", per_foundation=k).run(Scripted(shift=x)) for x in (0.0, 0.1))
+    assert compare(a, b)["headline"]["score"]["change"] == pytest.approx(b["score"] - a["score"], abs=1e-12)
+
+
 def test_the_settings_refuse_what_cannot_go_together(qwen_tok):
     for settings, needle in (({"until": "soon"}, "until must be 'level'"),
                              ({"until": "level", "width": 0}, "width must be a number above 0"),

@@ -642,6 +642,13 @@ def test_the_figure_says_which_vignettes_and_precision_and_what_two_per_foundati
     notes = [sf._suptitle.get_text() for sf in fig.subfigs if sf._suptitle is not None]
     assert any("per_foundation=2: each foundation's band is a t interval over 2 vignettes (df = 1)" in n and
                "per_foundation=4" in n for n in notes), notes
+    # a precision target's points: its subset is the candidates (the whole set); each point asked a prefix of them
+    for line, asked in zip(lines, (51, 14), strict=True):
+        line["info"].update(subset={**subset, "per_foundation": None}, n_vignettes=asked,
+                            adaptive={"until": "change", "vignettes": asked, "of_vignettes": 51})
+    fig = plot_histories(write_history(tmp_path / "adaptive", lines))
+    assert "until=change: 14-51 of 51 vignettes asked, bfloat16" in fig.get_suptitle()
+    assert "the whole set" not in fig.get_suptitle()
     whole = [probe_line(0, 0.1, 0.0, 0.0)]  # an older line: no subset, no precision on record
     fig = plot_histories(write_history(tmp_path / "old", whole))
     assert "vignettes not recorded, precision not recorded" in fig.get_suptitle()

@@ -433,17 +433,30 @@ def history_of(lines: list[dict], path: Path, label: str | None = None) -> Histo
 
 def _subset(kept: list[tuple[int, dict]]) -> dict | None:
     """The vignettes the newest point asked: its ``info.subset`` with ``n_vignettes`` (None when it does not say)."""
+    adaptive = [line["info"]["adaptive"] for _, line in kept if isinstance(line["info"].get("adaptive"), dict)]
     for _, line in reversed(kept):
         subset = line["info"].get("subset")
         if isinstance(subset, dict):
-            return {**subset, "n_vignettes": line["info"].get("n_vignettes")}
+            out = {**subset, "n_vignettes": line["info"].get("n_vignettes")}
+            if adaptive:  # a precision target: the subset is its candidates; each point asked a prefix of them
+                asked = [a.get("vignettes") for a in adaptive if isinstance(a.get("vignettes"), int)]
+                out["adaptive"] = {"until": adaptive[-1].get("until"), "of": adaptive[-1].get("of_vignettes"),
+                                   "asked": (min(asked), max(asked)) if asked else None}
+            return out
     return None
 
 
 def subset_label(subset: dict | None) -> str:
-    """``per_foundation=2 (14 vignettes)``, ``limit=7 (7 vignettes)``, ``the whole set (51 vignettes)``."""
+    """``per_foundation=2 (14 vignettes)``, ``limit=7 (7 vignettes)``, ``the whole set (51 vignettes)``; a precision
+    target's points ``until=change: 14-51 of 51 vignettes asked`` (each stopped where it knew enough)."""
     if not subset:
         return "vignettes not recorded"
+    adaptive = subset.get("adaptive")
+    if adaptive and adaptive.get("asked"):
+        lo, hi = adaptive["asked"]
+        asked = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        of = f" of {adaptive['of']}" if isinstance(adaptive.get("of"), int) else ""
+        return f"until={adaptive['until']}: {asked}{of} vignettes asked"
     n = subset.get("n_vignettes")
     count = f" ({n} vignettes)" if isinstance(n, int) else ""
     if subset.get("per_foundation") is not None:
