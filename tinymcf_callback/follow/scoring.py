@@ -27,20 +27,19 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CheckpointIncomplete, CheckpointUnusable
-from ..loading import load_model, release_memory
+from ..loading import release_memory
 from ..probe import Probe
 from ..results.history import probe_line
 from ..results.metrics import baseline_record, order_digest
 from ..results.precision import Precision
 from ..results.rows import vignette_rows, vignette_texts
-from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
+from ..rundir.checkpoints import Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
 from ..rundir.curve import usable_baseline
-from ..rundir.layouts import DCP, VERL_SHARDS
 from ..served.reload import Reloader
 from ..served.verify import Loaded
 from .planner import Plan, Task
 from .settings import RunSettings
-from .sharded import load_dcp, load_fsdp, load_verl, load_without_config, load_zero
+from .sharded import load_save
 
 
 @dataclass
@@ -115,25 +114,10 @@ class ProbeCache:
 
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
-    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``): full weights, the base model with its
-    adapter, or a sharded or config-less checkpoint read through the library that wrote it (its config from where the
-    layout keeps it, or the run's starting model)."""
-    dtype = dtype or plan.dtype or "auto"
-    c = checkpoint
-    if c.format == ADAPTER:
-        return load_model(plan.base_model, device=device, dtype=dtype, adapter=c.folder)
-    if c.format == FSDP:
-        return load_fsdp(c.folder, plan.base_model, dtype=dtype, device=device)
-    if c.format == ZERO:
-        config = str(c.folder) if (c.folder / "config.json").exists() else plan.base_model
-        return load_zero(c.folder, config, dtype=dtype, device=device)
-    if c.format == VERL_SHARDS:
-        return load_verl(c.folder, str(c.config), dtype=dtype, device=device)
-    if c.format == DCP:
-        return load_dcp(c.folder, plan.base_model, dtype=dtype, device=device)
-    if c.needs_base:
-        return load_without_config(c.folder, plan.base_model, dtype=dtype, device=device)
-    return load_model(str(c.folder), device=device, dtype=dtype)  # a Hub id as the base model too
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (the table of
+    :mod:`~tinymcf_callback.rundir.layouts`; its config from where the layout keeps it, or the run's starting
+    model)."""
+    return load_save(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto", device=device)
 
 
 @contextlib.contextmanager
