@@ -116,12 +116,10 @@ class Stopping:
         """The baseline's scores of the candidates, in the candidates' order (NaN where it did not score one)."""
         if baseline is None:
             return None
-        from .results.metrics import baseline_record, baseline_scores, order_digest
+        from .results.metrics import as_baseline, baseline_scores, pairs
 
-        if "scenarios" in baseline:  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
-            baseline = baseline_record(baseline, int(baseline.get("step") or 0))
-
-        if order_digest(baseline) != self.probe.prompt_digest:
+        baseline = as_baseline(baseline)  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
+        if not pairs(baseline, self.probe.prompt_digest):
             notes.append("the baseline asked other prompts (another subset, tokenizer, answer prefix or format): no "
                          "change since it is measured")
             return None

@@ -30,11 +30,10 @@ from ..errors import CheckpointIncomplete, CheckpointUnusable
 from ..loading import release_memory
 from ..probe import Probe
 from ..results.history import probe_line
-from ..results.metrics import baseline_record, order_digest
+from ..results.metrics import baseline_record, order_digest, why_unpaired
 from ..results.precision import Precision
 from ..results.rows import vignette_rows, vignette_texts
 from ..rundir.checkpoints import Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
-from ..rundir.curve import usable_baseline
 from ..served.reload import Reloader
 from ..served.verify import Loaded
 from .planner import Plan, Task
@@ -167,7 +166,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
     notes = []
     if baseline is not None and not checkpoint.baseline:
-        why = usable_baseline(baseline, order_digest(report))
+        why = why_unpaired(baseline, order_digest(report))
         if why is not None:
             notes.append(f"the step-0 baseline of {plan.history.name} is not used for {checkpoint.name}: {why}")
     event = plan.baseline_event if checkpoint.baseline else plan.event
