@@ -34,7 +34,6 @@ from ..errors import LoadError, SweepError
 from ..extras import require
 from ..loading import check_model_source
 from ..results.history import BASELINE_EVENT, DELETED_EVENT, SWEEP_EVENT, WATCH_EVENT, is_point
-from ..results.metrics import baseline_record
 from ..results.precision import Precision
 from ..rundir.checkpoints import (
     ADAPTER_CONFIG,
@@ -304,8 +303,8 @@ class Planner:
         (every later line's change is measured from them) and, when the run named no precision, the first line's
         (every later line is held to it). The planner decides; the scoring only reports."""
         for o in outcomes:
-            if o.report is not None:
-                self.baseline = plan.baseline = baseline_record(o.report, 0)
+            if o.baseline is not None:
+                self.baseline = plan.baseline = o.baseline
             if o.line is not None and self.precision is None:
                 self.precision = plan.precision = Precision.of(o.line)
                 self._why_precision = f"the precision of {o.folder}, the first line"

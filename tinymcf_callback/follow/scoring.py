@@ -50,7 +50,8 @@ class Outcome:
     process: int
     line: dict | None = None
     error: str | None = None
-    report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
+    report: dict | None = None  # the baseline's report (step 0 only), for its file beside the history
+    baseline: dict | None = None  # its baseline record (step 0 only): the change of every later line is from it
     rows: list[dict] | None = None  # the per-vignette rows, for the dashboards (when the run reports to some)
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
@@ -177,7 +178,8 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         line["replaces"] = task.replaces
     rows = vignette_rows(report, checkpoint.step, vignette_texts(probe.vignettes)) if settings.report_to else None
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
-                   report=report if checkpoint.baseline else None, rows=rows, notes=notes)
+                   report=report if checkpoint.baseline else None, baseline=baseline if checkpoint.baseline else None,
+                   rows=rows, notes=notes)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
