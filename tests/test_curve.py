@@ -163,3 +163,46 @@ def test_every_writer_of_a_run_writes_through_the_curve():
         source = inspect.getsource(module)
         assert "append_line(" not in source and "baseline_path(" not in source, module.__name__
     assert "Curve(" in inspect.getsource(logger) and "self.curve" in inspect.getsource(rounds)
+
+
+# ---- numbering and the once-check read only what was appended since ------------------------------------------
+def with_test(step: int, p: float = 0.01, **kw) -> dict:
+    """A line that carries a change test (its score_change_p)."""
+    return line(step, metrics={"eval_moral_scifi/score_change_p": p}, **kw)
+
+
+def test_numbering_counts_the_current_run_as_a_whole_read_does_reading_only_what_was_appended(tmp_path, monkeypatch):
+    from tinymcf_callback.results.metrics import count_tests
+
+    c = curve(tmp_path)
+    other = curve(tmp_path)  # another writer of the same history (the callback beside a watcher)
+    resumed = {"resumed": {"from_step": 2, "attempt_started": 1.0, "superseded": [3, 4]}}
+    lines = [line(0, event="train_begin"), with_test(1), with_test(2), line(3, event="deleted"), with_test(3),
+             with_test(4), line(2, event="resumed", info=resumed), with_test(3), line(0, event="train_begin"),
+             with_test(1), with_test(2)]
+    seen = []
+    for i, x in enumerate(lines):
+        (c if i % 3 else other).append(x)
+        seen.append(c.tests())
+        assert c.tests() == count_tests(c.read().lines), i  # the whole read's count, after every line
+    assert seen == [0, 1, 2, 2, 3, 4, 2, 3, 0, 1, 2]
+    from tinymcf_callback.rundir import curve as curve_module
+
+    for module, name in ((history_module, "read_lines"), (curve_module, "read_lines"),
+                         (history_module, "newest_per_step")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("read the whole history"))
+    numbered = c.number(with_test(3))
+    assert numbered["metrics"]["eval_moral_scifi/score_change_p_run"] == pytest.approx(0.01 * 3 * 4)  # test 3
+    assert c.append(numbered, once=True) and not c.append(with_test(3), once=True)  # the same weights: written once
+    assert c.tests() == 3
+
+
+def test_numbering_starts_again_when_the_history_is_set_aside(tmp_path):
+    c = curve(tmp_path)
+    for x in (line(0, event="train_begin"), with_test(1), with_test(2)):
+        c.append(x)
+    assert c.tests() == 2
+    c.path.rename(tmp_path / "elsewhere.jsonl")  # --restart: set aside, the curve starts again
+    assert c.tests() == 0
+    c.append(with_test(1))
+    assert c.tests() == 1

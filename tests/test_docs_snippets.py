@@ -33,7 +33,9 @@ NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md"
            "served.md": "an inference server to ask (tests/test_served.py makes the same calls of a test server, "
                         "tests/servers/ of real vLLM and llama.cpp servers)",
            "rl.md": "an inference server and RL trainers' runs (tests/test_rl.py, tests/test_layouts.py and "
-                    "tests/servers/ run the same; its GRPO example is callback.md's, which runs)"}
+                    "tests/servers/ run the same; its GRPO example is callback.md's, which runs)",
+           "development.md": "the shape of a layout record (tests/test_layouts.py registers one of the same shape, "
+                             "finds, reads and scores its saves)"}
 DRIVER = r"""
 import json, subprocess, sys
 blocks = json.loads(open(sys.argv[1]).read())

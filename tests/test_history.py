@@ -84,3 +84,48 @@ def test_a_line_has_exactly_the_fields_the_format_documents(qwen_tok):
     line = history_line("scifi", probe.report(made_up_scores(probe), elapsed=1.0), {}, step=0, epoch=None,
                         event=BASELINE_EVENT)
     assert list(line) == list(LINE_FIELDS)
+
+
+# ---- setting aside: never a file replaced ----------------------------------------------------------------------
+def test_two_set_asides_in_one_second_keep_both_and_replace_nothing(tmp_path, monkeypatch):
+    import time
+
+    from tinymcf_callback.results.history import set_aside
+
+    monkeypatch.setattr(time, "strftime", lambda *a: "20261205-071900")  # one second for every call
+    history, report = tmp_path / "moral_probe_scifi.jsonl", tmp_path / "moral_probe_scifi_baseline.json"
+    taken = tmp_path / "moral_probe_scifi.jsonl.set-aside-20261205-071900-3"
+    taken.write_text("someone else's")
+    names = []
+    for n in range(4):
+        history.write_text(f"history {n}\n")
+        report.write_text(f"report {n}") if n != 1 else None  # the second restart finds no report
+        names.append([p.name for p in set_aside(history, report)])
+        assert not history.exists() and not report.exists()
+    stamp = "set-aside-20261205-071900"
+    assert names == [[f"moral_probe_scifi.jsonl.{stamp}", f"moral_probe_scifi_baseline.json.{stamp}"],
+                     [f"moral_probe_scifi.jsonl.{stamp}-2"],
+                     [f"moral_probe_scifi.jsonl.{stamp}-4", f"moral_probe_scifi_baseline.json.{stamp}-4"],
+                     [f"moral_probe_scifi.jsonl.{stamp}-5", f"moral_probe_scifi_baseline.json.{stamp}-5"]]
+    kept = {p.name: p.read_text() for p in tmp_path.glob("*.set-aside-*")}
+    assert sorted(v for k, v in kept.items() if k.startswith("moral_probe_scifi.jsonl")) == [
+        "history 0\n", "history 1\n", "history 2\n", "history 3\n", "someone else's"]
+    assert sorted(v for k, v in kept.items() if "baseline" in k) == ["report 0", "report 2", "report 3"]
+    assert set_aside(history, report) == []  # nothing there: nothing moved
+
+
+def test_two_restarts_in_one_second_keep_both_histories(tmp_path, monkeypatch):
+    """``tinymcf sweep --restart`` twice in one second: the second set-aside replaced the first."""
+    import time
+
+    from tinymcf_callback.config import ProbeConfig
+    from tinymcf_callback.follow.settings import RunSettings
+    from tinymcf_callback.follow.sweep import restart_history
+
+    monkeypatch.setattr(time, "strftime", lambda *a: "20261205-071900")
+    settings = RunSettings(tmp_path, ProbeConfig(name="scifi", limit=2), restart=True)
+    for n in range(2):
+        settings.history.write_text(f"run {n}\n")
+        restart_history(settings)
+    kept = sorted(p.read_text() for p in tmp_path.glob("moral_probe_scifi.jsonl.set-aside-*"))
+    assert kept == ["run 0\n", "run 1\n"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from helpers import rl_folders
 from helpers.runs import history
 
 from tinymcf_callback.cli.main import main as tinymcf
+from tinymcf_callback.follow import sharded
 from tinymcf_callback.rundir import layouts
+from tinymcf_callback.rundir.checkpoints import FORMATS, Checkpoint, Format, fingerprint, weight_files
 from tinymcf_callback.rundir.layouts import find_saves, read_save
 
 PROBE = ["--limit", "2", "--n-resamples", "0", "--no-progress", "--device", "cpu"]
@@ -186,7 +189,7 @@ def test_each_layout_is_scored_as_eval_scores_the_same_weights(tmp_path, qwen_to
     for line in lines:
         same_as_eval(line, reference[line["step"]])
         assert line["fingerprint"] is not None
-    assert f"holds {layouts.LAYOUTS[find_saves(run).layout]}" in err
+    assert f"holds {layouts.LAYOUTS[find_saves(run).layout].described}" in err
     assert needs_base == read_save(find_saves(run).layout, 10, find_saves(run).saves[10], run).needs_base
     # the watcher reads the same folders the same way: nothing left to score, and it does not wait for a run to start
     watched = tinymcf(["watch", str(run), *PROBE, "--base-model", str(base), "--no-baseline", "--poll", "0.05",
@@ -208,3 +211,85 @@ def test_verl_without_its_tracker_counts_once_every_rank_is_there_and_steady(tmp
     (tmp_path / layouts.VERL_TRACKER).write_text("6")  # the tracker names it: complete, however fresh
     age(actor, time.time())
     assert read_save(layouts.VERL, 6, actor, tmp_path, settle=5.0).format == "verl-fsdp"
+
+
+# ---- a layout is one record: registered alone, the follower finds, reads, fingerprints and loads its saves --------
+TOY_NAME = re.compile(r"policy_v(\d+)")
+TOY_FORMAT = "toy-state-dict"
+
+
+def toy_save(run: Path, step: int, model, tok) -> Path:
+    """A made-up RL trainer's save: ``policy_v<N>/`` with the config, the tokenizer, the state dict in one
+    ``weights.pt``, and ``SAVED`` written last."""
+    folder = run / f"policy_v{step}"
+    folder.mkdir(parents=True)
+    model.config.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "weights.pt")
+    (folder / "SAVED").write_text("")
+    return folder
+
+
+def _read_toy(save: layouts.Save) -> Checkpoint | None:
+    if not (save.folder / "SAVED").is_file():
+        return None
+    return Checkpoint(save.step, save.folder, None, TOY_FORMAT)
+
+
+def _load_toy(checkpoint: Checkpoint, base_model, *, dtype: str, device: str):
+    model = sharded.empty_model(str(checkpoint.folder), dtype)
+    model.load_state_dict(torch.load(checkpoint.folder / "weights.pt", map_location="cpu"))
+    return model.eval().to(device)
+
+
+@pytest.fixture
+def toy_layout():
+    """The made-up trainer's layout: one record (and, as its saves hold a format of their own, that format's loader),
+    taken out of the tables again afterwards."""
+    before = dict(layouts.LAYOUTS), dict(FORMATS), dict(sharded.LOADERS)
+    form = Format(TOY_FORMAT, lambda folder: [folder / "weights.pt"] if (folder / "weights.pt").is_file() else [])
+    layout = layouts.register_layout(layouts.Layout("toyrl", "toyrl policy_v<N> folders",
+                                                    layouts.named_saves(TOY_NAME), _read_toy, formats=(form,)))
+    sharded.loads(TOY_FORMAT)(_load_toy)
+    yield layout
+    for table, kept in zip((layouts.LAYOUTS, FORMATS, sharded.LOADERS), before, strict=True):
+        table.clear()
+        table.update(kept)
+
+
+def test_a_registered_layout_is_found_read_and_fingerprinted_by_its_record_alone(tmp_path, small, toy_layout):
+    model, tok = small
+    assert list(layouts.LAYOUTS)[-2:] == ["toyrl", layouts.PLAIN]  # tried before the catch-all
+    folder = toy_save(tmp_path, 5, model, tok)
+    found = find_saves(tmp_path)
+    assert (found.layout, found.saves) == ("toyrl", {5: folder})
+    assert find_saves(tmp_path).described == "toyrl policy_v<N> folders"
+    checkpoint = read_save("toyrl", 5, folder, tmp_path)
+    assert checkpoint.format == TOY_FORMAT and weight_files(folder, TOY_FORMAT) == [folder / "weights.pt"]
+    assert fingerprint(folder, TOY_FORMAT) is not None
+    (folder / "SAVED").unlink()  # the trainer's last write not there yet: not complete
+    assert read_save("toyrl", 5, folder, tmp_path) is None
+    with pytest.raises(ValueError, match="registered already"):
+        layouts.register_layout(toy_layout)
+
+
+@pytest.mark.slow
+def test_a_registered_layout_is_scored_by_the_sweep_as_eval_scores_the_same_weights(tmp_path, qwen_tok, toy_layout,
+                                                                                     capsys):
+    from tinymcf_callback.testing import tiny_qwen3
+
+    models = {10: tiny_qwen3(seed=1), 20: tiny_qwen3(seed=2)}
+    run = tmp_path / "run"
+    for step, model in models.items():
+        toy_save(run, step, model, qwen_tok)
+    reference = evals(tmp_path, models, qwen_tok)
+    capsys.readouterr()
+    rc = tinymcf(["sweep", str(run), *PROBE, "--no-baseline"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "holds toyrl policy_v<N> folders" in err
+    lines = history(run)
+    assert [line["step"] for line in lines] == [10, 20]
+    for line in lines:
+        same_as_eval(line, reference[line["step"]])
+        assert line["fingerprint"] == fingerprint(run / f"policy_v{line['step']}", TOY_FORMAT)

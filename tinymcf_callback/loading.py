@@ -81,15 +81,13 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
-
-
 def load_tokenizer(path: str, gguf_file: str | None = None, *, alone: bool = False):
     """The tokenizer of ``path``; ``alone``: a folder holding just a tokenizer will do (a served model's). A folder
     without a tokenizer file (a model saved alone) is refused: transformers would build an empty tokenizer from its
     config."""
     from transformers import AutoTokenizer
+
+    from .rundir.checkpoints import TOKENIZER_FILES
 
     if not (alone and Path(path).is_dir()):
         check_model_source(path, gguf_file)

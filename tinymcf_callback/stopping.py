@@ -117,11 +117,10 @@ class Stopping:
         its vignettes pair with this probe's; else :class:`~tinymcf_callback.errors.ConfigError` naming why. Never
         scored as a new baseline in its place: the change asked for would not exist, and the run would say nothing."""
         from .errors import ConfigError
-        from .results.metrics import baseline_record, why_unpaired
+        from .results.metrics import as_baseline, pairing_difference
 
-        if "scenarios" in baseline:  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
-            baseline = baseline_record(baseline, int(baseline.get("step") or 0))
-        why = why_unpaired(baseline, self.probe)
+        baseline = as_baseline(baseline)  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
+        why = pairing_difference(baseline, self.probe)
         if why is not None:
             raise ConfigError(f"the baseline cannot be paired with this probe: {why}")
         return baseline

@@ -51,13 +51,12 @@ def check_out_dir(out: Path) -> None:
 def read_baseline(path: str, config) -> dict:
     """The baseline record of ``--baseline REPORT`` (before any weights load); refused without ``--until``."""
     from ..errors import ConfigError
-    from ..results.metrics import baseline_record
+    from ..results.metrics import as_baseline
     from ..results.report import load_report
 
     if config.until is None:
         raise ConfigError("--baseline goes with --until: a fixed probe's change is `tinymcf compare BASELINE REPORT`")
-    report = load_report(path)
-    return baseline_record(report, int(report.get("step") or 0))
+    return as_baseline(load_report(path))
 
 
 def local_tokenizer(args):

@@ -34,13 +34,11 @@ from ..errors import LoadError, SweepError
 from ..extras import require
 from ..loading import check_model_source
 from ..results.history import BASELINE_EVENT, DELETED_EVENT, SWEEP_EVENT, WATCH_EVENT, is_point
-from ..results.metrics import baseline_record
 from ..results.precision import Precision
 from ..rundir.checkpoints import (
-    ADAPTER,
     ADAPTER_CONFIG,
     DTYPES,
-    FSDP,
+    FORMATS,
     FULL,
     ZERO,
     Checkpoint,
@@ -53,7 +51,7 @@ from ..rundir.checkpoints import (
     weight_files,
 )
 from ..rundir.curve import HistoryView
-from ..rundir.layouts import DCP, LAYOUTS, TRAINER, Found, find_saves, read_save
+from ..rundir.layouts import LAYOUTS, TRAINER, Found, find_saves, read_save
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import UNKNOWN, Attempt, RunRecord
 from .guards import check_same_format, check_same_vignettes
@@ -188,7 +186,7 @@ class Planner:
         attempt = record.attempt if record else None
         found: dict[int, Checkpoint] = {}
         for step, folder in checkpoint_folders(queue_dir(s.run_dir)).items():
-            checkpoint = read_save(TRAINER, step, folder, s.run_dir)
+            checkpoint = read_save(TRAINER, step, folder, s.run_dir)  # the queue holds Trainer checkpoints
             if checkpoint is not None and _of_branch(step, folder, attempt):
                 found[step] = dataclasses.replace(checkpoint, shown_as=str(s.run_dir / folder.name))
         saves = self.saves = find_saves(s.run_dir)
@@ -207,7 +205,7 @@ class Planner:
         if waiting and not self.following:
             plan.notes.append(f"not complete yet, so not scored now (a later sweep scores them): {', '.join(waiting)}")
         if not self.following and not found and not saves.saves and not queue_dir(s.run_dir).is_dir():
-            known = "; ".join(LAYOUTS.values())
+            known = "; ".join(layout.described for layout in LAYOUTS.values())
             raise SweepError(f"{s.run_dir} holds no saved model of a layout tinymcf reads ({known}): pass the folder "
                              f"a training run saved its checkpoints in")
         return found
@@ -305,8 +303,8 @@ class Planner:
         (every later line's change is measured from them) and, when the run named no precision, the first line's
         (every later line is held to it). The planner decides; the scoring only reports."""
         for o in outcomes:
-            if o.report is not None:
-                self.baseline = plan.baseline = baseline_record(o.report, 0)
+            if o.baseline is not None:
+                self.baseline = plan.baseline = o.baseline
             if o.line is not None and self.precision is None:
                 self.precision = plan.precision = Precision.of(o.line)
                 self._why_precision = f"the precision of {o.folder}, the first line"
@@ -362,11 +360,10 @@ class Planner:
         """Every pending checkpoint has what loading it needs: a base model, a tokenizer, peft or deepspeed."""
         for task in plan.pending:
             c = task.checkpoint
-            if (c.format in (ADAPTER, FSDP) or c.needs_base) and not plan.base_model:
+            form = FORMATS[c.format]
+            if (form.needs_base or c.needs_base) and not plan.base_model:
                 named = adapter_base_name(c.folder) if c.adapter else None
-                what = (f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)" if c.adapter else
-                        "an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)" if c.format == FSDP else
-                        "a torch distributed checkpoint" if c.format == DCP else "weights without a config.json")
+                what = form.what
                 hint = f"; its {ADAPTER_CONFIG} names {named!r}, which is not here" if named else ""
                 raise SweepError(f"{c.folder.name} is {what}{hint}: pass --base-model PATH, the model the run "
                                  f"started from")
@@ -379,10 +376,10 @@ class Planner:
             if task.tokenizer is None:
                 raise SweepError(f"{c.folder.name} has no tokenizer files (the Trainer saves them when given "
                                  f"processing_class=tok): pass --tokenizer PATH")
-        if any(t.checkpoint.adapter for t in plan.pending):
-            require("peft")
-        if any(t.checkpoint.format == ZERO for t in plan.pending):
-            require("deepspeed")
+        pending = {t.checkpoint.format for t in plan.pending}
+        for form in FORMATS.values():  # the extras the pending formats' loaders need, in the table's order
+            if form.name in pending and form.requires:
+                require(form.requires)
 
     def tokenizer_source(self, checkpoint: Checkpoint, plan: Plan) -> str | None:
         """``--tokenizer``, else the checkpoint's own files (where its layout keeps them), else the run's starting

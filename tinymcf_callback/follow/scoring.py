@@ -27,20 +27,18 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CheckpointIncomplete, CheckpointUnusable
-from ..loading import load_model, release_memory
+from ..loading import release_memory
 from ..probe import Probe
 from ..results.history import probe_line
-from ..results.metrics import baseline_record, order_digest
+from ..results.metrics import baseline_record, order_digest, why_unpaired
 from ..results.precision import Precision
 from ..results.rows import vignette_rows, vignette_texts
-from ..rundir.checkpoints import ADAPTER, FSDP, ZERO, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
-from ..rundir.curve import usable_baseline
-from ..rundir.layouts import DCP, VERL_SHARDS
+from ..rundir.checkpoints import Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
 from ..served.reload import Reloader
 from ..served.verify import Loaded
 from .planner import Plan, Task
 from .settings import RunSettings
-from .sharded import load_dcp, load_fsdp, load_verl, load_without_config, load_zero
+from .sharded import load_save
 
 
 @dataclass
@@ -52,7 +50,8 @@ class Outcome:
     process: int
     line: dict | None = None
     error: str | None = None
-    report: dict | None = None  # the baseline's report (step 0 only), for its file and the change of the others
+    report: dict | None = None  # the baseline's report (step 0 only), for its file beside the history
+    baseline: dict | None = None  # its baseline record (step 0 only): the change of every later line is from it
     rows: list[dict] | None = None  # the per-vignette rows, for the dashboards (when the run reports to some)
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
@@ -115,25 +114,10 @@ class ProbeCache:
 
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
-    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``): full weights, the base model with its
-    adapter, or a sharded or config-less checkpoint read through the library that wrote it (its config from where the
-    layout keeps it, or the run's starting model)."""
-    dtype = dtype or plan.dtype or "auto"
-    c = checkpoint
-    if c.format == ADAPTER:
-        return load_model(plan.base_model, device=device, dtype=dtype, adapter=c.folder)
-    if c.format == FSDP:
-        return load_fsdp(c.folder, plan.base_model, dtype=dtype, device=device)
-    if c.format == ZERO:
-        config = str(c.folder) if (c.folder / "config.json").exists() else plan.base_model
-        return load_zero(c.folder, config, dtype=dtype, device=device)
-    if c.format == VERL_SHARDS:
-        return load_verl(c.folder, str(c.config), dtype=dtype, device=device)
-    if c.format == DCP:
-        return load_dcp(c.folder, plan.base_model, dtype=dtype, device=device)
-    if c.needs_base:
-        return load_without_config(c.folder, plan.base_model, dtype=dtype, device=device)
-    return load_model(str(c.folder), device=device, dtype=dtype)  # a Hub id as the base model too
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (the table of
+    :mod:`~tinymcf_callback.rundir.layouts`; its config from where the layout keeps it, or the run's starting
+    model)."""
+    return load_save(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto", device=device)
 
 
 @contextlib.contextmanager
@@ -183,7 +167,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     baseline = baseline_record(report, 0) if checkpoint.baseline else plan.baseline
     notes = []
     if baseline is not None and not checkpoint.baseline:
-        why = usable_baseline(baseline, order_digest(report))
+        why = why_unpaired(baseline, order_digest(report))
         if why is not None:
             notes.append(f"the step-0 baseline of {plan.history.name} is not used for {checkpoint.name}: {why}")
     event = plan.baseline_event if checkpoint.baseline else plan.event
@@ -194,7 +178,8 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         line["replaces"] = task.replaces
     rows = vignette_rows(report, checkpoint.step, vignette_texts(probe.vignettes)) if settings.report_to else None
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
-                   report=report if checkpoint.baseline else None, rows=rows, notes=notes)
+                   report=report if checkpoint.baseline else None, baseline=baseline if checkpoint.baseline else None,
+                   rows=rows, notes=notes)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,

@@ -20,6 +20,10 @@ training's ranks, or written without a config.
 
 Either way the model is built in the run's dtype, every weight is checked to have come from the checkpoint
 (ties to another weight excepted), and the model is returned in eval mode on the device.
+
+Each loader here is registered under the name of the weight format it reads (``@loads(name)``, :data:`LOADERS`,
+one per :class:`~tinymcf_callback.rundir.checkpoints.Format` of the layouts' table): ``loader(checkpoint,
+base_model, *, dtype, device)``, so the follower loads every save one way (:func:`load_save`).
 """
 
 from __future__ import annotations
@@ -27,11 +31,50 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 
 from ..errors import LoadError
 from ..extras import require
-from ..loading import torch_dtype
+from ..loading import load_model, torch_dtype
+from ..rundir.checkpoints import ADAPTER, FSDP, FULL, ZERO, Checkpoint
+from ..rundir.layouts import DCP, VERL_SHARDS, verl_shards
+
+LOADERS: dict[str, Callable] = {}  # a weight format's name -> its loader
+
+
+def loads(form: str) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the loader of the weight format ``form`` (a name of ``FORMATS``)."""
+    def register(loader: Callable) -> Callable:
+        if form in LOADERS:
+            raise ValueError(f"the weight format {form!r} has a loader already ({LOADERS[form].__name__})")
+        LOADERS[form] = loader
+        return loader
+    return register
+
+
+def load_save(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+    """The model of ``checkpoint`` on ``device`` in ``dtype``, by its format's loader (its config from where its
+    layout keeps it, or ``base_model``, the run's starting model)."""
+    if checkpoint.format not in LOADERS:
+        known = ", ".join(LOADERS)
+        raise LoadError(f"{checkpoint.folder} holds weights in the format {checkpoint.format!r}, which no loader reads "
+                        f"(formats with one: {known}); register one with @loads({checkpoint.format!r})")
+    return LOADERS[checkpoint.format](checkpoint, base_model, dtype=dtype, device=device)
+
+
+@loads(FULL)
+def load_full(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+    """A ``save_pretrained`` folder (or a Hub id, the starting model); weights without a config into the starting
+    model's."""
+    if checkpoint.needs_base:
+        return load_without_config(checkpoint, base_model, dtype=dtype, device=device)
+    return load_model(str(checkpoint.folder), device=device, dtype=dtype)
+
+
+@loads(ADAPTER)
+def load_adapter(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+    """The starting model with the checkpoint's PEFT adapter applied."""
+    return load_model(base_model, device=device, dtype=dtype, adapter=checkpoint.folder)
 
 
 def empty_model(config_source: str, dtype: str):
@@ -59,11 +102,13 @@ def _no_init():
         yield
 
 
-def load_fsdp(folder: Path, config_source: str, *, dtype: str, device: str):
+@loads(FSDP)
+def load_fsdp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of an FSDP ``SHARDED_STATE_DICT`` checkpoint (``pytorch_model_fsdp_0/``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+    folder = checkpoint.folder
     shards = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("pytorch_model_fsdp_"))[0]
     model = empty_model(config_source, dtype)
     state = model.state_dict()
@@ -79,12 +124,13 @@ def load_fsdp(folder: Path, config_source: str, *, dtype: str, device: str):
     return model.eval().to(device)
 
 
-def load_verl(actor: Path, config_source: str, *, dtype: str, device: str):
-    """The model of a verl FSDP actor folder: its rank shards merged (see the module) into ``config_source``'s model."""
+@loads(VERL_SHARDS)
+def load_verl(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+    """The model of a verl FSDP actor folder: its rank shards merged (see the module) into the model of its
+    ``huggingface/`` config (``checkpoint.config``)."""
     import torch
 
-    from ..rundir.layouts import verl_shards
-
+    actor, config_source = checkpoint.folder, str(checkpoint.config)
     shards = verl_shards(actor)
     with warnings.catch_warnings():  # "unpickling of DeviceMesh before the process groups were created": no group
         warnings.simplefilter("ignore")
@@ -113,11 +159,13 @@ def merge_shards(values: list):
     raise LoadError(f"a verl shard's placement {placement} cannot be merged (only Shard and Replicate can)")
 
 
-def load_dcp(folder: Path, config_source: str, *, dtype: str, device: str):
+@loads(DCP)
+def load_dcp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of a torch distributed checkpoint of a whole model (NeMo-RL, torchtitan; see the module)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+    folder = checkpoint.folder
     model = empty_model(config_source, dtype)
     own = model.state_dict()
     stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
@@ -138,10 +186,11 @@ def load_dcp(folder: Path, config_source: str, *, dtype: str, device: str):
     return model.eval().to(device)
 
 
-def load_without_config(folder: Path, config_source: str, *, dtype: str, device: str):
+def load_without_config(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """Whole-model safetensors without a config (torchtitan's HF export), read into ``config_source``'s model."""
     from safetensors.torch import load_file
 
+    folder = checkpoint.folder
     state = {}
     for path in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(path)))
@@ -226,8 +275,12 @@ def _tied(model, name: str) -> bool:
     return first != name
 
 
-def load_zero(folder: Path, config_source: str, *, dtype: str, device: str):
-    """The model of a DeepSpeed ZeRO checkpoint, its float32 weights gathered by DeepSpeed's ``zero_to_fp32``."""
+@loads(ZERO)
+def load_zero(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+    """The model of a DeepSpeed ZeRO checkpoint, its float32 weights gathered by DeepSpeed's ``zero_to_fp32`` (its
+    config the checkpoint's own, else the starting model's)."""
+    folder = checkpoint.folder
+    config_source = str(folder) if (folder / "config.json").exists() else base_model
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading a checkpoint needs no accelerator
     zero = require("deepspeed.utils.zero_to_fp32")
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import HistoryError, SweepError
 from ..figures.tracked import probe_figure
-from ..results.history import baseline_path, sole_writer
+from ..results.history import baseline_path, set_aside, sole_writer
 from ..trackers.open import open_trackers
 from ..trackers.sinks import Trackers
 from .planner import Planner
@@ -116,7 +116,7 @@ def take_history(settings: RunSettings, held: contextlib.ExitStack, command: str
                           f"(TrainingArguments.output_dir)")
     try:
         held.enter_context(sole_writer(settings.history, f"tinymcf {command} {settings.run_dir}"))
-        set_aside(settings)
+        restart_history(settings)
         settings.probe.vignettes()  # an unknown or unprepared set fails before the first look
     except HistoryError as e:
         return SweepError(str(e))
@@ -125,17 +125,14 @@ def take_history(settings: RunSettings, held: contextlib.ExitStack, command: str
     return None
 
 
-def set_aside(settings: RunSettings) -> list:
-    """With ``restart``: the history and its baseline report renamed ``<file>.set-aside-<time>`` (never deleted),
+def restart_history(settings: RunSettings) -> list:
+    """With ``restart``: the history and its baseline report set aside (:func:`~tinymcf_callback.results.history.
+    set_aside`: renamed ``<file>.set-aside-<time>``, never deleted nor replacing an earlier set-aside),
     so that the run's curve starts again (a baseline scored in the wrong precision, say); what was renamed."""
     if not settings.restart:
         return []
-    stamp, moved = time.strftime("%Y%m%d-%H%M%S"), []
-    for path in (settings.history, Path(baseline_path(str(settings.run_dir), settings.name,
-                                                      settings.probe.answer_format))):
-        if path.exists():
-            target = path.with_name(f"{path.name}.set-aside-{stamp}")
-            path.rename(target)
-            moved.append(target)
-            logger.info("--restart: %s set aside as %s", path.name, target.name)
+    paths = (settings.history, Path(baseline_path(str(settings.run_dir), settings.name, settings.probe.answer_format)))
+    moved = set_aside(*paths)
+    for target in moved:
+        logger.info("--restart: %s set aside as %s", target.name.split(".set-aside-")[0], target.name)
     return moved

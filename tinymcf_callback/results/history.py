@@ -10,6 +10,10 @@ them go through here:
 - appending (:func:`append_line`): one line at a time, under a file lock, so two writers (the
   callback and a sweep of the same folder) never tear it, and a crash leaves at most a torn last
   line, which reading skips (:func:`read_lines`);
+- the current run kept up to date as lines are appended (:class:`CurrentRun`): only what was appended since the
+  last look is read, so an append costs the same at line 10,000 as at line 10;
+- setting a history and its baseline report aside (:func:`set_aside`): renamed ``<file>.set-aside-<time>``, a
+  number added when that name is taken, never replacing a file (two ``--restart`` in one second keep both);
 - which lines belong to the current run (:func:`current_run`): a baseline line (event
   ``train_begin``) after other lines starts a new run written into the same folder; a resume line
   (event ``resumed``, at the step the training resumed from) sets aside the lines of later steps
@@ -25,8 +29,10 @@ scored (the live model between two saves).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -34,7 +40,7 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import BASELINE_EVENT, change_metrics, probe_key, report_metrics
+from .metrics import BASELINE_EVENT, change_metrics, count_tests, probe_key, report_metrics
 from .precision import Precision
 from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
@@ -165,7 +171,7 @@ def is_point(line: dict) -> bool:
     return line.get("event") not in (*GAP_EVENTS, RESUMED_EVENT)
 
 
-def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> bool:
+def append_line(path: str | os.PathLike, line: dict, *, once: bool = False, run: CurrentRun | None = None) -> bool:
     """Append one line to the history at ``path``, under a file lock, so that two writers cannot tear it.
 
     The lock is ``.<file name>.lock`` beside the history (held for one write); the line itself is one
@@ -174,15 +180,127 @@ def append_line(path: str | os.PathLike, line: dict, *, once: bool = False) -> b
     write short. ``once``: under the same lock, append nothing when the current run's newest line of
     the line's step already records the same thing (a score of the same weights, or a gap: :func:`same_record`)
     and return False: a step scored twice by two writers is written once, a checkpoint saved again with other
-    weights is written again.
+    weights is written again. ``run``: the history's :class:`CurrentRun`, which reads only the lines appended
+    since its last look (else the whole history is read for ``once``).
     Raises ``OSError`` naming the file when it cannot be written whole.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=LOCK_TIMEOUT_S):
-        if once and path.exists() and same_record(newest_per_step(path).get(line["step"]), line):
-            return False
+        if once and path.exists():
+            newest = run.catch_up().newest if run is not None else newest_per_step(path)
+            if same_record(newest.get(line["step"]), line):
+                return False
         append_jsonl(path, line)
+    return True
+
+
+class CurrentRun:
+    """The current run of the history at ``path`` (:func:`current_run`'s lines, its resume marks, the newest line of
+    each step, its change tests), kept up to date by reading only the bytes appended since the last look.
+
+    A history that shrank or was replaced (set aside, or a torn last line dropped) is read again from its start. The
+    lines are checked as :func:`read_lines` checks them; a torn last line is left for the next look.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.lines: list[tuple[int, dict]] = []  # the current run on its current branch, resume lines left out
+        self.marks: list[dict] = []  # every resume line's info.resumed, in file order
+        self.newest: dict[int, dict] = {}  # the newest line of each step of the current run
+        self.tests = 0  # the current run's lines that carry a change test (metrics.count_tests)
+        self._offset, self._lineno, self._file = 0, 0, None
+
+    def catch_up(self) -> CurrentRun:
+        """Read what was appended since the last look; :class:`HistoryError` for a line that is not a history line."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._reset()
+            return self
+        except OSError as e:
+            raise HistoryError(f"cannot read the history {self.path}: {e.strerror}") from None
+        if (stat.st_dev, stat.st_ino) != self._file or stat.st_size < self._offset:
+            self._reset()
+            self._file = (stat.st_dev, stat.st_ino)
+        if stat.st_size == self._offset:
+            return self
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                new = f.read(stat.st_size - self._offset)
+        except OSError as e:
+            raise HistoryError(f"cannot read the history {self.path}: {e.strerror}") from None
+        whole = new[:new.rfind(b"\n") + 1]  # a torn last line waits (the next append drops it)
+        self._offset += len(whole)
+        for data in whole.split(b"\n")[:-1]:
+            self._lineno += 1
+            if data.strip():
+                self._add(self._lineno, self._parse(data))
+        return self
+
+    def _parse(self, data: bytes) -> dict:
+        try:
+            line = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise HistoryError(f"malformed history line: {self.path}:{self._lineno}: not a JSON line ({e})") from None
+        if not isinstance(line, dict):
+            raise HistoryError(f"malformed history line: {self.path}:{self._lineno}: not a JSON object")
+        check_line(self.path, self._lineno, line)
+        return line
+
+    def _add(self, lineno: int, line: dict) -> None:
+        """:func:`current_run`'s rules, one line at a time."""
+        event = line.get("event")
+        if event == RESUMED_EVENT:
+            if isinstance(line["info"].get("resumed"), dict):
+                self.marks.append(line["info"]["resumed"])
+            if any(kept["step"] > line["step"] for _, kept in self.lines):  # the abandoned branch: set aside
+                self.lines = [(n, kept) for n, kept in self.lines if kept["step"] <= line["step"]]
+                self.newest = {kept["step"]: kept for _, kept in self.lines}
+                self.tests = count_tests([kept for _, kept in self.lines])
+            return
+        if event == BASELINE_EVENT:  # a new run starts here
+            self.lines, self.newest, self.tests = [], {}, 0
+        self.lines.append((lineno, line))
+        self.newest[line["step"]] = line
+        self.tests += count_tests([line])
+
+
+def set_aside(*paths: Path) -> list[Path]:
+    """Rename each of ``paths`` that exists ``<file>.set-aside-<time>`` (``-<n>`` added when a name is taken; all of
+    one call share the suffix when they can), never replacing a file: a name taken meanwhile by another process
+    moves on to the next number. Returns the new names."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moving = [Path(p) for p in paths if Path(p).exists()]
+    moved, n = [], 1
+    while moving:
+        suffix = f".set-aside-{stamp}" + (f"-{n}" if n > 1 else "")
+        targets = [p.with_name(p.name + suffix) for p in moving]
+        if not any(t.exists() for t in targets):
+            for path, target in zip(list(moving), targets, strict=True):
+                if _move_unless_taken(path, target):
+                    moved.append(target)
+                    moving.remove(path)
+        n += 1
+    return moved
+
+
+def _move_unless_taken(path: Path, target: Path) -> bool:
+    """Rename ``path`` to ``target`` unless ``target`` exists (a hard link: the check and the move are one step)."""
+    try:
+        os.link(path, target)
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: the check, then the move
+        if target.exists():
+            return False
+        os.rename(path, target)
+        return True
+    os.unlink(path)
     return True
 
 

@@ -123,10 +123,39 @@ def baseline_record(report: dict, step: int) -> dict:
             "s": [[None if not math.isfinite(x) else float(x) for x in row] for row in scores.s.tolist()]}
 
 
-def why_unpaired(record: dict, probe) -> str | None:
-    """Why a :func:`baseline_record` (or a report) cannot be paired with ``probe``'s vignettes, in words that name the
-    difference; None when it can (both asked from the same candidate prompts, :func:`order_digest`)."""
-    if order_digest(record) == probe.prompt_digest:
+def as_baseline(obj: dict) -> dict:
+    """The baseline record of ``obj``: a report as loaded (at its own ``step``, 0 when it records none), or a
+    :func:`baseline_record` as it is. Every place that takes "a baseline" (a file, a report, a saved record)
+    turns it into the record here."""
+    if "order" in obj and "s" in obj:  # a baseline record already
+        return obj
+    return baseline_record(obj, int(obj.get("step") or 0))
+
+
+def pairs(baseline: dict, digest: str | None) -> bool:
+    """The pairing rule: a baseline measures a probe's change when both asked from the same candidates (their
+    :func:`order_digest`; ``digest`` is the probe's). The one place it is decided; :func:`why_unpaired` says why
+    not, :func:`change_metrics` pairs over the vignettes both asked."""
+    return order_digest(baseline) == digest
+
+
+def why_unpaired(record, digest: str | None) -> str | None:
+    """Why a baseline record cannot measure the change of a probe whose :func:`order_digest` is ``digest`` (None:
+    it can): other prompts (:func:`pairs`), or a record that cannot be read."""
+    if not isinstance(record, dict) or not pairs(record, digest):
+        return ("its prompts differ from this probe's (another subset, tokenizer, answer prefix or answer format): "
+                "no change since the baseline is logged")
+    try:
+        baseline_scores(record)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"it cannot be read ({e}): no change since the baseline is logged"
+    return None
+
+
+def pairing_difference(record: dict, probe) -> str | None:
+    """What differs between a baseline record and ``probe`` when they do not :func:`pairs`, in words that name it
+    (the set, the answer format, where the wording parts, or the candidates); None when they pair."""
+    if pairs(record, probe.prompt_digest):
         return None
     for field, what in (("name", "the vignette set"), ("answer_format", "the answer format")):
         theirs, ours = record.get(field), getattr(probe, field)
@@ -174,7 +203,7 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
     and p-value. Empty without a baseline, or with one that asked other prompts (another tokenizer, subset or
     answer format: no paired change exists); finite values only.
     """
-    if baseline is None or order_digest(baseline) != order_digest(report):
+    if baseline is None or not pairs(baseline, order_digest(report)):
         return {}
     names = metric_names(name, _format(report))
     a, b = _common(baseline_scores(baseline), vignette_scores(report["scenarios"]))

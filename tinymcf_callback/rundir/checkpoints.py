@@ -8,6 +8,12 @@ adapter (``adapter_config.json`` and adapter weights, scored on top of the base 
 ``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``, a torch distributed checkpoint) or DeepSpeed ZeRO
 (``global_step<N>/``, whose float32 weights live in the optimizer states).
 
+**Formats.** Each way of holding a model is one :class:`Format` record in :data:`FORMATS`: its weight files (what
+the fingerprint and the steadiness rule read) and what loading it needs (the starting model's config, an extra).
+An RL trainer's layout brings its own formats with its record (:mod:`~tinymcf_callback.rundir.layouts`). Its
+loader, which needs torch and the model code above this folder, is the one
+:mod:`~tinymcf_callback.follow.sharded` registers under its name (``@loads(name)``).
+
 **Fingerprint.** Every history line records what it scored (:func:`fingerprint`): a digest of the weight
 files' names and sizes, their safetensors headers, and a few bytes sampled from every tensor (from the start,
 the middle and the end of each); of other formats, evenly spaced samples of each file. It reads kilobytes,
@@ -21,13 +27,13 @@ import hashlib
 import json
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import SweepError
-from ..loading import TOKENIZER_FILES
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -37,15 +43,46 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 FSDP_FOLDER = re.compile(r"pytorch_model_fsdp_\d+")
 ZERO_FOLDER = re.compile(r"global_step\d+")
 FULL, ADAPTER, FSDP, ZERO = "full", "adapter", "fsdp", "zero"
-FORMATS = (FULL, ADAPTER, FSDP, ZERO)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLE = 64  # bytes read per sample
 
 
 @dataclass(frozen=True)
+class Format:
+    """One way a save holds its model: a record of :data:`FORMATS` (see the module).
+
+    Args:
+        name: what a :class:`Checkpoint`'s ``format`` says.
+        files: the files of a save's folder that hold its weights (the fingerprint reads them).
+        what: what such a save is, in the error asking for ``--base-model`` when it ``needs_base``.
+        needs_base: its architecture comes from the run's starting model (``--base-model``).
+        requires: the optional package loading it needs (its extra), checked before anything is scored.
+    """
+
+    name: str
+    files: Callable[[Path], list[Path]]
+    what: str = ""
+    needs_base: bool = False
+    requires: str | None = None
+
+
+FORMATS: dict[str, Format] = {}  # name -> record, in the order they were registered
+
+
+def register_format(record: Format) -> Format:
+    """Add a format to :data:`FORMATS` (a name already there is refused: two records would decide one thing)."""
+    if FORMATS.get(record.name, record) != record:
+        raise ValueError(f"a weight format named {record.name!r} is registered already")
+    FORMATS[record.name] = record
+    return record
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One saved model of a run (or the run's starting weights as step 0, ``baseline``): its folder, in the layout's
-    format (:data:`FORMATS`, or :mod:`~tinymcf_callback.rundir.layouts`' ``verl-fsdp`` and ``dcp``)."""
+    format (a name of :data:`FORMATS`)."""
 
     step: int
     folder: Path
@@ -90,25 +127,29 @@ def zero_folder(folder: Path) -> Path | None:
 
 
 def weight_files(folder: Path, form: str | None = None) -> list[Path]:
-    """The files that hold the model's weights (sorted), in the folder's format."""
+    """The files that hold the model's weights (sorted), in the folder's format (its :class:`Format`'s ``files``)."""
     form = form or checkpoint_format(folder)
-    if form == FULL:
-        files = [p for p in folder.iterdir() if p.is_file() and (p.name in FULL_WEIGHTS or (
-            p.name.startswith(("model-", "pytorch_model-")) and p.suffix in (".safetensors", ".bin")))]
-        return sorted(p for p in files if not p.name.endswith(".index.json"))
-    if form == ADAPTER:
-        return sorted(folder / f for f in ADAPTER_WEIGHTS if (folder / f).is_file())
-    if form == FSDP:
-        return sorted(p for sub in _subfolders(folder) if FSDP_FOLDER.fullmatch(sub.name) for p in sub.rglob("*")
-                      if p.is_file())
-    if form == ZERO:
-        sub = zero_folder(folder)
-        return sorted(p for p in sub.iterdir() if p.is_file() and "states" in p.name) if sub else []
-    if form == "verl-fsdp":  # verl's rank shards of the model
-        return sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model_world_size_"))
-    if form == "dcp":  # a torch distributed checkpoint
-        return sorted(p for p in folder.iterdir() if p.is_file() and (p.suffix == ".distcp" or p.name == ".metadata"))
-    return []
+    known = FORMATS.get(form or "")
+    return sorted(known.files(folder)) if known is not None else []
+
+
+def _full_files(folder: Path) -> list[Path]:
+    files = [p for p in folder.iterdir() if p.is_file() and (p.name in FULL_WEIGHTS or (
+        p.name.startswith(("model-", "pytorch_model-")) and p.suffix in (".safetensors", ".bin")))]
+    return [p for p in files if not p.name.endswith(".index.json")]
+
+
+def _adapter_files(folder: Path) -> list[Path]:
+    return [folder / f for f in ADAPTER_WEIGHTS if (folder / f).is_file()]
+
+
+def _fsdp_files(folder: Path) -> list[Path]:
+    return [p for sub in _subfolders(folder) if FSDP_FOLDER.fullmatch(sub.name) for p in sub.rglob("*") if p.is_file()]
+
+
+def _zero_files(folder: Path) -> list[Path]:
+    sub = zero_folder(folder)
+    return [p for p in sub.iterdir() if p.is_file() and "states" in p.name] if sub else []
 
 
 def _subfolders(folder: Path) -> list[Path]:
@@ -116,6 +157,17 @@ def _subfolders(folder: Path) -> list[Path]:
         return sorted(p for p in folder.iterdir() if p.is_dir())
     except OSError:
         return []
+
+
+for _record in (
+    Format(FULL, _full_files, what="weights without a config.json"),
+    Format(ADAPTER, _adapter_files, what=f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)", needs_base=True,
+           requires="peft"),
+    Format(FSDP, _fsdp_files, what="an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)",
+           needs_base=True),
+    Format(ZERO, _zero_files, requires="deepspeed"),
+):
+    register_format(_record)
 
 
 # ---- what the weights are -------------------------------------------------------------------------------------

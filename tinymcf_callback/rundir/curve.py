@@ -13,12 +13,16 @@ once:
   cannot be read, the reason why no change is logged (said, never silently dropped);
 - **the baseline report** (:meth:`Curve.append` with ``baseline=``): written with every baseline line, before
   it (a line without its report misleads), so that the report beside the history is always the current run's
-  step 0; a report already there from an earlier run or scoring is set aside (renamed
-  ``<file>.set-aside-<time>``), never overwritten or deleted;
+  step 0; a report already there from an earlier run or scoring is set aside
+  (:func:`~tinymcf_callback.results.history.set_aside`), never overwritten or deleted;
 - **the resume marks** (:meth:`HistoryView.resume_line`): when a training resumed from step K and the history
   holds later steps of the branch it abandoned, one resume line per attempt sets them aside;
+- **numbering** (:meth:`Curve.number`): a line's run-level change p, its test the next of the current run's
+  (:func:`~tinymcf_callback.results.metrics.with_run_level`), counted by the history's
+  :class:`~tinymcf_callback.results.history.CurrentRun`, which reads only what was appended since its last look;
 - **appending** (:meth:`Curve.append`): one line at a time under the history's lock
-  (:func:`~tinymcf_callback.results.history.append_line`), what an earlier write could not write first, in order.
+  (:func:`~tinymcf_callback.results.history.append_line`), what an earlier write could not write first, in order;
+  neither it nor numbering re-reads the history, so a line costs the same at line 10,000 as at line 10.
   A line that cannot be written is kept and written first at the next append (the retry); the caller hears of it
   (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
 """
@@ -27,12 +31,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HistoryError
 from ..results.history import (
+    CurrentRun,
     append_line,
     baseline_path,
     current_run,
@@ -42,8 +46,9 @@ from ..results.history import (
     read_lines,
     resume_line,
     resume_marks,
+    set_aside,
 )
-from ..results.metrics import baseline_record, baseline_scores, count_tests, order_digest, with_run_level
+from ..results.metrics import as_baseline, why_unpaired, with_run_level
 from ..results.precision import Precision
 from ..results.report import load_report, write_report
 
@@ -99,6 +104,7 @@ class Curve:
         self.path = Path(history_path(str(run_dir), name, answer_format))
         self.baseline_path = Path(baseline_path(str(run_dir), name, answer_format))
         self.pending: list[tuple[dict, tuple | None]] = []  # (line, its baseline report) kept back by a failed write
+        self.run = CurrentRun(self.path)  # the current run, read as far as the last look
 
     # ---- reading -------------------------------------------------------------------------------------------
     def read(self) -> HistoryView:
@@ -115,27 +121,36 @@ class Curve:
 
     def baseline_record(self) -> tuple[dict | None, str | None]:
         """``(record, None)``: the per-vignette scores of the baseline report beside the history (its prompts not yet
-        checked: :func:`usable_baseline`); else ``(None, why)``, why no change since step 0 can be logged."""
+        checked: :func:`~tinymcf_callback.results.metrics.why_unpaired`); else ``(None, why)``, why no change since
+        step 0 can be logged."""
         path = self.baseline_path
         if not path.exists():
             return None, f"{path.name} is not beside the history: no change since the baseline is logged"
         try:
-            report = load_report(path)
-            return baseline_record(report, int(report.get("step") or 0)), None
+            return as_baseline(load_report(path)), None
         except Exception as e:  # noqa: BLE001 - an unreadable baseline costs the change, not the run
             return None, f"{path} cannot be read ({type(e).__name__}: {e}): no change since the baseline is logged"
 
     def number(self, line: dict) -> dict:
         """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
-        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now."""
-        with_run_level(line, self.name, self.answer_format, count_tests(self.read().lines))
+        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now (only
+        the lines appended since the last count are read)."""
+        with_run_level(line, self.name, self.answer_format, self.tests())
         return line
+
+    def tests(self) -> int:
+        """How many change tests the history's current run holds now (:func:`~tinymcf_callback.results.metrics.
+        count_tests`); :class:`HistoryError` for a malformed line."""
+        try:
+            return self.run.catch_up().tests
+        except HistoryError as e:
+            raise HistoryError(f"{e}: the history is only ever appended to; repair or move that line") from None
 
     def saved_baseline(self, prompt_digest: str) -> tuple[dict | None, str | None]:
         """:meth:`baseline_record`, used only when it asked these prompts (``prompt_digest``); else ``(None, why)``."""
         record, why = self.baseline_record()
         if record is not None:
-            why = usable_baseline(record, prompt_digest)
+            why = why_unpaired(record, prompt_digest)
         return (record, None) if why is None else (None, why if record is None else f"{self.baseline_path}: {why}")
 
     # ---- writing -------------------------------------------------------------------------------------------
@@ -166,7 +181,7 @@ class Curve:
                     self._keep_baseline_report(*report)
                     self.pending[0] = (line, None)
                     target = self.path
-                written = append_line(self.path, line, once=line is once_for)
+                written = append_line(self.path, line, once=line is once_for, run=self.run)
             except OSError as e:
                 steps = [pending["step"] for pending, _ in self.pending]
                 raise Unwritten(target, e.strerror or str(e), steps) from None
@@ -191,31 +206,7 @@ class Curve:
         """The report of the line that starts the current run, beside the history; one already there is set aside
         (renamed, kept). ``OSError`` when it cannot be written (the file is then as it was)."""
         path = self.baseline_path
-        if path.exists():
-            target = set_aside_name(path)
-            path.rename(target)
+        for target in set_aside(path):
             logger.info("moral probe [%s]: %s, the baseline report of an earlier scoring, is set aside as %s",
                         self.name, path.name, target.name)
         write_report(path, report, step=step, epoch=epoch)
-
-
-def usable_baseline(record, prompt_digest: str) -> str | None:
-    """Why a saved baseline record cannot measure this probe's change (None: it can)."""
-    if not isinstance(record, dict) or order_digest(record) != prompt_digest:
-        return ("its prompts differ from this probe's (another subset, tokenizer, answer prefix or answer format): "
-                "no change since the baseline is logged")
-    try:
-        baseline_scores(record)
-    except (KeyError, TypeError, ValueError) as e:
-        return f"it cannot be read ({e}): no change since the baseline is logged"
-    return None
-
-
-def set_aside_name(path: Path) -> Path:
-    """``<file>.set-aside-<time>``, with a number added when that name is taken: a name nothing is written under."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = path.with_name(f"{path.name}.set-aside-{stamp}"), 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.set-aside-{stamp}-{n}")
-    return target

@@ -30,6 +30,15 @@ changed for ``settle`` seconds (the newest file time at least that old), so a sw
 during the run accept and refuse the same folders. What the model needs from elsewhere is named on the save:
 verl's rank shards take their config from ``huggingface/``; a torch distributed checkpoint (NeMo-RL, torchtitan)
 and torchtitan's export take the architecture from the run's starting model (``--base-model``).
+
+**The table.** Each row above is one :class:`Layout` record in :data:`LAYOUTS`: how its saves are found (``find``: a
+run folder's subfolder to its step and the folder its model is read from), when one is complete and what it holds
+(``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or None), and the weight formats it brings
+(``formats``: each a :class:`~tinymcf_callback.rundir.checkpoints.Format`, its weight files and what loading it
+needs). The sweep, the watcher, the planner, the fingerprint and the loader all read this table; adding a trainer's
+layout is one record passed to :func:`register_layout` (tried before ``plain``, the catch-all) and its test
+(``tests/test_layouts.py``; docs/development.md says how). A layout whose saves hold a format of its own brings
+that format's loader too (``@loads(name)`` in :mod:`~tinymcf_callback.follow.sharded`).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,21 +56,16 @@ from .checkpoints import (
     CHECKPOINT_NAME,
     FULL,
     Checkpoint,
+    Format,
     checkpoint_format,
     read_epoch,
     read_trainer_state,
+    register_format,
+    weight_files,
 )
 
 TRAINER, VERL, OPENRLHF, NEMO_RL, TORCHTITAN, PLAIN = "trainer", "verl", "openrlhf", "nemo-rl", "torchtitan", "plain"
-LAYOUTS = {
-    TRAINER: "Hugging Face Trainer checkpoint-<step> folders",
-    VERL: "verl global_step_<N>/actor folders",
-    OPENRLHF: "OpenRLHF global_step<N>_hf folders",
-    NEMO_RL: "NeMo-RL step_<N> folders",
-    TORCHTITAN: "torchtitan step-<N> folders",
-    PLAIN: "save_pretrained folders named by their step (step_<N>, step-<N>, iter_<N>, ...)",
-}
-VERL_SHARDS, DCP = "verl-fsdp", "dcp"  # save formats besides checkpoints.FORMATS
+VERL_SHARDS, DCP = "verl-fsdp", "dcp"  # save formats besides the Trainer's (checkpoints.FORMATS)
 SETTLE_S = 5.0  # a save without a completion marker counts once its files are this long unchanged
 
 VERL_NAME = re.compile(r"global_step_(\d+)")
@@ -73,6 +78,67 @@ PLAIN_NAME = re.compile(r"(?:global_step|step|steps|iter|iteration|ckpt|checkpoi
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
+# ---- the record ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Save:
+    """One save being read by its layout's ``read``: its step, the folder ``find`` gave, the run folder, and the
+    settings of the completeness rules (see the module)."""
+
+    step: int
+    folder: Path
+    run_dir: Path
+    settle: float = SETTLE_S  # "steady": no file changed for this long
+    expect_state: bool = True  # the trainer layout: the run's checkpoints carry trainer_state.json
+    now: float = 0.0
+
+    def steady(self, files: list[Path]) -> bool:
+        """All of ``files`` are there and none has changed for ``settle`` seconds."""
+        return _steady(files, self.settle, self.now)
+
+    def complete_weights(self, folder: Path | None = None, *, need_config: bool = True) -> bool:
+        """``folder`` (the save's own by default) is a ``save_pretrained`` folder written whole and steady."""
+        return _complete_weights(folder or self.folder, self.settle, self.now, need_config=need_config)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One trainer's folder layout: a record of :data:`LAYOUTS` (see the module).
+
+    Args:
+        name: what the sweep and the watcher call it.
+        described: what its saves look like, in the line that says which layout a run folder holds.
+        find: a subfolder of the run folder -> ``(step, the folder its model is read from)`` when it is one of this
+            layout's saves (complete or not), else None. Folder names and what they hold only: no weights read.
+        read: the :class:`Save` -> its :class:`Checkpoint` once complete (its format, tokenizer and config folders),
+            else None (not complete yet, or no model in it).
+        formats: the weight formats it brings beside the Trainer's (registered with it).
+    """
+
+    name: str
+    described: str
+    find: Callable[[Path], tuple[int, Path] | None]
+    read: Callable[[Save], Checkpoint | None]
+    formats: tuple[Format, ...] = ()
+
+
+LAYOUTS: dict[str, Layout] = {}  # name -> record, in the order a run folder is tried
+
+
+def register_layout(layout: Layout, *, last: bool = False) -> Layout:
+    """Add ``layout`` to :data:`LAYOUTS` with its formats: tried before ``plain`` (whose folder names would take
+    many others' saves), or after every other with ``last``. A name already there is refused."""
+    if layout.name in LAYOUTS:
+        raise ValueError(f"a run folder layout named {layout.name!r} is registered already")
+    for form in layout.formats:
+        register_format(form)
+    rows = list(LAYOUTS.items())
+    at = len(rows) if last or PLAIN not in LAYOUTS else [name for name, _ in rows].index(PLAIN)
+    rows.insert(at, (layout.name, layout))
+    LAYOUTS.clear()
+    LAYOUTS.update(rows)
+    return layout
+
+
 @dataclass(frozen=True)
 class Found:
     """What a run folder holds: its layout (None: no save of a known layout yet) and its saves by step, complete or
@@ -83,34 +149,111 @@ class Found:
 
     @property
     def described(self) -> str:
-        return LAYOUTS.get(self.layout or "", "no saves of a known layout")
+        return LAYOUTS[self.layout].described if self.layout in LAYOUTS else "no saves of a known layout"
 
 
 def find_saves(run_dir: Path) -> Found:
-    """The layout of ``run_dir`` and its saves (see the module); the first layout it holds, in the table's order."""
+    """The layout of ``run_dir`` and its saves (see the module): each subfolder is the save of the first layout whose
+    ``find`` takes it, and the run folder's layout the first, in the table's order, that has any."""
     try:
         entries = sorted(p for p in run_dir.iterdir() if p.is_dir())
     except OSError:
         return Found(None, {})
     by_layout: dict[str, dict[int, Path]] = {}
     for entry in entries:
-        name = entry.name
-        if CHECKPOINT_NAME.fullmatch(name):
-            by_layout.setdefault(TRAINER, {})[int(name.split("-")[1])] = entry
-        elif (m := VERL_NAME.fullmatch(name)) and (entry / "actor").is_dir():
-            by_layout.setdefault(VERL, {})[int(m.group(1))] = entry / "actor"
-        elif m := OPENRLHF_NAME.fullmatch(name):
-            by_layout.setdefault(OPENRLHF, {})[int(m.group(1))] = entry
-        elif (m := NEMO_NAME.fullmatch(name)) and (entry / "policy").is_dir():
-            by_layout.setdefault(NEMO_RL, {})[int(m.group(1))] = entry
-        elif (m := TITAN_NAME.fullmatch(name)) and _titan_save(entry):
-            by_layout.setdefault(TORCHTITAN, {})[int(m.group(1))] = entry
-        elif (m := PLAIN_NAME.fullmatch(name)) and not name.startswith("tmp_"):
-            by_layout.setdefault(PLAIN, {})[int(m.group(1))] = entry
-    for layout in LAYOUTS:
-        if layout in by_layout:
-            return Found(layout, dict(sorted(by_layout[layout].items())))
+        for layout in LAYOUTS.values():
+            found = layout.find(entry)
+            if found is not None:
+                step, folder = found
+                by_layout.setdefault(layout.name, {})[step] = folder
+                break
+    for name in LAYOUTS:
+        if name in by_layout:
+            return Found(name, dict(sorted(by_layout[name].items())))
     return Found(None, {})
+
+
+def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
+              expect_state: bool = True, now: float | None = None) -> Checkpoint | None:
+    """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete (see the
+    module) or holds no model. ``expect_state`` (the trainer layout): the run's checkpoints carry
+    ``trainer_state.json``, which marks each complete; without it their files must be steady."""
+    now = time.time() if now is None else now
+    return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, now))
+
+
+# ---- the layouts -----------------------------------------------------------------------------------------------
+def named_saves(pattern: re.Pattern, holds: Callable[[Path], bool] = lambda entry: True, *,
+                inside: str = "") -> Callable[[Path], tuple[int, Path] | None]:
+    """A layout's ``find`` for saves named by their step: a folder whose whole name matches ``pattern`` (its first
+    group the step) and that ``holds`` what the layout's saves hold; the save's model in its subfolder ``inside``."""
+    def find(entry: Path) -> tuple[int, Path] | None:
+        m = pattern.fullmatch(entry.name)
+        return (int(m.group(1)), entry / inside if inside else entry) if m and holds(entry) else None
+    return find
+
+
+def _read_trainer(save: Save) -> Checkpoint | None:
+    folder = save.folder
+    state = read_trainer_state(folder)
+    form = checkpoint_format(folder)
+    if form is None:
+        return None
+    if state is None and (save.expect_state or not save.steady(model_files(folder, form))):
+        return None
+    return Checkpoint(save.step, folder, read_epoch(state), form)
+
+
+def _read_verl(save: Save) -> Checkpoint | None:
+    actor, step = save.folder, save.step
+    hf = actor / "huggingface"
+    if not (hf / "config.json").is_file():
+        return None
+    tracker = _read_int(save.run_dir / VERL_TRACKER)
+    marked = tracker is not None and tracker >= step
+    tokenizer = hf if (hf / "tokenizer_config.json").is_file() else None
+    if _has_weights(hf):  # checkpoint.save_contents holds hf_model: a whole save_pretrained model
+        if marked or (tracker is None and save.complete_weights(hf)):
+            return Checkpoint(step, hf, None, FULL, tokenizer=tokenizer)
+        return None
+    shards = verl_shards(actor)
+    world = _verl_world_size(actor, shards)
+    if world is None or sorted(shards) != list(range(world)):
+        return None
+    if not marked and not (tracker is None and save.steady(list(shards.values()))):
+        return None
+    return Checkpoint(step, actor, None, VERL_SHARDS, tokenizer=tokenizer, config=hf)
+
+
+def _read_openrlhf(save: Save) -> Checkpoint | None:
+    if not (save.folder / "tokenizer_config.json").is_file():  # its tokenizer is written last
+        return None
+    return _read_plain(save)
+
+
+def _read_nemo_rl(save: Save) -> Checkpoint | None:
+    weights = save.folder / "policy" / "weights"
+    if not (weights / ".metadata").is_file():
+        return None
+    tokenizer = save.folder / "policy" / "tokenizer"
+    return Checkpoint(save.step, weights, None, DCP, tokenizer=tokenizer if tokenizer.is_dir() else None,
+                      needs_base=True)
+
+
+def _read_torchtitan(save: Save) -> Checkpoint | None:
+    if (save.folder / ".metadata").is_file():
+        return Checkpoint(save.step, save.folder, None, DCP, needs_base=True)
+    if save.complete_weights(need_config=False):
+        return Checkpoint(save.step, save.folder, None, FULL, needs_base=True)
+    return None
+
+
+def _read_plain(save: Save) -> Checkpoint | None:
+    """A ``save_pretrained`` folder (plain loops, OpenRLHF)."""
+    if not save.complete_weights():
+        return None
+    form = checkpoint_format(save.folder)
+    return Checkpoint(save.step, save.folder, None, form) if form else None
 
 
 def _titan_save(folder: Path) -> bool:
@@ -124,63 +267,36 @@ def _titan_save(folder: Path) -> bool:
         "model.safetensors.index.json" in names and "config.json" not in names)
 
 
-def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
-              expect_state: bool = True, now: float | None = None) -> Checkpoint | None:
-    """The save of ``step`` in ``folder``, or None while it is not complete (see the module) or holds no model.
-    ``expect_state`` (the trainer layout): the run's checkpoints carry ``trainer_state.json``, which marks each
-    complete; without it their files must be steady."""
-    now = time.time() if now is None else now
-    if layout == TRAINER:
-        state = read_trainer_state(folder)
-        form = checkpoint_format(folder)
-        if form is None:
-            return None
-        if state is None and (expect_state or not _steady(model_files(folder, form), settle, now)):
-            return None
-        return Checkpoint(step, folder, read_epoch(state), form)
-    if layout == VERL:
-        return _verl(step, folder, run_dir, settle, now)
-    if layout == NEMO_RL:
-        weights = folder / "policy" / "weights"
-        if not (weights / ".metadata").is_file():
-            return None
-        tokenizer = folder / "policy" / "tokenizer"
-        return Checkpoint(step, weights, None, DCP, tokenizer=tokenizer if tokenizer.is_dir() else None,
-                          needs_base=True)
-    if layout == TORCHTITAN:
-        if (folder / ".metadata").is_file():
-            return Checkpoint(step, folder, None, DCP, needs_base=True)
-        if _complete_weights(folder, settle, now, need_config=False):
-            return Checkpoint(step, folder, None, FULL, needs_base=True)
-        return None
-    if layout == OPENRLHF and not (folder / "tokenizer_config.json").is_file():  # its tokenizer is written last
-        return None
-    if _complete_weights(folder, settle, now):  # openrlhf and plain: a save_pretrained folder
-        form = checkpoint_format(folder)
-        return Checkpoint(step, folder, None, form) if form else None
-    return None
+def _verl_files(folder: Path) -> list[Path]:
+    """verl's rank shards of the model."""
+    return [p for p in folder.iterdir() if p.is_file() and p.name.startswith("model_world_size_")]
 
 
-def _verl(step: int, actor: Path, run_dir: Path, settle: float, now: float) -> Checkpoint | None:
-    hf = actor / "huggingface"
-    if not (hf / "config.json").is_file():
-        return None
-    tracker = _read_int(run_dir / VERL_TRACKER)
-    marked = tracker is not None and tracker >= step
-    tokenizer = hf if (hf / "tokenizer_config.json").is_file() else None
-    if _has_weights(hf):  # checkpoint.save_contents holds hf_model: a whole save_pretrained model
-        if marked or (tracker is None and _complete_weights(hf, settle, now)):
-            return Checkpoint(step, hf, None, FULL, tokenizer=tokenizer)
-        return None
-    shards = verl_shards(actor)
-    world = _verl_world_size(actor, shards)
-    if world is None or sorted(shards) != list(range(world)):
-        return None
-    if not marked and not (tracker is None and _steady(list(shards.values()), settle, now)):
-        return None
-    return Checkpoint(step, actor, None, VERL_SHARDS, tokenizer=tokenizer, config=hf)
+def _dcp_files(folder: Path) -> list[Path]:
+    """A torch distributed checkpoint's files."""
+    return [p for p in folder.iterdir() if p.is_file() and (p.suffix == ".distcp" or p.name == ".metadata")]
 
 
+VERL_FORMAT = Format(VERL_SHARDS, _verl_files)
+DCP_FORMAT = Format(DCP, _dcp_files, what="a torch distributed checkpoint", needs_base=True)
+
+for _layout in (
+    Layout(TRAINER, "Hugging Face Trainer checkpoint-<step> folders", named_saves(CHECKPOINT_NAME), _read_trainer),
+    Layout(VERL, "verl global_step_<N>/actor folders",
+           named_saves(VERL_NAME, lambda e: (e / "actor").is_dir(), inside="actor"), _read_verl,
+           formats=(VERL_FORMAT,)),
+    Layout(OPENRLHF, "OpenRLHF global_step<N>_hf folders", named_saves(OPENRLHF_NAME), _read_openrlhf),
+    Layout(NEMO_RL, "NeMo-RL step_<N> folders", named_saves(NEMO_NAME, lambda e: (e / "policy").is_dir()),
+           _read_nemo_rl, formats=(DCP_FORMAT,)),
+    Layout(TORCHTITAN, "torchtitan step-<N> folders", named_saves(TITAN_NAME, _titan_save), _read_torchtitan,
+           formats=(DCP_FORMAT,)),
+    Layout(PLAIN, "save_pretrained folders named by their step (step_<N>, step-<N>, iter_<N>, ...)",
+           named_saves(PLAIN_NAME, lambda e: not e.name.startswith("tmp_")), _read_plain),
+):
+    register_layout(_layout, last=True)
+
+
+# ---- what the readers share ------------------------------------------------------------------------------------
 def verl_shards(actor: Path) -> dict[int, Path]:
     """The model's rank shards of a verl actor folder, by rank."""
     out = {}
@@ -201,8 +317,6 @@ def _verl_world_size(actor: Path, shards: dict[int, Path]) -> int | None:
 
 def model_files(folder: Path, form: str | None = None) -> list[Path]:
     """Every file a save's model is read from (its weights, its config and its index), for the steadiness rule."""
-    from .checkpoints import weight_files
-
     files = list(weight_files(folder, form))
     files += [folder / n for n in ("config.json", ADAPTER_CONFIG, *INDEX_FILES) if (folder / n).is_file()]
     return files

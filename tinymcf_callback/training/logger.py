@@ -40,10 +40,10 @@ from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..figures.tracked import probe_figure
 from ..probe import Probe
 from ..results.history import BASELINE_EVENT, history_path, probe_line
-from ..results.metrics import baseline_record, count_tests, dashboard_names, with_run_level
+from ..results.metrics import baseline_record, dashboard_names, why_unpaired, with_run_level
 from ..results.rows import vignette_rows, vignette_texts
 from ..results.text import format_table, sanity_lines
-from ..rundir.curve import Curve, Unwritten, usable_baseline
+from ..rundir.curve import Curve, Unwritten
 from ..scoring.ranks import Ranks
 from ..trackers.sinks import Trackers
 from ..trackers.targets import as_sink
@@ -199,7 +199,7 @@ class ProbeLogger:
             self._tests = 0
             if self.curve is not None and Ranks.current().is_main:
                 with contextlib.suppress(OSError, HistoryError):
-                    self._tests = count_tests(self.curve.read().lines)
+                    self._tests = self.curve.tests()
             self._tests = Ranks.current().gather(self._tests)[0]
         self._tests = with_run_level(line, self.name, self.probe.answer_format, self._tests)
 
@@ -270,7 +270,7 @@ class ProbeLogger:
     def _usable(self, record, what: str) -> dict | None:
         if record is None:
             return None
-        why = usable_baseline(record, self.probe.prompt_digest)
+        why = why_unpaired(record, self.probe.prompt_digest)
         if why is None:
             return record
         logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run", self.name,
