@@ -19,7 +19,7 @@ from tinymcf_callback.data.sets import CONTROL
 from tinymcf_callback.errors import ConfigError
 from tinymcf_callback.results.metrics import baseline_record, change_metrics
 from tinymcf_callback.results.report import report_to_json
-from tinymcf_callback.results.stats import paired_change, vignette_scores
+from tinymcf_callback.results.stats import VignetteScores, paired_change, vignette_scores
 from tinymcf_callback.scoring.engine import ScoreResult
 
 KEY = "eval_moral_scifi"
@@ -101,8 +101,6 @@ def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is
     ids = set(vignette_scores(moved["scenarios"]).id)
     b = vignette_scores(base["scenarios"])
     keep = [i for i, v in enumerate(b.id) if v in ids]
-    from tinymcf_callback.results.stats import VignetteScores
-
     before = VignetteScores(b.id[keep], b.foundation_coarse[keep], b.s[keep])
     assert m["change"]["estimate"] == pytest.approx(
         paired_change(before, vignette_scores(moved["scenarios"]), n_resamples=200)["headline"]["score"].change,
@@ -272,3 +270,44 @@ def test_the_callback_with_a_change_target_scores_step_0_whole_and_stops_later_p
     assert metrics[f"{KEY}/score_change_p_run"] == pytest.approx(min(1.0, 2 * metrics[f"{KEY}/score_change_p"]))
     report = json.loads((tmp_path / "out" / "checkpoint-2" / "moral_probe_scifi.json").read_text())
     assert report["info"]["adaptive"] == later
+
+
+def _candidate_rows(probe, report) -> VignetteScores:
+    """A report's per-vignette rows, as the candidates' scores (NaN rows where it did not ask a vignette)."""
+    asked = vignette_scores(report["scenarios"])
+    where = {str(i): r for r, i in enumerate(asked.id)}
+    s = np.full((len(probe.vignettes), 4), np.nan)
+    for r, v in enumerate(probe.vignettes):
+        if str(v["id"]) in where:
+            s[r] = asked.s[where[str(v["id"])]]
+    return VignetteScores([v["id"] for v in probe.vignettes], [v["foundation_coarse"] for v in probe.vignettes], s)
+
+
+def test_a_real_probe_and_the_simulation_over_its_own_rows_step_the_same_looks_to_the_last_digit(qwen_tok, tiny_qwen):
+    """One stepping loop: the tiny random Qwen3 scored look by look through the engine, then the simulations'
+    ``Sequential.run`` over the rows that probe reported: the same looks (every digit of every interval and p-value)
+    and the same stop. The vignettes it did not ask are NaN, so a simulation that read beyond the stop would differ."""
+    from tinymcf_callback.stopping import AdaptiveProbe
+    from tinymcf_callback.testing import tiny_qwen3
+
+    cheap = {"self_check": False, "per_foundation": 5}  # 35 of the 51 vignettes, four looks
+    used_up = Probe(qwen_tok, "scifi", until="level", width=1e-6, **cheap)
+    assert isinstance(used_up, AdaptiveProbe)
+    whole = used_up.run(tiny_qwen)
+    a = whole["info"]["adaptive"]
+    assert a["stopped"] == "used up" and len(a["looks"]) == 4
+    width = a["looks"][2]["width"] * (1 + 1e-9)  # a width first reached at the third look, or before
+    probes = [(used_up, whole, None)]
+    mid = Probe(qwen_tok, "scifi", until="level", width=width, **cheap)
+    probes.append((mid, mid.run(tiny_qwen), None))
+    change = Probe(qwen_tok, "scifi", until="change", width=0.02, **cheap)
+    base = change.run(tiny_qwen3(seed=1))
+    probes.append((change, change.run(tiny_qwen, baseline=base), base))
+    stops = []
+    for probe, report, baseline in probes:
+        a = report["info"]["adaptive"]
+        before = None if baseline is None else _candidate_rows(probe, baseline)
+        looks, why = probe.sequential.run(_candidate_rows(probe, report), before)
+        assert [look.as_dict() for look in looks] == a["looks"] and why == a["stopped"]
+        stops.append((len(looks), why))
+    assert stops[1][0] <= 3 and stops[2][1] in ("moved", "width", "used up")

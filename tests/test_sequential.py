@@ -91,6 +91,34 @@ def test_the_boundary_widens_each_look_by_what_the_looks_cost_and_its_p_value_ag
     assert p_seq[2] == pytest.approx(0.05, abs=0.002)  # at the per-look level's edge: the sequence's 5%
 
 
+def test_the_p_value_is_the_stopped_looks_own_and_holds_its_level_under_no_change(scifi):
+    """The change's p-value is that of the look it stopped at (stage-wise): the plain t-test's at the first look, at
+    most 1 - level exactly when that look's interval excludes 0, and, over null runs stopped by the probe's own rule,
+    below alpha at most alpha of the time; the sequence's over all looks (the old report) is larger at an early
+    stop."""
+    ids, foundations = scifi
+    boundary = Schedule.of(foundations).boundary()
+    per_look = boundary.per_look(0.95)
+    p_first = 1e-3
+    assert boundary.p_value(p_first, 0, 0.95) == pytest.approx(p_first, rel=1e-9)  # the first look: no looks before
+    assert boundary.p_value(p_first) > 2 * p_first  # the largest over the 8 looks: what was reported before
+    for k in range(8):
+        crossing = boundary.p_value((1 - per_look) * 0.99, k, 0.95)
+        holding = boundary.p_value((1 - per_look) * 1.01, k, 0.95)
+        assert crossing <= 0.05 + 0.002 < holding + 0.004, k
+    assert boundary.p_value(1e-4, 3, 0.95) > boundary.p_value(1e-4, 0, 0.95)  # a later stop is less extreme
+    rng = np.random.default_rng(3)
+    stopped = []
+    for sim in range(400):
+        seq = Sequential.of(ids, foundations, until="change", width=0.0, level=0.95, seed=sim)
+        a = _scores(ids, foundations, rng, noise=0.35)
+        looks, _ = seq.run(_scores(ids, foundations, rng, shift=0.0, noise=0.2, base=a), a)
+        stopped.append(looks[-1].p)
+    stopped = np.array(stopped)
+    for alpha in (0.01, 0.05, 0.2):  # 400 null runs: a share of 5% is known to +-2.2% (two standard errors)
+        assert np.mean(stopped <= alpha) <= alpha + 2 * math.sqrt(alpha * (1 - alpha) / 400), alpha
+
+
 def test_stop_reasons():
     look = lambda lo, hi: Look(2, 14, (lo + hi) / 2, lo, hi)  # noqa: E731
     assert stop_reason("level", 0.1, look(0.2, 0.25)) == "width"
