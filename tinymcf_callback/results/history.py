@@ -327,6 +327,14 @@ def current_run(path: Path, lines: list[tuple[int, dict]], warn: bool = True) ->
     return kept
 
 
+def run_lines(lines: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """Every line of the newest run, the ones a resume set aside included (resume lines left out): what the run
+    did, where :func:`current_run` is what its curve draws. A change test made on a branch later abandoned spent its
+    share of the run's alpha all the same (:func:`~tinymcf_callback.results.metrics.count_tests` counts these)."""
+    starts = [i for i, (_, line) in enumerate(lines) if line.get("event") == BASELINE_EVENT]
+    return [(n, line) for n, line in lines[starts[-1] if starts else 0:] if line.get("event") != RESUMED_EVENT]
+
+
 def resume_marks(lines: list[tuple[int, dict]]) -> list[dict]:
     """The resume lines' ``info.resumed`` records, in file order."""
     return [line["info"]["resumed"] for _, line in lines

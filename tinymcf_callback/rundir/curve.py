@@ -42,6 +42,7 @@ from ..results.history import (
     read_lines,
     resume_line,
     resume_marks,
+    run_lines,
 )
 from ..results.metrics import baseline_record, baseline_scores, count_tests, order_digest, with_run_level
 from ..results.precision import Precision
@@ -65,6 +66,7 @@ class HistoryView:
 
     lines: list[dict] = field(default_factory=list)
     marks: list[dict] = field(default_factory=list)  # info.resumed of every resume line
+    tests: int = 0  # the run's change tests so far, those on a branch a resume set aside included (count_tests)
 
     def newest(self) -> dict[int, dict]:
         """The newest line of each step."""
@@ -111,7 +113,8 @@ class Curve:
             if "is empty" in str(e):
                 return HistoryView()
             raise HistoryError(f"{e}: the history is only ever appended to; repair or move that line") from None
-        return HistoryView([line for _, line in current_run(self.path, numbered, warn=False)], resume_marks(numbered))
+        return HistoryView([line for _, line in current_run(self.path, numbered, warn=False)], resume_marks(numbered),
+                           count_tests([line for _, line in run_lines(numbered)]))
 
     def baseline_record(self) -> tuple[dict | None, str | None]:
         """``(record, None)``: the per-vignette scores of the baseline report beside the history (its prompts not yet
@@ -127,8 +130,9 @@ class Curve:
 
     def number(self, line: dict) -> dict:
         """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
-        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now."""
-        with_run_level(line, self.name, self.answer_format, count_tests(self.read().lines))
+        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now, the
+        tests of steps a resume set aside included: each test spends its own share of alpha, once."""
+        with_run_level(line, self.name, self.answer_format, self.read().tests)
         return line
 
     def saved_baseline(self, prompt_digest: str) -> tuple[dict | None, str | None]:

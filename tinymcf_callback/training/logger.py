@@ -40,7 +40,7 @@ from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..figures.tracked import probe_figure
 from ..probe import Probe
 from ..results.history import BASELINE_EVENT, history_path, probe_line
-from ..results.metrics import baseline_record, count_tests, dashboard_names, with_run_level
+from ..results.metrics import baseline_record, dashboard_names, with_run_level
 from ..results.rows import vignette_rows, vignette_texts
 from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten, usable_baseline
@@ -201,7 +201,7 @@ class ProbeLogger:
             self._tests = 0
             if self.curve is not None and Ranks.current().is_main:
                 with contextlib.suppress(OSError, HistoryError):
-                    self._tests = count_tests(self.curve.read().lines)
+                    self._tests = self.curve.read().tests  # a resume's set-aside steps' tests included
             self._tests = Ranks.current().gather(self._tests)[0]
         self._tests = with_run_level(line, self.name, self.probe.answer_format, self._tests)
 
