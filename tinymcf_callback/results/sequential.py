@@ -54,9 +54,10 @@ its interval and decides the stop: a probe passes a function that scores the vig
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -301,13 +302,15 @@ def stop_reason(until: str, width: float, look: Look) -> str | None:
 class Sequential:
     """The looks of one probe: ``order`` (indices into the candidates, :func:`balanced_order`), its
     :class:`Schedule`, the per-look level for ``level``; with ``before`` (the baseline's scores of the same
-    candidates, NaN rows where it did not score one) the change is measured at each look."""
+    candidates, NaN rows where it did not score one) the change is measured at each look. ``estimate``: a look's
+    moments from its scores (:func:`moments`; the benchmarks try others through it)."""
 
     until: str
     width: float
     level: float
     schedule: Schedule
     order: list[int]
+    estimate: Callable[..., Moments] = field(default=moments, repr=False, compare=False)  # a look's moments
 
     def __post_init__(self):
         self.boundary = self.schedule.boundary()
@@ -327,8 +330,8 @@ class Sequential:
         """Look ``k`` from the scores of its prefix (``now``; ``before``: the baseline's of the same vignettes, in
         the same order). ``first``: no earlier look's interval of the change excluded 0 (a change target's never
         did, or it would have stopped), so a crossing here has the stage-wise p-value."""
-        change = moments(now, before) if before is not None else None
-        asked = change if self.until == "change" else moments(now)
+        change = self.estimate(now, before) if before is not None else None
+        asked = change if self.until == "change" else self.estimate(now)
         lo, hi = interval(asked, self.per_look, _RANGE[self.until])
         p = None if change is None else self.boundary.p_value(p_look(change), k if first else None, self.level)
         return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p)
@@ -358,7 +361,7 @@ class Sequential:
         """The change since the baseline at look ``k`` of a level target (its stop), from the scores of its prefix
         (``now``): the change's interval at the same per-look level, its p-value stage-wise when look ``k`` is the
         first whose interval of the change excludes 0 (the earlier looks' prefixes are ``now``'s first rows)."""
-        change = Sequential("change", self.width, self.level, self.schedule, self.order)
+        change = dataclasses.replace(self, until="change")
         first = True
         for j in range(k):
             head = _head(now, j, self)
