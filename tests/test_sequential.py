@@ -91,22 +91,22 @@ def test_the_boundary_widens_each_look_by_what_the_looks_cost_and_its_p_value_ag
     assert p_seq[2] == pytest.approx(0.05, abs=0.002)  # at the per-look level's edge: the sequence's 5%
 
 
-def test_the_p_value_is_the_stopped_looks_own_and_holds_its_level_under_no_change(scifi):
-    """The change's p-value is that of the look it stopped at (stage-wise): the plain t-test's at the first look, at
-    most 1 - level exactly when that look's interval excludes 0, and, over null runs stopped by the probe's own rule,
-    below alpha at most alpha of the time; the sequence's over all looks (the old report) is larger at an early
-    stop."""
+def test_the_change_targets_p_value_is_its_stops_and_holds_its_level_under_no_change(scifi):
+    """The p-value of a change target's stop: the chance with no change of stopping on a change at least as extreme.
+    Between the stopped look's own t-test and the sequence's over all 8 looks (what was reported before, larger), at
+    most 1 - level exactly when the interval excludes 0, and, over null runs stopped by the probe's own rule, below
+    alpha at most alpha of the time."""
     ids, foundations = scifi
     boundary = Schedule.of(foundations).boundary()
     per_look = boundary.per_look(0.95)
-    p_first = 1e-3
-    assert boundary.p_value(p_first, 0, 0.95) == pytest.approx(p_first, rel=1e-9)  # the first look: no looks before
-    assert boundary.p_value(p_first) > 2 * p_first  # the largest over the 8 looks: what was reported before
-    for k in range(8):
-        crossing = boundary.p_value((1 - per_look) * 0.99, k, 0.95)
-        holding = boundary.p_value((1 - per_look) * 1.01, k, 0.95)
-        assert crossing <= 0.05 + 0.002 < holding + 0.004, k
-    assert boundary.p_value(1e-4, 3, 0.95) > boundary.p_value(1e-4, 0, 0.95)  # a later stop is less extreme
+    for p in (0.01, 1e-3, 1e-5, 1e-9):
+        stop, over_all = boundary.p_value(p, 0.95), boundary.p_value(p)
+        assert p <= stop < over_all, p
+    assert boundary.p_value(1e-3) > 2.5 * boundary.p_value(1e-3, 0.95)  # the old report, at a look's p of 0.001
+    crossing = boundary.p_value((1 - per_look) * 0.99, 0.95)
+    holding = boundary.p_value((1 - per_look) * 1.01, 0.95)
+    assert crossing <= 0.05 < holding + 0.002
+    assert holding == boundary.p_value((1 - per_look) * 1.01)  # an interval that holds 0: the sequence's
     rng = np.random.default_rng(3)
     stopped = []
     for sim in range(400):

@@ -37,14 +37,15 @@ each look uses it as a per-look level, through the t distribution of its own deg
 results, for the whole set's value under random orders of real vignette scores, is measured in
 ``docs/statistics.md``.
 
-**The p-value of the look it stopped at** (:meth:`Boundary.p_value`). A look whose interval excludes 0 is the
-first to (a change target stops there; a level target's change is checked at every look up to its stop): its
-p-value is the *stage-wise* one, the chance under no change of an interval excluding 0 at an earlier look, or of
-this look's error reaching its own: ``P(max_{j<k} |Z_j| >= c or |Z_k| >= |z_k|)``. It is at most ``1 - level``
-exactly when the interval excludes 0, it is the plain t-test's at the first look, and the chance that it falls
-below any ``alpha`` under no change is at most ``alpha`` (a stop for width before only takes crossings away).
-A look whose interval holds 0 (or not the first to exclude it) has the sequence's p-value over all its looks,
-``P(max_j |Z_j| >= |z_k|)``, never below ``1 - level``.
+**The p-value of the stop** (:meth:`Boundary.p_value`). A change target stops at the first look whose interval
+of the change excludes 0; its p-value is the chance, with no change, that the probe would *stop on a change at
+least as extreme*: ``P(|Z_tau| >= |z|)``, ``tau`` the first look whose ``|Z|`` reaches ``c`` (the ordering of
+outcomes by their standardised change, Rosner and Tsiatis's). It is at most ``1 - level`` exactly when the interval
+excludes 0, never below the stopped look's own t-test, never above the sequence's p-value over all the looks
+(``P(max_j |Z_j| >= |z|)``, what was reported before: 1.2x at a look's p of 0.01, 3x at 0.001), and the chance
+that it falls below any ``alpha`` with no change is at most ``alpha`` (a stop for width first, or fewer looks, only
+takes crossings away). A look whose interval holds 0, and a level target's change (which did not stop it), have
+the sequence's p-value over all the looks, valid under any stopping, never below ``1 - level``.
 
 **One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
 its interval and decides the stop: a probe passes a function that scores the vignettes the look adds
@@ -145,35 +146,42 @@ class Boundary:
             return level
         return 2.0 * NormalDist().cdf(self.constant(level)) - 1.0
 
-    def p_value(self, p_look: float, k: int | None = None, level: float | None = None) -> float:
-        """The p-value of look ``k`` whose own (fixed-size) p-value is ``p_look`` (see the module's docstring):
-        the stage-wise one when its interval at ``level`` excludes 0 and no earlier look's did (``k`` given), else
-        the sequence's over all the looks. Never below ``p_look``."""
+    def p_value(self, p_look: float, level: float | None = None) -> float:
+        """The p-value of a look whose own (fixed-size) p-value is ``p_look`` (see the module's docstring): with
+        ``level`` (the change stops the probe at this level) and an interval that excludes 0, the stop's; else the
+        sequence's over all the looks. Never below ``p_look``."""
         if not math.isfinite(p_look):
             return math.nan
         if self.n_looks <= 1 or p_look >= 1.0 or p_look <= 0.0:
             return float(p_look)
         z = -NormalDist().inv_cdf(p_look / 2.0)  # the look's |z| (its lower tail: exact for tiny p)
-        if k is not None and level is not None and z >= self.constant(level):
-            return self._stagewise(p_look, z, k, self.constant(level))
-        tail = (len(self.draws) - np.searchsorted(self.draws, z, side="left")) / len(self.draws)
-        if tail * len(self.draws) < 200:  # beyond what the draws resolve: the tail of the union of the looks,
-            # scaled to meet the draws where they still resolve it (the ratio is flat out there)
-            edge = float(self.draws[-200])
+        over_all = self._tail(self.draws, z, p_look)
+        if level is None or z < self.constant(level):
+            return over_all
+        stops = self._stops(level)  # |Z| at the first crossing of each draw that crosses, sorted
+        n = len(stops) - np.searchsorted(stops, z, side="left")
+        if n >= 200:
+            return float(min(1.0, max(n / len(self.joint), p_look)))
+        # beyond what the draws resolve: the sequence's tail, times the ratio where the draws still resolve both
+        edge = float(stops[-200])
+        ratio = (200 / len(self.joint)) / self._tail(self.draws, edge, 2.0 * (1.0 - NormalDist().cdf(edge)))
+        return float(min(over_all, max(over_all * ratio, p_look)))
+
+    def _tail(self, sorted_draws: np.ndarray, z: float, p_look: float) -> float:
+        """``P(max_j |Z_j| >= z)``; beyond what the draws resolve, the tail of the union of the looks, scaled to meet
+        the draws where they still resolve it (the ratio is flat out there)."""
+        tail = (len(sorted_draws) - np.searchsorted(sorted_draws, z, side="left")) / len(sorted_draws)
+        if tail * len(sorted_draws) < 200:
+            edge = float(sorted_draws[-200])
             edge_p = 2.0 * (1.0 - NormalDist().cdf(edge))
-            tail = p_look * (200 / len(self.draws)) / edge_p if edge_p > 0 else p_look
+            tail = p_look * (200 / len(sorted_draws)) / edge_p if edge_p > 0 else p_look
         return float(min(1.0, max(tail, p_look)))
 
-    def _stagewise(self, p_look: float, z: float, k: int, c: float) -> float:
-        """``P(max_{j<k} |Z_j| >= c or |Z_k| >= z)``; where the draws do not resolve the second part, its bound
-        ``P(|Z_k| >= z) = p_look`` (exact at the first look)."""
-        if k == 0:
-            return float(p_look)
-        before = self.joint[:, :k].max(axis=1) >= c
-        beyond = self.joint[:, k] >= z
-        if beyond.sum() < 200:
-            return float(min(1.0, before.mean() + p_look))
-        return float(min(1.0, max(np.mean(before | beyond), p_look)))
+    @lru_cache(maxsize=4)  # noqa: B019 - a boundary is cached and lives as long as the process
+    def _stops(self, level: float) -> np.ndarray:
+        crossed = self.joint >= self.constant(level)
+        rows = np.flatnonzero(crossed.any(axis=1))
+        return np.sort(self.joint[rows, np.argmax(crossed[rows], axis=1)])
 
 
 @lru_cache(maxsize=16)
@@ -326,14 +334,15 @@ class Sequential:
         return self.order[:self.schedule.vignettes(k)]
 
     def look(self, k: int, now: VignetteScores, before: VignetteScores | None = None, *,
-             first: bool = True) -> Look:
+             stops: bool = True) -> Look:
         """Look ``k`` from the scores of its prefix (``now``; ``before``: the baseline's of the same vignettes, in
-        the same order). ``first``: no earlier look's interval of the change excluded 0 (a change target's never
-        did, or it would have stopped), so a crossing here has the stage-wise p-value."""
+        the same order). ``stops``: a change target's change stops the probe here once its interval excludes 0, so
+        its p-value is the stop's (a level target's change has the sequence's)."""
         change = self.estimate(now, before) if before is not None else None
         asked = change if self.until == "change" else self.estimate(now)
         lo, hi = interval(asked, self.per_look, _RANGE[self.until])
-        p = None if change is None else self.boundary.p_value(p_look(change), k if first else None, self.level)
+        stopping = self.level if stops and self.until == "change" else None
+        p = None if change is None else self.boundary.p_value(p_look(change), stopping)
         return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p)
 
     def step(self, scores_at: Callable[[int], VignetteScores], before: VignetteScores | None = None, *,
@@ -359,20 +368,9 @@ class Sequential:
 
     def change_at(self, k: int, now: VignetteScores, before: VignetteScores) -> Look:
         """The change since the baseline at look ``k`` of a level target (its stop), from the scores of its prefix
-        (``now``): the change's interval at the same per-look level, its p-value stage-wise when look ``k`` is the
-        first whose interval of the change excludes 0 (the earlier looks' prefixes are ``now``'s first rows)."""
-        change = dataclasses.replace(self, until="change")
-        first = True
-        for j in range(k):
-            head = _head(now, j, self)
-            first = first and stop_reason("change", math.inf, change.look(j, head, by_id(before, head.id))) != "moved"
-        return change.look(k, now, by_id(before, now.id), first=first)
-
-
-def _head(now: VignetteScores, k: int, seq: Sequential) -> VignetteScores:
-    """The rows of ``now`` asked by look ``k``: ``now`` holds a later look's prefix, look by look (each look's
-    vignettes after the earlier looks', in any order within the look)."""
-    return _rows(now, np.arange(seq.schedule.vignettes(k)))
+        (``now``): the change's interval at the same per-look level, the sequence's p-value (the change did not
+        stop it)."""
+        return dataclasses.replace(self, until="change").look(k, now, by_id(before, now.id), stops=False)
 
 
 def by_id(scores: VignetteScores, ids) -> VignetteScores:
