@@ -17,11 +17,18 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   at a plain 95%) and a fixed ``per_foundation=k`` probe (one 95% interval, no looking) at the ``k`` whose
   interval reaches the width on average. And the *superpopulation* coverage: sets of the same size drawn with
   replacement from the real vignettes (new vignettes like them), the truth their population's value.
+- **rare one-sided extremes**: real rows (SmolLM2 at step 0; the aligned run's step 10 against step 0) with 2 of
+  the 51 vignettes pushed to one extreme (``align_other`` +2), the population drawn from them, in the coverage
+  table; and the **remedies** tried on them (``--only remedies``: a minimum number of looks, variance floors),
+  with what each costs on real rows.
 - **prompts**: mean, spread (sd, 10th and 90th percentile) of prompts asked at the stop, against that fixed
   ``per_foundation=k`` (8 prompts a vignette).
 - **verdicts**: on the validity runs, at each probed step, whether the change since step 0 (up, down, none: its
   interval excludes 0 or not) is decided like the whole set's fixed 95% interval decides it, with what share of
-  the whole set's prompts; the goal is at least 95% of steps with at most 40% of the prompts.
+  the whole set's prompts; the goal is at least 95% of steps with at most 40% of the prompts. And the **verdict
+  rules** (``--only verdicts``): each run stepped as a run is (one order, each probe after the previous one's
+  stop), as now, with the previous probe's per-vignette changes as a control variate, and asking the most moved
+  vignettes first.
 - **run-level flags**: null runs (no true change at any step) built from the validity runs' real change rows,
   centred per foundation and sign-flipped per vignette, 50 steps each, independent steps and a random walk; the
   share of runs with any step flagged by the per-step p (< 0.05) against the run-level p
@@ -33,7 +40,9 @@ the moments, the interval, the stop), so what is measured is what a probe would 
 
     python examples/validity.py                      # once: the runs (~30 min on 2 idle cores)
     python benchmarks/adaptive.py                    # rows + simulations + timings (~8 min on 2 idle cores)
-    python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~3 min)
+    python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
+    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (~10 / 3 / 2 min:
+                                                                # coverage, remedies, verdicts)
 """
 
 from __future__ import annotations
