@@ -78,9 +78,9 @@ class Probe:
         probes, with the same ``run``, ``score`` and ``report``."""
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
         if cls is Probe and make_config(config, **given, **settings).until is not None:
-            from .stopping import AdaptiveProbe  # it is made of Probes: it imports this module
+            from .stopping import AdaptiveProbe  # a probe made of Probes: it is given this class, imports nothing here
 
-            return AdaptiveProbe(tok, name, limit, config=config, vignettes=vignettes, **settings)
+            return AdaptiveProbe(tok, name, limit, config=config, vignettes=vignettes, probe_class=cls, **settings)
         return super().__new__(cls)
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,

@@ -28,7 +28,6 @@ import numpy as np
 from .config import ProbeConfig, make_config
 from .data.sets import CONTROL
 from .errors import ConfigError
-from .probe import Probe
 from .results.analysis import scenario_scores
 from .results.sequential import STOPS, Look, Sequential
 from .results.stats import VignetteScores, vignette_scores
@@ -52,7 +51,8 @@ class Asked:
 class AdaptiveProbe:
     """A probe with a precision target (``until``, ``width``): probes of the vignettes each look adds, stepped until
     the stop. Built by ``Probe(tok, name, until=..., width=...)``; the same arguments as
-    :class:`~tinymcf_callback.probe.Probe`, and the same ``run``, ``score`` and ``report``.
+    :class:`~tinymcf_callback.probe.Probe` (which passes itself as ``probe_class``: this module sits below
+    ``probe`` and never imports it), and the same ``run``, ``score`` and ``report``.
 
     Example::
 
@@ -63,18 +63,18 @@ class AdaptiveProbe:
     """
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
-                 vignettes: list[dict] | None = None, **settings):
+                 vignettes: list[dict] | None = None, probe_class: type, **settings):
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
         config = make_config(config, **given, **settings)
         if config.until is None:
             raise ConfigError("an AdaptiveProbe needs until='level' or 'change'; Probe(tok, name) asks a fixed set")
-        self.config = config
-        self.candidates = Probe(tok, config=config.replace(until=None), vignettes=vignettes)
+        self.config, self.probe_class = config, probe_class  # Probe: this module is below it, never imports it
+        self.candidates = probe_class(tok, config=config.replace(until=None), vignettes=vignettes)
         ids = [v["id"] for v in self.vignettes]
         self.sequential = Sequential.of(ids, [v["foundation_coarse"] for v in self.vignettes], until=config.until,
                                         width=config.width, level=config.level, seed=config.subset_seed)
-        self._looks: dict[int, Probe] = {}  # look -> the Probe of the vignettes it adds
-        self._prefixes: dict[int, Probe] = {}  # look -> the Probe of every vignette asked by then (its report)
+        self._looks: dict[int, object] = {}  # look -> the Probe of the vignettes it adds
+        self._prefixes: dict[int, object] = {}  # look -> the Probe of every vignette asked by then (its report)
 
     # ---- what a probe is, from its candidates -------------------------------------------------------------------
     tok = property(lambda self: self.candidates.tok)
@@ -94,12 +94,12 @@ class AdaptiveProbe:
     def n_looks(self) -> int:
         return len(self.sequential.schedule.looks)
 
-    def _sub(self, rows: list[int], per_foundation: int | None) -> Probe:
+    def _sub(self, rows: list[int], per_foundation: int | None):
         stored = sorted(rows)  # the set's own order: the prompts, and so the digest, of per_foundation=k
         config = self.config.replace(until=None, limit=None, per_foundation=per_foundation)
-        return Probe(self.tok, config=config, vignettes=[self.vignettes[i] for i in stored])
+        return self.probe_class(self.tok, config=config, vignettes=[self.vignettes[i] for i in stored])
 
-    def look_probe(self, k: int) -> Probe:
+    def look_probe(self, k: int):
         """The probe of the vignettes look ``k`` adds (all of look 0's)."""
         if k not in self._looks:
             seq = self.sequential
@@ -107,7 +107,7 @@ class AdaptiveProbe:
             self._looks[k] = self._sub(new, None)
         return self._looks[k]
 
-    def prefix_probe(self, k: int) -> Probe:
+    def prefix_probe(self, k: int):
         """The probe of every vignette asked by look ``k``: ``per_foundation=k`` of the candidates."""
         if k not in self._prefixes:
             seq = self.sequential
@@ -129,7 +129,7 @@ class AdaptiveProbe:
         covered = -1 if before is None else self._looks_covered(before, notes)
         if covered < 0:
             before = None
-        parts: list[tuple[Probe, ScoreResult]] = []
+        parts: list[tuple[object, ScoreResult]] = []
         tables = []  # each look's per-scenario scores, computed once
 
         def scores_at(k: int) -> VignetteScores:  # look k: score the vignettes it adds
@@ -271,7 +271,7 @@ def batched_by_look(report: dict, looks: int) -> bool:
     return looks > 1 and dtype not in EXACT_DTYPES
 
 
-def control_note(report: dict, prefix: Probe) -> str | None:
+def control_note(report: dict, prefix) -> str | None:
     """What the stop line says of a control (Social Norms) whose interval is undefined at the stop (too few control
     vignettes asked: NaN, or the whole range ``[-2, +2]``), so that ``score minus control`` is not bounded by it;
     None when it is defined (or the set has no control)."""

@@ -159,6 +159,8 @@ class Boundary:
         if level is None or z < self.constant(level):
             return over_all
         stops = self._stops(level)  # |Z| at the first crossing of each draw that crosses, sorted
+        if len(stops) < 200:  # a level so high that the draws barely cross: the sequence's, an upper bound
+            return over_all
         n = len(stops) - np.searchsorted(stops, z, side="left")
         if n >= 200:
             return float(min(1.0, max(n / len(self.joint), p_look)))
