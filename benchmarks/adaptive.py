@@ -421,7 +421,49 @@ def control_variate(prev: dict):
     return estimate
 
 
-VERDICT_RULES = ("as now", "control variate: the previous probe's changes", "order: the most moved first")
+def baseline_variate(base: VignetteScores):
+    """A look's moments of the change with the baseline's own per-vignette ``align_other`` as a control variate
+    (the baseline scored every vignette, so its mean over each foundation's candidates is known): in each real
+    foundation with at least 3 vignettes asked, ``mean_S(d) - beta (mean_S(x) - mean_W(x))``, ``W`` the foundation's
+    candidates, variance ``var(d - beta x) / n_S + beta^2 var_W(x) / n_W``, ``n_S - 2`` degrees of freedom; else
+    the plain paired change."""
+    x_all = base.s[:, 0] - base.s[:, 1]
+
+    def estimate(now: VignetteScores, before: VignetteScores | None = None) -> sq.Moments:
+        if before is None:
+            return sq.moments(now)
+        terms = []
+        for f in sq.REAL_FOUNDATIONS:
+            rows = np.flatnonzero(now.foundation_coarse == f)
+            if not len(rows):
+                continue
+            d = (now.s[rows, 0] - now.s[rows, 1]) - (before.s[rows, 0] - before.s[rows, 1])
+            x = before.s[rows, 0] - before.s[rows, 1]
+            w = x_all[base.foundation_coarse == f]
+            n = len(d)
+            if n < 3 or not (np.all(np.isfinite(d)) and np.all(np.isfinite(w))) or np.var(x) == 0:
+                m = sq.moments(VignetteScores(now.id[rows], now.foundation_coarse[rows], now.s[rows]),
+                               VignetteScores(before.id[rows], before.foundation_coarse[rows], before.s[rows]))
+                terms.append((m.estimate, m.var, m.df))
+                continue
+            beta = float(np.cov(d, x, ddof=1)[0, 1] / np.var(x, ddof=1))
+            res = d - beta * x
+            var = float(np.var(res, ddof=1)) / n + beta * beta * float(np.var(w, ddof=1)) / len(w)
+            terms.append((float(d.mean() - beta * (x.mean() - w.mean())), var, n - 2))
+        k = len(terms)
+        estimate_ = sum(t[0] for t in terms) / k if k else math.nan
+        if not k or any(not math.isfinite(t[1]) or t[2] < 1 for t in terms):
+            return sq.Moments(estimate_, math.nan, 0.0)
+        parts = [t[1] / (k * k) for t in terms]
+        var = sum(parts)
+        denom = sum(p * p / t[2] for p, t in zip(parts, terms, strict=True))
+        return sq.Moments(estimate_, var, var * var / denom if denom > 0 else math.inf)
+
+    return estimate
+
+
+VERDICT_RULES = ("as now", "control variate: the previous probe's changes", "order: the most moved first",
+                 "control variate: the baseline's own values")
 
 
 def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> dict:
@@ -442,8 +484,10 @@ def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> d
                                            level=LEVEL, seed=i)
                     if prev is not None and rule.startswith("order"):
                         seq = dataclasses.replace(seq, order=moved_order(seq, prev))
-                    if prev is not None and rule.startswith("control variate"):
+                    if prev is not None and rule == "control variate: the previous probe's changes":
                         seq = dataclasses.replace(seq, estimate=control_variate(prev))
+                    if rule == "control variate: the baseline's own values":
+                        seq = dataclasses.replace(seq, estimate=baseline_variate(base))
                     looks, _ = seq.run(now, base)
                     look = looks[-1]
                     agree.append(verdict(look.lo, look.hi) == verdict(*sq.interval(whole, LEVEL, 4.0)))
