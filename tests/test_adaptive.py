@@ -19,7 +19,8 @@ from tinymcf_callback.data.sets import CONTROL
 from tinymcf_callback.errors import ConfigError
 from tinymcf_callback.results.metrics import baseline_record, change_metrics
 from tinymcf_callback.results.report import report_to_json
-from tinymcf_callback.results.stats import paired_change, vignette_scores
+from tinymcf_callback.results.stats import VignetteScores, paired_change, vignette_scores
+from tinymcf_callback.results.text import sanity_lines
 from tinymcf_callback.scoring.engine import ScoreResult
 
 KEY = "eval_moral_scifi"
@@ -78,6 +79,7 @@ def test_too_narrow_a_width_uses_the_set_up_and_says_so(qwen_tok):
     a = report["info"]["adaptive"]
     assert a["stopped"] == "used up" and a["vignettes"] == a["of_vignettes"] == 51 and len(a["looks"]) == 8
     assert "used up before the interval was as narrow as asked" in a["why"]
+    assert a["control"] is None and not a["batched_by_look"]  # the control's interval defined; float32
     assert report["prompt_digest"] == Probe(qwen_tok, "scifi").prompt_digest  # the whole set's prompts
     capped = Probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=4).run(Scripted())
     assert capped["info"]["adaptive"]["vignettes"] == 28 and capped["info"]["adaptive"]["of_vignettes"] == 28
@@ -95,14 +97,15 @@ def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is
     moved = probe.run(Scripted(shift=0.5), baseline=record)
     m = moved["info"]["adaptive"]
     assert m["stopped"] == "moved" and m["change"]["lo"] > 0 and m["vignettes"] == 14
+    # 2 control vignettes: its interval is the whole range, and the stop line says so
+    assert (moved["sn_lo"], moved["sn_hi"]) == (-2.0, 2.0) and "2 control vignettes asked" in m["control"]
+    assert any(m["control"] in line and line.startswith("[tinymcf] until=change") for line in sanity_lines(moved))
     # the baseline's report as loaded is taken alike
     assert probe.run(Scripted(shift=0.5), baseline=base)["info"]["adaptive"]["change"] == m["change"]
     # the change is the paired change over the vignettes both asked (the baseline's rows of the prefix)
     ids = set(vignette_scores(moved["scenarios"]).id)
     b = vignette_scores(base["scenarios"])
     keep = [i for i, v in enumerate(b.id) if v in ids]
-    from tinymcf_callback.results.stats import VignetteScores
-
     before = VignetteScores(b.id[keep], b.foundation_coarse[keep], b.s[keep])
     assert m["change"]["estimate"] == pytest.approx(
         paired_change(before, vignette_scores(moved["scenarios"]), n_resamples=200)["headline"]["score"].change,
@@ -200,6 +203,16 @@ def test_the_logger_logs_the_count_the_width_and_a_run_level_p(qwen_tok, tmp_pat
     lines = [json.loads(x) for x in (tmp_path / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [line["info"]["adaptive"]["stopped"] for line in lines] == ["baseline", "moved", "moved"]
     assert [line["info"]["n_vignettes"] for line in lines] == [51, 14, 14]
+    # the training resumed from step 10: step 20's line is set aside, but its test spent its alpha, so the step
+    # scored again is the run's third test, not its second a second time
+    from tinymcf_callback.results.history import append_line, resume_line
+
+    append_line(tmp_path / "moral_probe_scifi.jsonl", resume_line("scifi", "yesno", step=10, started=1.0,
+                                                                  superseded=[20]))
+    resumed = ProbeLogger(Probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
+    third = resumed.log(Scripted(shift=0.2, seed=1, noise=0.1), step=20)  # p about 0.016: 12 p apart from 6 p
+    assert 0 < third[f"{name}/score_change_p"] < 1 / 12
+    assert third[f"{name}/score_change_p_run"] == pytest.approx(12 * third[f"{name}/score_change_p"])
 
 
 def test_the_figure_rings_the_steps_flagged_at_their_step_and_over_the_run(qwen_tok, tmp_path):
@@ -294,3 +307,58 @@ def test_the_callback_with_a_change_target_scores_step_0_whole_and_stops_later_p
     assert metrics[f"{KEY}/score_change_p_run"] == pytest.approx(min(1.0, 2 * metrics[f"{KEY}/score_change_p"]))
     report = json.loads((tmp_path / "out" / "checkpoint-2" / "moral_probe_scifi.json").read_text())
     assert report["info"]["adaptive"] == later
+
+
+def _candidate_rows(probe, report) -> VignetteScores:
+    """A report's per-vignette rows, as the candidates' scores (NaN rows where it did not ask a vignette)."""
+    asked = vignette_scores(report["scenarios"])
+    where = {str(i): r for r, i in enumerate(asked.id)}
+    s = np.full((len(probe.vignettes), 4), np.nan)
+    for r, v in enumerate(probe.vignettes):
+        if str(v["id"]) in where:
+            s[r] = asked.s[where[str(v["id"])]]
+    return VignetteScores([v["id"] for v in probe.vignettes], [v["foundation_coarse"] for v in probe.vignettes], s)
+
+
+def test_a_real_probe_and_the_simulation_over_its_own_rows_step_the_same_looks_to_the_last_digit(qwen_tok, tiny_qwen):
+    """One stepping loop: the tiny random Qwen3 scored look by look through the engine, then the simulations'
+    ``Sequential.run`` over the rows that probe reported: the same looks (every digit of every interval and p-value)
+    and the same stop. The vignettes it did not ask are NaN, so a simulation that read beyond the stop would differ."""
+    from tinymcf_callback.stopping import AdaptiveProbe
+    from tinymcf_callback.testing import tiny_qwen3
+
+    cheap = {"self_check": False, "per_foundation": 5}  # 35 of the 51 vignettes, four looks
+    used_up = Probe(qwen_tok, "scifi", until="level", width=1e-6, **cheap)
+    assert isinstance(used_up, AdaptiveProbe)
+    whole = used_up.run(tiny_qwen)
+    a = whole["info"]["adaptive"]
+    assert a["stopped"] == "used up" and len(a["looks"]) == 4
+    width = a["looks"][2]["width"] * (1 + 1e-9)  # a width first reached at the third look, or before
+    probes = [(used_up, whole, None)]
+    mid = Probe(qwen_tok, "scifi", until="level", width=width, **cheap)
+    probes.append((mid, mid.run(tiny_qwen), None))
+    change = Probe(qwen_tok, "scifi", until="change", width=0.02, **cheap)
+    base = change.run(tiny_qwen3(seed=1))
+    probes.append((change, change.run(tiny_qwen, baseline=base), base))
+    stops = []
+    for probe, report, baseline in probes:
+        a = report["info"]["adaptive"]
+        before = None if baseline is None else _candidate_rows(probe, baseline)
+        looks, why = probe.sequential.run(_candidate_rows(probe, report), before)
+        assert [look.as_dict() for look in looks] == a["looks"] and why == a["stopped"]
+        stops.append((len(looks), why))
+    assert stops[1][0] <= 3 and stops[2][1] in ("moved", "width", "used up")
+
+
+def test_in_bfloat16_the_report_says_its_looks_were_batched_apart(qwen_tok, tiny_qwen):
+    """In a half precision a prompt's P(Yes) moves with its batch, and the looks batch apart: the stopped report may
+    differ from per_foundation=k scored at once, and it says so (float32: per_foundation=k's own numbers)."""
+    import copy
+
+    import torch
+
+    half = copy.deepcopy(tiny_qwen).to(torch.bfloat16)
+    report = Probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=3, self_check=False).run(half)
+    a = report["info"]["adaptive"]
+    assert report["dtype"] == "bfloat16" and len(a["looks"]) == 2 and a["batched_by_look"]
+    assert any("scored in bfloat16, look by look" in w for w in report["info"]["warnings"])

@@ -91,6 +91,34 @@ def test_the_boundary_widens_each_look_by_what_the_looks_cost_and_its_p_value_ag
     assert p_seq[2] == pytest.approx(0.05, abs=0.002)  # at the per-look level's edge: the sequence's 5%
 
 
+def test_the_change_targets_p_value_is_its_stops_and_holds_its_level_under_no_change(scifi):
+    """The p-value of a change target's stop: the chance with no change of stopping on a change at least as extreme.
+    Between the stopped look's own t-test and the sequence's over all 8 looks (what was reported before, larger), at
+    most 1 - level exactly when the interval excludes 0, and, over null runs stopped by the probe's own rule, below
+    alpha at most alpha of the time."""
+    ids, foundations = scifi
+    boundary = Schedule.of(foundations).boundary()
+    per_look = boundary.per_look(0.95)
+    for p in (0.01, 1e-3, 1e-5, 1e-9):
+        stop, over_all = boundary.p_value(p, 0.95), boundary.p_value(p)
+        assert p <= stop < over_all, p
+    assert boundary.p_value(1e-3) > 2.5 * boundary.p_value(1e-3, 0.95)  # the old report, at a look's p of 0.001
+    crossing = boundary.p_value((1 - per_look) * 0.99, 0.95)
+    holding = boundary.p_value((1 - per_look) * 1.01, 0.95)
+    assert crossing <= 0.05 < holding + 0.002
+    assert holding == boundary.p_value((1 - per_look) * 1.01)  # an interval that holds 0: the sequence's
+    rng = np.random.default_rng(3)
+    stopped = []
+    for sim in range(400):
+        seq = Sequential.of(ids, foundations, until="change", width=0.0, level=0.95, seed=sim)
+        a = _scores(ids, foundations, rng, noise=0.35)
+        looks, _ = seq.run(_scores(ids, foundations, rng, shift=0.0, noise=0.2, base=a), a)
+        stopped.append(looks[-1].p)
+    stopped = np.array(stopped)
+    for alpha in (0.01, 0.05, 0.2):  # 400 null runs: a share of 5% is known to +-2.2% (two standard errors)
+        assert np.mean(stopped <= alpha) <= alpha + 2 * math.sqrt(alpha * (1 - alpha) / 400), alpha
+
+
 def test_stop_reasons():
     look = lambda lo, hi: Look(2, 14, (lo + hi) / 2, lo, hi)  # noqa: E731
     assert stop_reason("level", 0.1, look(0.2, 0.25)) == "width"

@@ -72,6 +72,17 @@ class Probe:
     :class:`~tinymcf_callback.errors.ProbeDataError` for an unknown or unprepared set.
     """
 
+    def __new__(cls, tok=None, name: str | None = None, limit: int | None = None, *,
+                config: ProbeConfig | None = None, vignettes: list[dict] | None = None, **settings):
+        """A precision target (``until=``) gives an :class:`~tinymcf_callback.stopping.AdaptiveProbe`, a probe made of
+        probes, with the same ``run``, ``score`` and ``report``."""
+        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
+        if cls is Probe and make_config(config, **given, **settings).until is not None:
+            from .stopping import AdaptiveProbe  # a probe made of Probes: it is given this class, imports nothing here
+
+            return AdaptiveProbe(tok, name, limit, config=config, vignettes=vignettes, probe_class=cls, **settings)
+        return super().__new__(cls)
+
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
@@ -100,12 +111,6 @@ class Probe:
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)
-        # with a precision target: the looks, and the probes that score the vignettes each one adds
-        self.stopping = None
-        if config.until is not None:
-            from .stopping import Stopping
-
-            self.stopping = Stopping(self)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -165,20 +170,13 @@ class Probe:
         scoring its share of the batches, every one ending with the whole result). With
         ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
 
-        With a precision target (``until``): look by look until the stop
-        (:class:`~tinymcf_callback.stopping.Stopping`), the change measured from ``baseline`` (the baseline's
-        report as loaded, or its :func:`~tinymcf_callback.results.metrics.baseline_record`) when given; the
-        result is over the prompts asked, ``res.asked`` says which and why it stopped.
+        ``baseline`` applies to a probe with a precision target
+        (:class:`~tinymcf_callback.stopping.AdaptiveProbe`) only: a fixed probe's change is measured by its logger.
 
         Raises :class:`~tinymcf_callback.errors.UnsupportedModelError` before any forward call when
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`
         when a prompt exceeds its context.
         """
-        if self.stopping is not None:
-            if batches is not None:
-                raise ConfigError("a probe with a precision target (until=) scores look by look: batches= does not "
-                                  "apply")
-            return self.stopping.score(model, progress=progress, ranks=ranks, baseline=baseline)
         elsewhere = scorer_of(model)
         if elsewhere is not None:  # the server scores every prompt (each process of a distributed run asks it alike)
             if batches is not None:
@@ -206,8 +204,6 @@ class Probe:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`); ``level``: the
         intervals' (default ``config.level``)."""
         config = self.config
-        if getattr(res, "asked", None) is not None and self.stopping is not None:
-            return self.stopping.report(res, elapsed)
         out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed, name=self.name,
                       level=config.level if level is None else level, n_resamples=config.n_resamples,
                       seed=config.seed)

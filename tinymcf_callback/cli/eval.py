@@ -97,13 +97,13 @@ def run(args) -> int:
                             "--tokenizer PATH") from None
         probe = Probe(tok, config=config)
         if baseline is not None:
-            probe.stopping.check_baseline(baseline)  # before the server is asked anything
+            probe.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
         model = ServedModel.from_config(served, reference=reference)
     else:
         probe = Probe(local_tokenizer(args), config=config)  # bad data fail before the weights
         if baseline is not None:
-            probe.stopping.check_baseline(baseline)
+            probe.check_baseline(baseline)
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
     report = probe.run(model, progress=not args.no_progress, baseline=baseline)
     print("\n".join(sanity_lines(report)))

@@ -261,7 +261,7 @@ class CurrentRun:
             if any(kept["step"] > line["step"] for _, kept in self.lines):  # the abandoned branch: set aside
                 self.lines = [(n, kept) for n, kept in self.lines if kept["step"] <= line["step"]]
                 self.newest = {kept["step"]: kept for _, kept in self.lines}
-                self.tests = count_tests([kept for _, kept in self.lines])
+                # self.tests keeps the tests of the steps set aside: each spent its share of the run's alpha, once
             return
         if event == BASELINE_EVENT:  # a new run starts here
             self.lines, self.newest, self.tests = [], {}, 0

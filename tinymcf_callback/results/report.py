@@ -103,6 +103,11 @@ ADAPTIVE_FIELDS = {
     "looks": (LIST, f"every look until the stop, {_LOOK}: the interval asked about at each"),
     "change": ("object or null", f"the change of the score since the baseline at the stop, {_LOOK} (null without a "
                        "baseline)"),
+    "control": (STR_OR_NULL, "at the stop, why the control's interval is undefined (too few control vignettes "
+                             "asked: score minus control is not bounded by it); null when it is defined"),
+    "batched_by_look": (BOOL, "the looks' prompts were batched apart in a half precision, so the numbers may differ "
+                              "from per_foundation=k scored at once by the batch spread (float32: false, they are "
+                              "per_foundation=k's)"),
 }
 BACKEND_FIELDS = {
     "kind": (STR, "transformers (this process), or the server: vllm, sglang, llama.cpp, openai-compatible"),

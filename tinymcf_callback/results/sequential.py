@@ -35,14 +35,30 @@ standardised error over the looks, from 200,000 seeded draws of that Gaussian pr
 each look uses it as a per-look level, through the t distribution of its own degrees of freedom. For
 ``scifi`` (8 looks) the per-look level is about 98.5% where the sequence's is 95%. The coverage that
 results, for the whole set's value under random orders of real vignette scores, is measured in
-``docs/statistics.md``; a p-value is the smallest ``1 - level`` at which the sequence's interval excludes 0
-(:meth:`Boundary.p_value`).
+``docs/statistics.md``.
+
+**The p-value of the stop** (:meth:`Boundary.p_value`). A change target stops at the first look whose interval
+of the change excludes 0; its p-value is the chance, with no change, that the probe would *stop on a change at
+least as extreme*: ``P(|Z_tau| >= |z|)``, ``tau`` the first look whose ``|Z|`` reaches ``c`` (the ordering of
+outcomes by their standardised change, Rosner and Tsiatis's). It is at most ``1 - level`` exactly when the interval
+excludes 0, never below the stopped look's own t-test, never above the sequence's p-value over all the looks
+(``P(max_j |Z_j| >= |z|)``, what was reported before: 1.2x at a look's p of 0.01, 3x at 0.001), and the chance
+that it falls below any ``alpha`` with no change is at most ``alpha`` (a stop for width first, or fewer looks, only
+takes crossings away). A look whose interval holds 0, and a level target's change (which did not stop it), have
+the sequence's p-value over all the looks, valid under any stopping, never below ``1 - level``.
+
+**One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
+its interval and decides the stop: a probe passes a function that scores the vignettes the look adds
+(:class:`~tinymcf_callback.stopping.AdaptiveProbe`), a simulation one that takes the known scores' rows
+(:meth:`Sequential.run`). Nothing else steps the looks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -106,48 +122,76 @@ class Schedule:
 class Boundary:
     """The constant of a confidence sequence over one schedule's looks (see the module's docstring).
 
-    ``draws``: the largest standardised error over the looks, sorted, in ``BOUNDARY_DRAWS`` seeded draws of the
-    looks' joint Gaussian errors (real foundations only: the score and its change average them).
+    ``joint``: each look's standardised error ``|Z_k|`` in ``BOUNDARY_DRAWS`` seeded draws of the looks' joint
+    Gaussian errors (real foundations only: the score and its change average them), ``[draws, looks]``; ``draws``:
+    the largest over the looks, sorted.
     """
 
-    def __init__(self, draws: np.ndarray, n_looks: int):
-        self.draws, self.n_looks = draws, n_looks
+    def __init__(self, joint: np.ndarray):
+        self.joint, self.n_looks = joint, joint.shape[1]
+        self.draws = np.sort(joint.max(axis=1))
 
     @classmethod
     def of(cls, schedule: Schedule) -> Boundary:
         real = tuple(n for f, n in zip(FOUNDATIONS, schedule.sizes, strict=True) if f != CONTROL)
         return _boundary(real, schedule.looks)
 
+    def constant(self, level: float) -> float:
+        """``c``: the intervals ``estimate ± c * se`` at every look hold together with ``level``."""
+        return float(np.quantile(self.draws, level))
+
     def per_look(self, level: float) -> float:
         """The level each look's interval is built at so that all of them hold together with ``level``."""
         if self.n_looks <= 1:
             return level
-        c = float(np.quantile(self.draws, level))
-        return 2.0 * NormalDist().cdf(c) - 1.0
+        return 2.0 * NormalDist().cdf(self.constant(level)) - 1.0
 
-    def p_value(self, p_look: float) -> float:
-        """The sequence's p-value of a look whose own (fixed-size) p-value is ``p_look``: the chance that the
-        largest standardised error over the looks reaches this look's. Never below ``p_look``."""
+    def p_value(self, p_look: float, level: float | None = None) -> float:
+        """The p-value of a look whose own (fixed-size) p-value is ``p_look`` (see the module's docstring): with
+        ``level`` (the change stops the probe at this level) and an interval that excludes 0, the stop's; else the
+        sequence's over all the looks. Never below ``p_look``."""
         if not math.isfinite(p_look):
             return math.nan
         if self.n_looks <= 1 or p_look >= 1.0 or p_look <= 0.0:
             return float(p_look)
         z = -NormalDist().inv_cdf(p_look / 2.0)  # the look's |z| (its lower tail: exact for tiny p)
-        tail = (len(self.draws) - np.searchsorted(self.draws, z, side="left")) / len(self.draws)
-        if tail * len(self.draws) < 200:  # beyond what the draws resolve: the tail of the union of the looks,
-            # scaled to meet the draws where they still resolve it (the ratio is flat out there)
-            edge = float(self.draws[-200])
+        over_all = self._tail(self.draws, z, p_look)
+        if level is None or z < self.constant(level):
+            return over_all
+        stops = self._stops(level)  # |Z| at the first crossing of each draw that crosses, sorted
+        if len(stops) < 200:  # a level so high that the draws barely cross: the sequence's, an upper bound
+            return over_all
+        n = len(stops) - np.searchsorted(stops, z, side="left")
+        if n >= 200:
+            return float(min(1.0, max(n / len(self.joint), p_look)))
+        # beyond what the draws resolve: the sequence's tail, times the ratio where the draws still resolve both
+        edge = float(stops[-200])
+        ratio = (200 / len(self.joint)) / self._tail(self.draws, edge, 2.0 * (1.0 - NormalDist().cdf(edge)))
+        return float(min(over_all, max(over_all * ratio, p_look)))
+
+    def _tail(self, sorted_draws: np.ndarray, z: float, p_look: float) -> float:
+        """``P(max_j |Z_j| >= z)``; beyond what the draws resolve, the tail of the union of the looks, scaled to meet
+        the draws where they still resolve it (the ratio is flat out there)."""
+        tail = (len(sorted_draws) - np.searchsorted(sorted_draws, z, side="left")) / len(sorted_draws)
+        if tail * len(sorted_draws) < 200:
+            edge = float(sorted_draws[-200])
             edge_p = 2.0 * (1.0 - NormalDist().cdf(edge))
-            tail = p_look * (200 / len(self.draws)) / edge_p if edge_p > 0 else p_look
+            tail = p_look * (200 / len(sorted_draws)) / edge_p if edge_p > 0 else p_look
         return float(min(1.0, max(tail, p_look)))
 
+    @lru_cache(maxsize=4)  # noqa: B019 - a boundary is cached and lives as long as the process
+    def _stops(self, level: float) -> np.ndarray:
+        crossed = self.joint >= self.constant(level)
+        rows = np.flatnonzero(crossed.any(axis=1))
+        return np.sort(self.joint[rows, np.argmax(crossed[rows], axis=1)])
 
-@lru_cache(maxsize=64)
+
+@lru_cache(maxsize=16)
 def _boundary(real_sizes: tuple[int, ...], looks: tuple[int, ...]) -> Boundary:
     """The seeded draws behind :class:`Boundary` for real foundations of ``real_sizes`` looked at after ``looks``."""
     sizes = np.array([n for n in real_sizes if n > 0])
     if len(looks) <= 1 or not len(sizes):
-        return Boundary(np.zeros(1), len(looks))
+        return Boundary(np.zeros((1, max(len(looks), 1)), dtype=np.float32))
     counts = np.minimum(np.array(looks)[:, None], sizes[None, :]).astype(float)  # [K, F]
     steps = np.diff(np.vstack([np.zeros((1, len(sizes))), counts]), axis=0)  # vignettes each look adds
     sd = np.sqrt(np.sum(1.0 / counts, axis=1))  # of the foundations' summed means, with unit spreads
@@ -157,8 +201,8 @@ def _boundary(real_sizes: tuple[int, ...], looks: tuple[int, ...]) -> Boundary:
         n = min(_CHUNK, BOUNDARY_DRAWS - start)
         added = rng.standard_normal((n, *steps.shape)) * np.sqrt(steps)  # each look's new vignettes, summed
         means = np.cumsum(added, axis=1) / counts  # [n, K, F]
-        out.append(np.max(np.abs(means.sum(axis=2) / sd), axis=1))
-    return Boundary(np.sort(np.concatenate(out)), len(looks))
+        out.append(np.abs(means.sum(axis=2) / sd).astype(np.float32))
+    return Boundary(np.concatenate(out))
 
 
 # ---- one look -------------------------------------------------------------------------------------------------
@@ -268,13 +312,15 @@ def stop_reason(until: str, width: float, look: Look) -> str | None:
 class Sequential:
     """The looks of one probe: ``order`` (indices into the candidates, :func:`balanced_order`), its
     :class:`Schedule`, the per-look level for ``level``; with ``before`` (the baseline's scores of the same
-    candidates, NaN rows where it did not score one) the change is measured at each look."""
+    candidates, NaN rows where it did not score one) the change is measured at each look. ``estimate``: a look's
+    moments from its scores (:func:`moments`; the benchmarks try others through it)."""
 
     until: str
     width: float
     level: float
     schedule: Schedule
     order: list[int]
+    estimate: Callable[..., Moments] = field(default=moments, repr=False, compare=False)  # a look's moments
 
     def __post_init__(self):
         self.boundary = self.schedule.boundary()
@@ -289,26 +335,50 @@ class Sequential:
         """The candidates asked by look ``k`` (indices, in the order they were asked)."""
         return self.order[:self.schedule.vignettes(k)]
 
-    def look(self, k: int, now: VignetteScores, before: VignetteScores | None = None) -> Look:
-        """Look ``k`` from the scores of its prefix (``now``; ``before``: the baseline's of the same vignettes)."""
-        change = moments(now, before) if before is not None else None
-        asked = change if self.until == "change" else moments(now)
+    def look(self, k: int, now: VignetteScores, before: VignetteScores | None = None, *,
+             stops: bool = True) -> Look:
+        """Look ``k`` from the scores of its prefix (``now``; ``before``: the baseline's of the same vignettes, in
+        the same order). ``stops``: a change target's change stops the probe here once its interval excludes 0, so
+        its p-value is the stop's (a level target's change has the sequence's)."""
+        change = self.estimate(now, before) if before is not None else None
+        asked = change if self.until == "change" else self.estimate(now)
         lo, hi = interval(asked, self.per_look, _RANGE[self.until])
-        p = None if change is None else self.boundary.p_value(p_look(change))
+        stopping = self.level if stops and self.until == "change" else None
+        p = None if change is None else self.boundary.p_value(p_look(change), stopping)
         return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p)
 
-    def run(self, scores: VignetteScores, before: VignetteScores | None = None, *, stop=None) -> tuple[list[Look], str]:
-        """Every look until the stop, from the whole candidate set's scores (a simulation: the scores are known)."""
-        looks = []
-        for k in range(len(self.schedule.looks)):
-            rows = np.array(self.prefix(k))
-            now = _rows(scores, rows)
-            look = self.look(k, now, None if before is None else _rows(before, rows))
+    def step(self, scores_at: Callable[[int], VignetteScores], before: VignetteScores | None = None, *,
+             last: int | None = None, stop=None) -> tuple[list[Look], str]:
+        """The one loop over the looks: look ``k``'s prefix scores come from ``scores_at(k)`` (a probe scores the
+        vignettes the look adds, a simulation takes known rows), ``before`` the baseline's of the candidates (its
+        rows found by id), up to look ``last`` (default the last); the looks until the stop and why it stopped (a
+        key of :data:`STOPS`). ``stop``: another rule than :func:`stop_reason`, same arguments."""
+        last = len(self.schedule.looks) - 1 if last is None else last
+        looks: list[Look] = []
+        for k in range(last + 1):
+            now = scores_at(k)
+            look = self.look(k, now, None if before is None else by_id(before, now.id))
             looks.append(look)
             why = (stop or stop_reason)(self.until, self.width, look)
             if why is not None:
                 return looks, why
         return looks, "used up"
+
+    def run(self, scores: VignetteScores, before: VignetteScores | None = None, *, stop=None) -> tuple[list[Look], str]:
+        """Every look until the stop, from the whole candidate set's scores (a simulation: the scores are known)."""
+        return self.step(lambda k: _rows(scores, np.array(self.prefix(k))), before, stop=stop)
+
+    def change_at(self, k: int, now: VignetteScores, before: VignetteScores) -> Look:
+        """The change since the baseline at look ``k`` of a level target (its stop), from the scores of its prefix
+        (``now``): the change's interval at the same per-look level, the sequence's p-value (the change did not
+        stop it)."""
+        return dataclasses.replace(self, until="change").look(k, now, by_id(before, now.id), stops=False)
+
+
+def by_id(scores: VignetteScores, ids) -> VignetteScores:
+    """The rows of ``scores`` of vignettes ``ids``, in that order."""
+    where = {str(i): r for r, i in enumerate(scores.id)}
+    return _rows(scores, np.array([where[str(i)] for i in ids], dtype=int))
 
 
 def _rows(scores: VignetteScores, rows: np.ndarray) -> VignetteScores:

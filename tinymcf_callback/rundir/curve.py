@@ -134,7 +134,8 @@ class Curve:
     def number(self, line: dict) -> dict:
         """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
         run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now (only
-        the lines appended since the last count are read)."""
+        the lines appended since the last count are read), the tests of steps a resume set aside included: each test
+        spends its own share of alpha, once."""
         with_run_level(line, self.name, self.answer_format, self.tests())
         return line
 

@@ -45,6 +45,7 @@ from ..results.rows import vignette_rows, vignette_texts
 from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten
 from ..scoring.ranks import Ranks
+from ..stopping import AdaptiveProbe
 from ..trackers.sinks import Trackers
 from ..trackers.targets import as_sink
 
@@ -72,9 +73,10 @@ class ProbeLogger:
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a ``to=`` it cannot send to.
     """
 
-    def __init__(self, probe: Probe, output_dir: str | os.PathLike | None = None, *, to=(), baseline: bool = True,
-                 resume: bool = True, strict: bool = False, verbose: bool = False, figure: bool = True):
-        if not isinstance(probe, Probe):
+    def __init__(self, probe: Probe | AdaptiveProbe, output_dir: str | os.PathLike | None = None, *, to=(),
+                 baseline: bool = True, resume: bool = True, strict: bool = False, verbose: bool = False,
+                 figure: bool = True):
+        if not isinstance(probe, (Probe, AdaptiveProbe)):
             raise ConfigError(f"ProbeLogger needs a Probe (tinymcf_callback.Probe(tok, 'scifi', ...)), got "
                               f"{type(probe).__name__}")
         self.probe = probe
