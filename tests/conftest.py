@@ -6,7 +6,9 @@ tiny Trainer, tiny architectures, made-up scores) are modules of ``tests/helpers
 
 Tiers: ``make test-fast`` runs the tests not marked ``slow`` (tiny random models only, in this
 process); ``make test`` runs all of them. A test is ``slow`` when it loads SmolLM2, starts a
-subprocess (torchrun, the CLI as a program, a wheel build, the demo) or compiles.
+subprocess (torchrun, the CLI as a program, a wheel build, the demo) or compiles, and for the runs followed end to
+end through a (fake) server beyond the one the fast tier keeps (``test_reload.py``): the fast tier stays near two
+minutes on two cores.
 """
 
 from __future__ import annotations

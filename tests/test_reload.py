@@ -66,6 +66,7 @@ def cut_checkpoint(run, step: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # two runs followed end to end: make test; the fast tier reads a cut file in the test above
 @pytest.mark.parametrize("served", [True, False], ids=["through a server", "loaded here"])
 def test_a_checkpoint_cut_short_is_one_line_never_sent_and_the_next_is_scored_exactly(tmp_path, qwen_tok, caplog,
                                                                                      capsys, served):
@@ -76,7 +77,7 @@ def test_a_checkpoint_cut_short_is_one_line_never_sent_and_the_next_is_scored_ex
     caplog.set_level(logging.INFO, logger="tinymcf_callback")
     with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True) as server:
         where = ["--endpoint", server.url, "--reload", "vllm"] if served else []
-        rc = tinymcf(["sweep", str(run), *where, "--retries", "2", *PROBE])  # read again twice: a copy may finish
+        rc = tinymcf(["sweep", str(run), *where, "--retries", "2", "--backoff", "0.2", *PROBE])  # read again twice
         sent = reloads(server)
     assert rc == 1
     assert not any("checkpoint-2" in path for path in sent)  # never handed to the server
@@ -101,7 +102,7 @@ def test_a_weight_update_route_is_asked_at_most_twice_for_one_checkpoint(tmp_pat
     with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True) as server:
         server.failing["/collective_rpc"] = 500
         rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "vllm", "--no-baseline",
-                      "--retries", "4", *PROBE])
+                      "--retries", "4", "--backoff", "0.2", *PROBE])
         sent = reloads(server)
     assert rc == 1 and len(sent) == 2 and completions(server) == 0
     [line] = history(run)
@@ -109,6 +110,7 @@ def test_a_weight_update_route_is_asked_at_most_twice_for_one_checkpoint(tmp_pat
 
 
 # ---- what a reload is trusted with ------------------------------------------------------------------------------
+@pytest.mark.slow  # a run followed end to end through a server: make test (the fast tier keeps one)
 def test_each_reload_is_checked_on_the_scores_and_the_line_says_how_close(tmp_path, qwen_tok):
     run, init = saved_run(tmp_path, qwen_tok)
     local = clone(run, tmp_path / "local")
@@ -144,6 +146,7 @@ def test_a_reload_that_keeps_the_old_output_layer_is_caught_and_the_step_left_un
     assert len(said) == 1
 
 
+@pytest.mark.slow  # a run followed end to end through a server: make test (the fast tier keeps one)
 def test_without_the_reload_check_nothing_is_loaded_here(tmp_path, qwen_tok, monkeypatch):
     from tinymcf_callback.follow import scoring
 
@@ -168,6 +171,7 @@ def test_a_tied_model_on_a_vllm_on_the_cpu_is_refused_before_anything_is_scored(
     assert not (run / "moral_probe_scifi.jsonl").exists() or history(run) == []
 
 
+@pytest.mark.slow  # a run followed end to end through a server: make test (the fast tier keeps one)
 def test_adapters_that_train_the_output_layer_on_a_vllm_on_the_cpu_are_refused(tmp_path, qwen_tok, capsys):
     """vLLM-CPU answers requests for the base with other numbers while such an adapter is loaded (1.4e-2 in P(Yes),
     measured): the LoRA run's step 0 would be wrong. Refused before anything is scored; adapters of the attention
@@ -189,6 +193,7 @@ def test_adapters_that_train_the_output_layer_on_a_vllm_on_the_cpu_are_refused(t
             assert all(x["info"]["backend"]["reload_check"]["p_yes_diff"] < 1e-6 for x in lines)  # step 0 too
 
 
+@pytest.mark.slow  # a run followed end to end through a server: make test (the fast tier keeps one)
 def test_an_untied_model_on_a_vllm_on_the_cpu_is_reloaded(tmp_path, qwen_tok):
     untied = tiny_qwen3(seed=0)
     untied.config.tie_word_embeddings = False
@@ -200,6 +205,7 @@ def test_an_untied_model_on_a_vllm_on_the_cpu_is_reloaded(tmp_path, qwen_tok):
     assert [x["step"] for x in history(run)] == [0, 1]
 
 
+@pytest.mark.slow  # a run followed end to end through a server: make test (the fast tier keeps one)
 def test_a_server_that_dies_after_a_reload_is_not_blamed_on_the_probe_alone(tmp_path, qwen_tok, capsys):
     run, _ = saved_run(tmp_path, qwen_tok, steps=(1,))
     with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True) as server:

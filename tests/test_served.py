@@ -243,8 +243,8 @@ def test_a_request_that_times_out_is_not_sent_again_and_the_message_names_the_ti
         server.completion_faults.extend(["ok"] * 3 + ["slow"])  # the log-probability check's three, then slow
         # "slow" never answers before the client gives up, whatever the machine's speed; the timeout is far above what
         # the check's ordinary answers take (a tiny model's forward, ~0.05 s) even on a loaded machine
-        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 6 s: raise --request-timeout"):
-            probe.run(ServedModel(server.url, "served-model", timeout=6, concurrency=1))
+        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 4 s: raise --request-timeout"):
+            probe.run(ServedModel(server.url, "served-model", timeout=4, concurrency=1))
         slow = [b for route, b in server.requests if route == "/v1/completions"]
     assert len(slow) == 4  # three for the check, one that timed out: never a second copy of it
 

@@ -65,7 +65,10 @@ def add_run_arguments(p, *, dashboards: str) -> None:
                         "bf16=True Trainer with keep_autocast=True)")
     p.add_argument("--retries", type=int, default=4, metavar="N",
                    help="a checkpoint that cannot be read (a copy or network filesystem glitch) is tried again N "
-                        "times, after 2, 4, 8, ... s, before its step is recorded as a gap (default: 4)")
+                        "times, after 2, 4, 8, ... s (--backoff), before its step is recorded as a gap (default: 4)")
+    p.add_argument("--backoff", type=float, default=2.0, metavar="S",
+                   help="seconds before the first of those tries, doubling after each (default: 2; a slow network "
+                        "filesystem may want more)")
     p.add_argument("--settle", type=float, default=5.0, metavar="S",
                    help="a save without a completion marker (a save_pretrained folder, verl with async_save) counts "
                         "once none of its files changed for S seconds (default 5)")
@@ -95,7 +98,7 @@ def run(args) -> int:
 
     settings = settings_of(args)
     check_retries(args)
-    result = in_processes(args, lambda: run_sweep(settings, retries=args.retries))
+    result = in_processes(args, lambda: run_sweep(settings, retries=args.retries, backoff=args.backoff))
     if result is None or isinstance(result, int):
         return result or 0
     print(f"[tinymcf] sweep of {settings.run_dir}: {counts(result)}; history: {result.history}")
@@ -105,6 +108,8 @@ def run(args) -> int:
 def check_retries(args) -> None:
     if args.retries < 0:
         raise ConfigError(f"--retries must be a whole number >= 0, got {args.retries}")
+    if not args.backoff >= 0:
+        raise ConfigError(f"--backoff must be a number of seconds >= 0, got {args.backoff}")
 
 
 def counts(result) -> str:

@@ -42,7 +42,7 @@ def run(args) -> int:
         raise ConfigError(f"--stop-at must be a training step >= 0, got {args.stop_at}")
     check_retries(args)
     settings = WatchSettings(settings_of(args), poll=args.poll, idle_timeout=args.idle_timeout, stop_at=args.stop_at,
-                             dead_after=args.dead_after, retries=args.retries)
+                             dead_after=args.dead_after, retries=args.retries, backoff=args.backoff)
     result = in_processes(args, lambda: run_watch(settings))
     if result is None or isinstance(result, int):
         return result or 0
