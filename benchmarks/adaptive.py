@@ -54,6 +54,7 @@ import math
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -312,8 +313,9 @@ REMEDIES = {  # name -> (the estimate of a look's moments, the fewest vignettes 
     "every look (the whole set)": (sq.moments, 99),
     "from 5 per foundation": (sq.moments, 5),
     "pooled variance floor": (floored(0.0, pooled=True), 0),
-    "variance floor 0.1": (floored(0.1), 0),
-    "variance floor 0.25": (floored(0.25), 0),
+    "variance floor 0.1": (partial(sq.moments, sd_floor=0.1), 0),  # the probe's own sd_floor= (ProbeConfig)
+    "variance floor 0.2": (partial(sq.moments, sd_floor=0.2), 0),
+    "variance floor 0.25": (partial(sq.moments, sd_floor=0.25), 0),
 }
 
 
@@ -342,7 +344,7 @@ def remedy_coverage(now: VignetteScores, before: VignetteScores | None, until: s
 
 
 REMEDY_SETTINGS = ("rare extremes, step 0", "rare extremes, 0->10", "SmolLM2 step 0", "aligned 0->10",
-                   "shuffled 0->50")
+                   "shuffled 0->50", "aligned 0->50", "inverted 0->50")  # the last two: large changes, stopped early
 
 
 def remedies(rows: dict, orders: int) -> dict:

@@ -165,7 +165,10 @@ def test_the_settings_refuse_what_cannot_go_together(qwen_tok):
     for settings, needle in (({"until": "soon"}, "until must be 'level'"),
                              ({"until": "level", "width": 0}, "width must be a number above 0"),
                              ({"until": "level", "limit": 14}, "give per_foundation"),
-                             ({"until": "change", "n_resamples": 0}, "switches the intervals off")):
+                             ({"until": "change", "n_resamples": 0}, "switches the intervals off"),
+                             ({"sd_floor": 0.25}, "sd_floor widens a precision target's intervals: give until='level'"),
+                             ({"until": "level", "sd_floor": 0}, "sd_floor must be a number above 0"),
+                             ({"until": "level", "sd_floor": 3}, "sd_floor must be a number above 0 and at most 2")):
         with pytest.raises(ConfigError, match=needle):
             Probe(qwen_tok, "scifi", **settings)
     probe = Probe(qwen_tok, "scifi", until="level")
@@ -362,3 +365,24 @@ def test_in_bfloat16_the_report_says_its_looks_were_batched_apart(qwen_tok, tiny
     a = report["info"]["adaptive"]
     assert report["dtype"] == "bfloat16" and len(a["looks"]) == 2 and a["batched_by_look"]
     assert any("scored in bfloat16, look by look" in w for w in report["info"]["warnings"])
+
+
+def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qwen_tok, capsys):
+    """sd_floor (docs/statistics.md, rare one-sided extremes): each look's interval at least as wide as the floor
+    makes it, the report and its stop line say so, and a watcher's options carry it."""
+    plain = Probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
+    probe = Probe(qwen_tok, "scifi", until="level", width=0.4, sd_floor=0.5)
+    report = probe.run(Scripted())
+    a = report["info"]["adaptive"]
+    check_adaptive(a, report["info"])
+    assert a["sd_floor"] == 0.5 and plain["info"]["adaptive"]["sd_floor"] is None
+    assert a["per_foundation"] > plain["info"]["adaptive"]["per_foundation"]  # the floor asks more
+    from tinymcf_callback.results.stats import t_quantile
+
+    for look in a["looks"]:
+        n = look["per_foundation"]  # every real foundation has at least this many asked
+        assert look["width"] >= 2 * t_quantile(0.5 + a["per_look_level"] / 2, 6 * (n - 1)) * 0.5 / np.sqrt(6 * n) * 0.99
+    assert probe.config.command_options() == "--name scifi --until level --width 0.4 --sd-floor 0.5"
+    assert "until=level width=0.4 sd_floor=0.5: asked" in "\n".join(sanity_lines(report))
+    assert tinymcf(["eval", "--model", "nowhere", "--sd-floor", "0.25"]) == 2  # refused before any model is sought
+    assert "--sd-floor widens a precision target's intervals: give until='level' or 'change' (--until)" in capsys.readouterr().err

@@ -160,6 +160,7 @@ def test_without_the_reload_check_nothing_is_loaded_here(tmp_path, qwen_tok, mon
 
 def test_a_tied_model_on_a_vllm_on_the_cpu_is_refused_before_anything_is_scored(tmp_path, qwen_tok, capsys):
     run, _ = saved_run(tmp_path, qwen_tok)  # tiny Qwen3 ties its output layer to its embeddings
+    capsys.readouterr()  # the saves' own output (progress bars, where another test has not turned them off)
     with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True, device="cpu") as server:
         rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "vllm", *PROBE])
         asked = [route for route, _ in server.requests]
@@ -178,6 +179,7 @@ def test_adapters_that_train_the_output_layer_on_a_vllm_on_the_cpu_are_refused(t
     and MLP only are followed."""
     for targets, status in ((("q_proj", "lm_head"), 2), (("q_proj", "v_proj"), 0)):
         run, init = saved_run(tmp_path / targets[-1], qwen_tok, adapters=True, steps=(1,), targets=targets)
+        capsys.readouterr()  # the saves' own output: only the sweep's is read below
         with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True, lora="policy", device="cpu") as server:
             rc = tinymcf(["sweep", str(run), "--endpoint", server.url, "--reload", "lora", "--served-model", "policy",
                           *PROBE])

@@ -192,3 +192,55 @@ def test_a_lines_run_level_p_counts_the_runs_earlier_tests_not_its_baseline():
     baseline = {"event": "train_begin", "metrics": {key: 1.0}}
     assert with_run_level(baseline, name, fmt, 0) == 0 and "eval_moral_scifi/score_change_p_run" not in \
         baseline["metrics"]
+
+
+def test_an_sd_floor_lifts_each_foundations_variance_to_its_floor_and_leaves_a_wider_spread_alone(scifi):
+    ids, foundations = scifi
+    rng = np.random.default_rng(2)
+    a = _scores(ids, foundations, rng)
+    b = _scores(ids, foundations, rng, shift=0.1, noise=0.1, base=a)
+    plain, tiny = moments(a), moments(a, sd_floor=1e-6)
+    assert (tiny.estimate, tiny.var, tiny.df) == (plain.estimate, plain.var, plain.df)
+    sizes = [sum(f == g for g in foundations) for f in REAL_FOUNDATIONS]
+    k = len(sizes)
+    high = moments(a, sd_floor=2.0)  # above every foundation's own spread: each variance is the floor's
+    assert high.estimate == plain.estimate
+    assert high.var == pytest.approx(sum(4.0 / n for n in sizes) / k**2, rel=1e-12)
+    floored = moments(b, a, sd_floor=0.25)  # the change's too, and never below its own
+    assert floored.var >= moments(b, a).var and floored.var >= sum(0.0625 / n for n in sizes) / k**2 * (1 - 1e-12)
+    assert moments(a, a, sd_floor=0.25).var > 0  # a model against itself: the floor's interval, not a point
+    seq = Sequential.of(ids, foundations, until="level", width=0.05, level=0.95, sd_floor=2.0)
+    look = seq.look(len(seq.schedule.looks) - 1, a)
+    assert look.width > 0.9 and seq.run(a)[1] == "used up"  # wider than any width asked: every vignette
+
+
+def test_an_sd_floor_of_025_covers_a_population_with_rare_extremes_where_the_sequence_alone_does_not():
+    """docs/statistics.md's remedy, on the benchmark's real rows (SmolLM2 at step 0, benchmarks/adaptive_rows.json)
+    with 2 of 51 vignettes at the top of align_other's range, the sets drawn from that population: the stopped
+    interval covers its value far less often than 95%, and with ``sd_floor=0.25`` at least 94%."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/adaptive_rows.json").read_text())["rows"]
+    r = rows["smollm2/step-0"]
+    real = VignetteScores(np.array(r["id"], dtype=object), np.array(r["foundation"], dtype=object),
+                          np.array([[math.nan if x is None else x for x in row] for row in r["s"]], dtype=float))
+    s = real.s.copy()
+    for f in ("Care", "Liberty"):
+        s[np.flatnonzero(real.foundation_coarse == f)[0]] = [1.0, -1.0, 1.0, -1.0]
+    pop = VignetteScores(real.id, real.foundation_coarse, s)
+    truth = moments(pop).estimate
+    rng = np.random.default_rng(5)
+    covered = {None: [], 0.25: []}
+    for i in range(200):
+        rows_i = np.concatenate([rng.choice(np.flatnonzero(pop.foundation_coarse == f),
+                                            size=int((pop.foundation_coarse == f).sum())) for f in FOUNDATIONS])
+        ids = np.array([f"{pop.id[j]}#{n}" for n, j in enumerate(rows_i)], dtype=object)
+        drawn = VignetteScores(ids, pop.foundation_coarse[rows_i], pop.s[rows_i])
+        for floor in covered:
+            seq = Sequential.of(list(ids), list(drawn.foundation_coarse), until="level", width=0.05, level=0.95,
+                                seed=i, sd_floor=floor)
+            stop = seq.run(drawn)[0][-1]
+            covered[floor].append(stop.lo <= truth <= stop.hi)
+    assert np.mean(covered[None]) < 0.7, np.mean(covered[None])
+    assert np.mean(covered[0.25]) >= 0.94, np.mean(covered[0.25])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 
 from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
-from .results.sequential import check_until, check_width
+from .results.sequential import check_sd_floor, check_until, check_width
 from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, GPU_BATCH_CAP
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
@@ -184,6 +184,10 @@ class ProbeConfig:
                                 "width; per_foundation caps it", check_until, choices=("level", "change"),
                                 metavar="WHAT")
     width: float = setting(0.05, "with until: the interval's width (hi - lo) to stop at", check_width, metavar="W")
+    sd_floor: float | None = setting(None, "with until: the least spread (sd of a vignette's align_other) the "
+                                     "intervals assume in each foundation, for sets where a few vignettes may sit at "
+                                     "an extreme not yet asked (0.25 covers 2 of 51 at +2; it asks about every "
+                                     "vignette: docs/statistics.md)", check_sd_floor, metavar="SD")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)
@@ -203,6 +207,10 @@ class ProbeConfig:
             what = [(names or {}).get(k, k) for k in ("limit", "per_foundation")]
             raise ConfigError(f"{what[0]} and {what[1]} both choose a subset: give one (per_foundation keeps every "
                               "foundation and the control)")
+        if out.get("sd_floor") is not None and out.get("until") is None:
+            what = (names or {}).get("sd_floor", "sd_floor")
+            raise ConfigError(f"{what} widens a precision target's intervals: give until='level' or 'change' "
+                              f"(--until) with it, or leave {what} out")
         if out.get("until") is not None:
             what = [(names or {}).get(k, k) for k in ("until", "limit", "n_resamples")]
             if out.get("limit") is not None:
@@ -246,6 +254,8 @@ class ProbeConfig:
             options.append(f"--answer-format {self.answer_format}")
         if self.until is not None:
             options.append(f"--until {self.until} --width {self.width:g}")
+            if self.sd_floor is not None:
+                options.append(f"--sd-floor {self.sd_floor:g}")
         return " ".join(options)
 
     def subset_notes(self, vignettes: list[dict]) -> list[str]:

@@ -69,10 +69,11 @@ class AdaptiveProbe:
         if config.until is None:
             raise ConfigError("an AdaptiveProbe needs until='level' or 'change'; Probe(tok, name) asks a fixed set")
         self.config, self.probe_class = config, probe_class  # Probe: this module is below it, never imports it
-        self.candidates = probe_class(tok, config=config.replace(until=None), vignettes=vignettes)
+        self.candidates = probe_class(tok, config=config.replace(until=None, sd_floor=None), vignettes=vignettes)
         ids = [v["id"] for v in self.vignettes]
         self.sequential = Sequential.of(ids, [v["foundation_coarse"] for v in self.vignettes], until=config.until,
-                                        width=config.width, level=config.level, seed=config.subset_seed)
+                                        width=config.width, level=config.level, seed=config.subset_seed,
+                                        sd_floor=config.sd_floor)
         self._looks: dict[int, object] = {}  # look -> the Probe of the vignettes it adds
         self._prefixes: dict[int, object] = {}  # look -> the Probe of every vignette asked by then (its report)
 
@@ -96,7 +97,7 @@ class AdaptiveProbe:
 
     def _sub(self, rows: list[int], per_foundation: int | None):
         stored = sorted(rows)  # the set's own order: the prompts, and so the digest, of per_foundation=k
-        config = self.config.replace(until=None, limit=None, per_foundation=per_foundation)
+        config = self.config.replace(until=None, sd_floor=None, limit=None, per_foundation=per_foundation)
         return self.probe_class(self.tok, config=config, vignettes=[self.vignettes[i] for i in stored])
 
     def look_probe(self, k: int):
@@ -241,7 +242,8 @@ class AdaptiveProbe:
         info = report["info"]
         info["subset"] = config.subset(self.vignettes)  # the candidates: what every probe of the run orders
         info["adaptive"] = {
-            "until": config.until, "width": config.width, "level": config.level, "per_look_level": level,
+            "until": config.until, "width": config.width, "sd_floor": config.sd_floor, "level": config.level,
+            "per_look_level": level,
             "order": self.prompt_digest, "order_seed": config.subset_seed,
             "per_foundation": seq.schedule.looks[asked.k], "vignettes": seq.schedule.vignettes(asked.k),
             "of_vignettes": len(self.vignettes), "prompts": len(prefix), "of_prompts": len(self),

@@ -62,7 +62,7 @@ def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[s
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("limit", "per_foundation", "token_budget", "max_batch_size"):
             kind = int
-        elif f.name == "self_check_tolerance":
+        elif f.name in ("self_check_tolerance", "sd_floor"):
             kind = float
         group.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=meta.get("metavar"),
                            choices=meta.get("choices"),

@@ -85,6 +85,8 @@ _LOOK = "{per_foundation, vignettes, estimate, lo, hi, width, p}"
 ADAPTIVE_FIELDS = {
     "until": (STR, "level (the score to within the width) or change (has it moved since the baseline)"),
     "width": (NUM, "the interval's width (hi - lo) asked for"),
+    "sd_floor": (NUM_OR_NULL, "the least spread (sd of a vignette's align_other) the intervals assumed in each "
+                              "foundation (null: none)"),
     "level": (NUM, "the confidence sequence's level: every interval of the report holds, over all the looks, at "
                    "this level"),
     "per_look_level": (NUM, "the level each look's interval is built at so that they hold together (the level "

@@ -59,7 +59,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from statistics import NormalDist
 
 import numpy as np
@@ -228,11 +228,13 @@ def _align_other(s: np.ndarray) -> tuple[float, np.ndarray, int]:
     return mo - mu, psi, min(no, nu)
 
 
-def moments(now: VignetteScores, before: VignetteScores | None = None) -> Moments:
+def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_floor: float = 0.0) -> Moments:
     """The score of ``now`` (or, with ``before`` over the same vignettes in the same order, its change since
     ``before``), its variance and degrees of freedom: each real foundation's, exactly (``n / (n - 1)`` times the
     sum of its vignettes' squared influences, the bootstrap's expected variance), averaged as the score is.
-    NaN when a foundation has fewer than two vignettes."""
+    NaN when a foundation has fewer than two vignettes. ``sd_floor``: each foundation's vignettes are taken to
+    spread at least this much (its variance at least ``sd_floor**2 / n``): the remedy for sets where a few
+    vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md)."""
     terms = []
     for f in REAL_FOUNDATIONS:
         rows = now.foundation_coarse == f
@@ -245,6 +247,8 @@ def moments(now: VignetteScores, before: VignetteScores | None = None) -> Moment
         if not math.isfinite(est):
             continue
         var = float(n / (n - 1) * np.sum(psi * psi)) if n >= 2 else math.nan
+        if sd_floor > 0 and math.isfinite(var):
+            var = max(var, sd_floor * sd_floor / n)
         terms.append((est, var, n - 1))
     if not terms:
         return Moments(math.nan, math.nan, 0.0)
@@ -327,9 +331,12 @@ class Sequential:
         self.per_look = self.boundary.per_look(self.level)
 
     @classmethod
-    def of(cls, ids, foundations, *, until: str, width: float, level: float, seed: int = 0) -> Sequential:
+    def of(cls, ids, foundations, *, until: str, width: float, level: float, seed: int = 0,
+           sd_floor: float | None = None) -> Sequential:
+        """``sd_floor``: the least spread a foundation's vignettes are taken to have (:func:`moments`)."""
+        estimate = partial(moments, sd_floor=float(sd_floor)) if sd_floor else moments
         return cls(until, float(width), float(level), Schedule.of(list(foundations)),
-                   balanced_order(list(ids), list(foundations), seed))
+                   balanced_order(list(ids), list(foundations), seed), estimate)
 
     def prefix(self, k: int) -> list[int]:
         """The candidates asked by look ``k`` (indices, in the order they were asked)."""
@@ -394,6 +401,21 @@ def check_until(value, what: str = "until"):
     raise ConfigError(f"{what} must be 'level' (stop once the score's interval is narrower than the width), 'change' "
                       f"(stop once the change since the baseline is known: its interval excludes 0 or is narrower "
                       f"than the width), or None for a fixed set of vignettes; got {value!r}")
+
+
+def check_sd_floor(value, what: str = "sd_floor"):
+    """``sd_floor`` as given (None, or a number in (0, 2]: the spread of a vignette's ``align_other``), else a
+    ConfigError naming it."""
+    from ..errors import ConfigError
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= 2:
+        raise ConfigError(f"{what} must be a number above 0 and at most 2 (the least spread, as a standard deviation "
+                          f"of a vignette's align_other, that a precision target's intervals assume in each "
+                          f"foundation, e.g. 0.25), or None for none; got {value!r}")
+    return float(value)
 
 
 def check_width(value, what: str = "width"):

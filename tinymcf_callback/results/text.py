@@ -53,7 +53,8 @@ def stop_line(adaptive: dict) -> str:
         f"; change since the baseline {with_bounds(change['estimate'], change['lo'], change['hi'])}"
         + ("" if change.get("p") is None else f" p={change['p']:.3g}"))
     control = f"; {a['control']}" if a.get("control") else ""
-    return (f"[tinymcf] until={a['until']} width={a['width']:g}: asked {a['vignettes']} of {a['of_vignettes']} "
+    floor = "" if a.get("sd_floor") is None else f" sd_floor={a['sd_floor']:g}"
+    return (f"[tinymcf] until={a['until']} width={a['width']:g}{floor}: asked {a['vignettes']} of {a['of_vignettes']} "
             f"vignettes ({a['per_foundation']} per foundation, {a['prompts']} of {a['of_prompts']} prompts) and "
             f"stopped: {a['why']}{reached}{since}{control}; every interval is one of a {a['level']:.0%} confidence "
             f"sequence over the probe's looks (each look at {a['per_look_level']:.1%})")
