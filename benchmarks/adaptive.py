@@ -465,7 +465,8 @@ def baseline_variate(base: VignetteScores):
 
 
 VERDICT_RULES = ("as now", "control variate: the previous probe's changes", "order: the most moved first",
-                 "control variate: the baseline's own values")
+                 "control variate: the baseline's own values",
+                 "order and control variate: the most moved first, the baseline's own values")
 
 
 def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> dict:
@@ -488,7 +489,7 @@ def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> d
                         seq = dataclasses.replace(seq, order=moved_order(seq, prev))
                     if prev is not None and rule == "control variate: the previous probe's changes":
                         seq = dataclasses.replace(seq, estimate=control_variate(prev))
-                    if rule == "control variate: the baseline's own values":
+                    if rule.endswith("the baseline's own values"):
                         seq = dataclasses.replace(seq, estimate=baseline_variate(base))
                     looks, _ = seq.run(now, base)
                     look = looks[-1]
