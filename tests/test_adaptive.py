@@ -385,4 +385,5 @@ def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qw
     assert probe.config.command_options() == "--name scifi --until level --width 0.4 --sd-floor 0.5"
     assert "until=level width=0.4 sd_floor=0.5: asked" in "\n".join(sanity_lines(report))
     assert tinymcf(["eval", "--model", "nowhere", "--sd-floor", "0.25"]) == 2  # refused before any model is sought
-    assert "--sd-floor widens a precision target's intervals: give until='level' or 'change' (--until)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--sd-floor widens a precision target's intervals: give until='level' or 'change' (--until)" in err

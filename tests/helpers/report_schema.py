@@ -46,7 +46,8 @@ SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_di
 LOOK = {"per_foundation": INT, "vignettes": INT, "estimate": NUM_OR_NULL, "lo": NUM_OR_NULL, "hi": NUM_OR_NULL,
         "width": NUM_OR_NULL, "p": NUM_OR_NULL}
 # info.adaptive: a probe with a precision target (until) only
-ADAPTIVE = {"until": STR, "width": NUM, "sd_floor": NUM_OR_NULL, "level": NUM, "per_look_level": NUM, "order": STR, "order_seed": INT,
+ADAPTIVE = {"until": STR, "width": NUM, "sd_floor": NUM_OR_NULL, "level": NUM, "per_look_level": NUM, "order": STR,
+            "order_seed": INT,
             "per_foundation": INT, "vignettes": INT, "of_vignettes": INT, "prompts": INT, "of_prompts": INT,
             "asked": DICT, "stopped": STR, "why": STR, "reached": NUM_OR_NULL, "looks": LIST,
             "change": "object or null", "control": NAME_OR_NULL, "batched_by_look": "boolean"}
