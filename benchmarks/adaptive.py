@@ -282,9 +282,9 @@ def verdicts(rows: dict, orders: int) -> dict:
 
 
 # ---- remedies for rare one-sided extremes ---------------------------------------------------------------------
-def floored(phi: float, pooled: bool = False):
-    """A look's moments (:func:`sequential.moments`) with a floor on each real foundation's vignette variance: at
-    least ``phi**2``, or (``pooled``) at least the mean over the real foundations of theirs."""
+def pooled_floor():
+    """A look's moments (:func:`sequential.moments`) with each real foundation's vignette variance at least the mean
+    over the real foundations of theirs (a fixed floor is the probe's own ``sd_floor=``)."""
     def estimate(now: VignetteScores, before: VignetteScores | None = None) -> sq.Moments:
         terms = []
         for f in sq.REAL_FOUNDATIONS:
@@ -298,7 +298,7 @@ def floored(phi: float, pooled: bool = False):
             terms.append([est, n / (n - 1) * float(np.sum(psi * psi)) * n if n >= 2 else math.nan, n])
         if not terms or any(not math.isfinite(t[1]) for t in terms):
             return sq.moments(now, before)
-        floor = max(phi * phi, float(np.mean([t[1] for t in terms])) if pooled else 0.0)
+        floor = float(np.mean([t[1] for t in terms]))
         k = len(terms)
         parts = [max(t[1], floor) / t[2] / (k * k) for t in terms]
         var = sum(parts)
@@ -312,7 +312,7 @@ REMEDIES = {  # name -> (the estimate of a look's moments, the fewest vignettes 
     "as now": (sq.moments, 0),
     "every look (the whole set)": (sq.moments, 99),
     "from 5 per foundation": (sq.moments, 5),
-    "pooled variance floor": (floored(0.0, pooled=True), 0),
+    "pooled variance floor": (pooled_floor(), 0),
     "variance floor 0.1": (partial(sq.moments, sd_floor=0.1), 0),  # the probe's own sd_floor= (ProbeConfig)
     "variance floor 0.2": (partial(sq.moments, sd_floor=0.2), 0),
     "variance floor 0.25": (partial(sq.moments, sd_floor=0.25), 0),

@@ -381,7 +381,8 @@ def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qw
 
     for look in a["looks"]:
         n = look["per_foundation"]  # every real foundation has at least this many asked
-        assert look["width"] >= 2 * t_quantile(0.5 + a["per_look_level"] / 2, 6 * (n - 1)) * 0.5 / np.sqrt(6 * n) * 0.99
+        least = 2 * t_quantile(0.5 + a["per_look_level"] / 2, 6 * (n - 1)) * 0.5 / np.sqrt(6 * n)
+        assert look["width"] >= least * (1 - 1e-12)
     assert probe.config.command_options() == "--name scifi --until level --width 0.4 --sd-floor 0.5"
     assert "until=level width=0.4 sd_floor=0.5: asked" in "\n".join(sanity_lines(report))
     assert tinymcf(["eval", "--model", "nowhere", "--sd-floor", "0.25"]) == 2  # refused before any model is sought

@@ -215,26 +215,23 @@ def test_an_sd_floor_lifts_each_foundations_variance_to_its_floor_and_leaves_a_w
 
 
 def test_an_sd_floor_of_025_covers_a_population_with_rare_extremes_where_the_sequence_alone_does_not():
-    """docs/statistics.md's remedy, on the benchmark's real rows (SmolLM2 at step 0, benchmarks/adaptive_rows.json)
-    with 2 of 51 vignettes at the top of align_other's range, the sets drawn from that population: the stopped
+    """docs/statistics.md's remedy, on the benchmark's own rare-extremes population (benchmarks/adaptive.py: SmolLM2's
+    real rows at step 0 with 2 of 51 vignettes at the top of align_other's range, sets drawn from it): the stopped
     interval covers its value far less often than 95%, and with ``sd_floor=0.25`` at least 94%."""
     import json
+    import sys
     from pathlib import Path
 
-    rows = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/adaptive_rows.json").read_text())["rows"]
-    r = rows["smollm2/step-0"]
-    real = VignetteScores(np.array(r["id"], dtype=object), np.array(r["foundation"], dtype=object),
-                          np.array([[math.nan if x is None else x for x in row] for row in r["s"]], dtype=float))
-    s = real.s.copy()
-    for f in ("Care", "Liberty"):
-        s[np.flatnonzero(real.foundation_coarse == f)[0]] = [1.0, -1.0, 1.0, -1.0]
-    pop = VignetteScores(real.id, real.foundation_coarse, s)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import adaptive
+
+    rows = json.loads(adaptive.ROWS.read_text())["rows"]
+    pop = adaptive.with_extremes(adaptive.as_scores(rows["smollm2/step-0"]))
     truth = moments(pop).estimate
     rng = np.random.default_rng(5)
     covered = {None: [], 0.25: []}
     for i in range(200):
-        rows_i = np.concatenate([rng.choice(np.flatnonzero(pop.foundation_coarse == f),
-                                            size=int((pop.foundation_coarse == f).sum())) for f in FOUNDATIONS])
+        rows_i = adaptive.resampled(pop.foundation_coarse, rng)
         ids = np.array([f"{pop.id[j]}#{n}" for n, j in enumerate(rows_i)], dtype=object)
         drawn = VignetteScores(ids, pop.foundation_coarse[rows_i], pop.s[rows_i])
         for floor in covered:

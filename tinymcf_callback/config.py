@@ -185,9 +185,9 @@ class ProbeConfig:
                                 metavar="WHAT")
     width: float = setting(0.05, "with until: the interval's width (hi - lo) to stop at", check_width, metavar="W")
     sd_floor: float | None = setting(None, "with until: the least spread (sd of a vignette's align_other) the "
-                                     "intervals assume in each foundation, for sets where a few vignettes may sit at "
-                                     "an extreme not yet asked (0.25 covers 2 of 51 at +2; it asks about every "
-                                     "vignette: docs/statistics.md)", check_sd_floor, metavar="SD")
+                                     "interval it stops on assumes in each foundation, for sets where a few "
+                                     "vignettes may sit at an extreme not yet asked (0.25 covers 2 of 51 at +2; it "
+                                     "asks about every vignette: docs/statistics.md)", check_sd_floor, metavar="SD")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)
