@@ -4,6 +4,7 @@ No model: per-vignette scores of a known structure, and the real scifi set's fou
 """
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -63,17 +64,20 @@ def test_a_looks_moments_are_the_bootstraps_without_its_noise(scifi):
     rng = np.random.default_rng(0)
     a = _scores(ids, foundations, rng)
     b = _scores(ids, foundations, rng, shift=0.1, noise=0.1, base=a)
-    level = moments(a)
+    level = moments(a, df="welch")  # the fixed-size intervals' degrees of freedom
     boot = bootstrap_intervals(a, n_resamples=20000)["headline"]["score"]
     assert level.estimate == pytest.approx(boot.estimate, abs=1e-12)
     half = (boot.hi - boot.lo) / 2
     from tinymcf_callback.results.stats import t_quantile
 
     assert t_quantile(0.975, level.df) * math.sqrt(level.var) == pytest.approx(half, rel=0.03)
-    change = moments(b, a)
+    change = moments(b, a, df="welch")
     boot = paired_change(a, b, n_resamples=20000)["headline"]["score"]
     assert change.estimate == pytest.approx(boot.change, abs=1e-12)
     assert t_quantile(0.975, change.df) * math.sqrt(change.var) == pytest.approx((boot.hi - boot.lo) / 2, rel=0.03)
+    # a look's own: the same estimate and variance, the fewest degrees of freedom (scifi's smallest foundation: 7)
+    for own, welch in ((moments(a), level), (moments(b, a), change)):
+        assert (own.estimate, own.var, own.df) == (welch.estimate, welch.var, 6.0) and welch.df > 6
     assert moments(a, a).var == 0.0 and moments(a, a).estimate == 0.0  # a model compared with itself
 
 
@@ -129,16 +133,17 @@ def test_stop_reasons():
     assert stop_reason("level", 0.1, look(math.nan, math.nan)) is None
 
 
-def _coverage(ids, foundations, *, until, width, per_look=None, n_sim=400):
+def _coverage(ids, foundations, *, until, width, naive=False, n_sim=400):
     """Simulated probes of fresh vignette draws (each its own random order): how often the interval at the stop
-    covers the population's value, and the mean vignettes asked."""
+    covers the population's value, and the mean vignettes asked. ``naive``: each look's interval the fixed-size
+    one (95%, Welch-Satterthwaite's degrees of freedom)."""
     rng = np.random.default_rng(11)
     covered, asked = 0, []
     truth = np.mean([0.3 - (-0.2) for _ in REAL_FOUNDATIONS]) if until == "level" else 0.0
     for sim in range(n_sim):
         seq = Sequential.of(ids, foundations, until=until, width=width, level=0.95, seed=sim)
-        if per_look is not None:
-            seq.per_look = per_look
+        if naive:
+            seq.per_look, seq.estimate = 0.95, partial(moments, df="welch")
         a = _scores(ids, foundations, rng, noise=0.35)
         b = _scores(ids, foundations, rng, shift=0.0, noise=0.15, base=a) if until == "change" else None
         looks, _ = seq.run(b, a) if b is not None else seq.run(a)
@@ -152,7 +157,7 @@ def test_intervals_keep_their_coverage_under_the_stopping_where_fixed_ones_do_no
     """Stopping at the first narrow interval: the fixed 95% interval at the stop covers the truth less often than
     95% (a narrow interval is more often one whose spread was underestimated); the sequence's keeps it."""
     ids, foundations = scifi
-    naive, asked_naive = _coverage(ids, foundations, until=until, width=width, per_look=0.95)
+    naive, asked_naive = _coverage(ids, foundations, until=until, width=width, naive=True)
     held, asked = _coverage(ids, foundations, until=until, width=width)
     assert held >= 0.93, held  # 400 simulations: 95% +- 2.2% (two standard errors)
     assert naive < held - 0.02, (naive, held)
