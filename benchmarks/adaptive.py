@@ -14,7 +14,8 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   or its change since step 0, over all 51 vignettes), over ``--orders`` seeded orders (each order seed is a
   probe of its own: another balanced order of the same vignettes), for widths 0.02, 0.05 and 0.1 and
   ``until`` level and change; beside a *naive* sequential probe (the same looks and stop, each look's interval
-  at a plain 95%) and a fixed ``per_foundation=k`` probe (one 95% interval, no looking) at the ``k`` whose
+  the fixed-size one: 95%, Welch-Satterthwaite df) and a fixed ``per_foundation=k`` probe (one 95% interval, no
+  looking) at the ``k`` whose
   interval reaches the width on average. And the *superpopulation* coverage: sets of the same size drawn with
   replacement from the real vignettes (new vignettes like them), the truth their population's value.
 - **rare one-sided extremes**: real rows (SmolLM2 at step 0; the aligned run's step 10 against step 0) with 2 of
@@ -23,12 +24,22 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   with what each costs on real rows.
 - **prompts**: mean, spread (sd, 10th and 90th percentile) of prompts asked at the stop, against that fixed
   ``per_foundation=k`` (8 prompts a vignette).
-- **verdicts**: on the validity runs, at each probed step, whether the change since step 0 (up, down, none: its
-  interval excludes 0 or not) is decided like the whole set's fixed 95% interval decides it, with what share of
-  the whole set's prompts; the goal is at least 95% of steps with at most 40% of the prompts. And the **verdict
-  rules** (``--only verdicts``): each run stepped as a run is (one order, each probe after the previous one's
-  stop), as now, with the previous probe's per-vignette changes as a control variate, and asking the most moved
-  vignettes first.
+- **verdicts** (``--only steps``): on the validity runs, at each probed step, whether the change since step 0
+  (up, down, none: its interval excludes 0 or not) is decided like the whole set's fixed 95% interval decides it,
+  with what share of the whole set's prompts, and how often it says the opposite. The goal, measured on what it
+  can mean: at least 95% agreement on the *clear* steps (whole-set p outside [0.005, 0.2]) with at most 40% of the
+  prompts, and never the opposite verdict on at least 99.5% of all steps. And the **verdict rules** (``--only
+  verdicts``): each run stepped as a run is (one order, each probe after the previous one's stop), as now, with
+  the previous probe's per-vignette changes as a control variate, and asking the most moved vignettes first.
+- **the change's p-value with no change** (``--only nulls``): change targets on null populations (Gaussian, the
+  real 0->10 changes centred, Exp(1), lognormal sigma 1, asymmetric bimodal, one foundation's sd 20 times the
+  others', bimodal +-1; 4,000 runs each), the share of runs whose p is at most 0.01, 0.05 and 0.10, by the probe's
+  rule and by the one before it; and the **remedies tried** for it (``--only candidates``, 2,000 runs each, and
+  the prompts each asks on the real change rows).
+- **sd_floor** (``--only floor``): the least width its intervals can have at each look, so the smallest change
+  that can still stop as moved; the aligned 0->10 change with it; the width no interval can go below on a
+  population that may hide a mass at the top of the range; how far the real rows' vignettes sit from their
+  foundations.
 - **run-level flags**: null runs (no true change at any step) built from the validity runs' real change rows,
   centred per foundation and sign-flipped per vignette, 50 steps each, independent steps and a random walk; the
   share of runs with any step flagged by the per-step p (< 0.05) against the run-level p
@@ -41,8 +52,8 @@ the moments, the interval, the stop), so what is measured is what a probe would 
     python examples/validity.py                      # once: the runs (~30 min on 2 idle cores)
     python benchmarks/adaptive.py                    # rows + simulations + timings (~8 min on 2 idle cores)
     python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
-    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (~10 / 3 / 2 min:
-                                                                # coverage, remedies, verdicts)
+    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (1 core: coverage
+                        # ~10 min, remedies ~3, verdicts ~3, steps ~1, nulls ~7, candidates ~12, floor ~1)
 """
 
 from __future__ import annotations
@@ -138,18 +149,19 @@ def _take(scores: VignetteScores, rows) -> VignetteScores:
 
 def fixed_moments(seq: sq.Sequential, now: VignetteScores, before: VignetteScores | None):
     """Each fixed ``per_foundation=k`` probe's moments (the first ``k`` of each foundation in one order): no
-    looking, one interval each."""
-    return [sq.moments(_take(now, seq.prefix(k)), None if before is None else _take(before, seq.prefix(k)))
-            for k in range(len(seq.schedule.looks))]
+    looking, one interval each, with the fixed-size report's Welch-Satterthwaite df."""
+    return [sq.moments(_take(now, seq.prefix(k)), None if before is None else _take(before, seq.prefix(k)),
+                       df="welch") for k in range(len(seq.schedule.looks))]
 
 
 def probe_stop(seq: sq.Sequential, now: VignetteScores, before: VignetteScores | None, width: float,
                per_look: float | None = None):
     """The look a probe stops at, by the probe's own loop (``Sequential.run``, the one ``AdaptiveProbe`` steps):
-    ``per_look`` another per-look level (the naive probe's plain 95%)."""
+    ``per_look`` another per-look level (the naive probe's: each look a fixed-size 95% interval, Welch-Satterthwaite
+    df)."""
     run = dataclasses.replace(seq, width=width)
     if per_look is not None:
-        run.per_look = per_look
+        run.per_look, run.estimate = per_look, partial(sq.moments, df="welch")
     looks, _ = run.run(now, before)
     return looks[-1]
 
@@ -880,7 +892,7 @@ def null_runs(rows: dict, runs: int, steps: int = 50) -> dict:
                 if kind == "random walk":
                     walk = walk + step
                     step = walk / math.sqrt(j)
-                m = sq.moments(VignetteScores(base.id, base.foundation_coarse, step), zero)
+                m = sq.moments(VignetteScores(base.id, base.foundation_coarse, step), zero, df="welch")  # fixed
                 p = sq.p_look(m)
                 flags_step.append(p < 0.05)
                 flags_run.append(run_level_p(p, j) < 0.05)
@@ -1111,6 +1123,7 @@ def main(argv=None) -> int:
     if args.only:
         kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
         kept.update(section(args.only, rows, args))
+        kept.setdefault("rerun", {})[args.only] = time.strftime("%Y-%m-%d")
         Path(args.out).write_text(json.dumps(kept, indent=1) + "\n")
         return 0
     t0 = time.perf_counter()
