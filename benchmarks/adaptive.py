@@ -290,18 +290,20 @@ def verdict_summary(steps: list[dict]) -> dict:
             "clear_steps": sum(clear(s["whole_p"]) for s in steps), "steps_n": len(steps)}
 
 
-def verdicts(rows: dict, orders: int) -> dict:
+def verdicts(rows: dict, orders: int, estimate=sq.moments) -> dict:
     """Per validity step: the whole set's verdict and p-value, how often a change target (and a fixed
     per_foundation=2) decides it alike, how often it says the opposite, with the share of the whole set's prompts;
-    and the goal's measures over the steps (:func:`verdict_summary`)."""
+    and the goal's measures over the steps (:func:`verdict_summary`). ``estimate``: a look's moments (another
+    rule's)."""
     base = as_scores(rows["smollm2/step-0"])
     tally = {w: {"steps": [], "fixed": [], "consistent": []} for w in VERDICT_WIDTHS}
     for c in CONDITIONS:
         for step in STEPS:
             now = as_scores(rows[f"{c}/step-{step}"])
             whole, truth, whole_p = whole_set(now, base)
-            seqs = [sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=0.05,
-                                     level=LEVEL, seed=i) for i in range(orders)]
+            seqs = [dataclasses.replace(sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change",
+                                                         width=0.05, level=LEVEL, seed=i), estimate=estimate)
+                    for i in range(orders)]
             first = [sq.moments(_take(now, seq.prefix(0)), _take(base, seq.prefix(0)), df="welch") for seq in seqs]
             for width in VERDICT_WIDTHS:
                 agree, share, fixed, consistent, opp = [], [], [], [], []
@@ -430,6 +432,8 @@ NULLS = ("Gaussian", "the real 0->10 changes, centred", "skewed, Exp(1)", "skewe
          "asymmetric bimodal", "one foundation sd 1, the others 0.05", "bimodal +-1")
 ALPHAS = (0.01, 0.05, 0.10)
 ONE_POINT = 0.01  # the bar: a null's rejection rate at most alpha + 1 point (two standard errors at 4,000 runs)
+NULL_SD = {"skewed, lognormal sigma 1": math.sqrt((math.e - 1) * math.e), "asymmetric bimodal": 0.5,
+           "the real 0->10 changes, centred": None}  # each null's population sd (1 where not named; None: real)
 
 
 def centred_changes(rows: dict) -> dict[str, np.ndarray]:
@@ -497,13 +501,15 @@ RULES_48 = {"the probe: fewest df, ties undefined": sq.moments, "before: Welch d
 
 def null_rates(rows: dict, runs: int) -> dict:
     """The probe's change p-value, and the rule before it, on every null: width 0 (the most looks), and width 0.05
-    with the nulls at the spread of the real 0->10 changes (so that the width stops some runs)."""
+    with each null scaled to the spread of the real 0->10 changes (so that the width stops some runs; the real
+    changes as they are)."""
     sd = float(np.std(np.concatenate(list(centred_changes(rows).values())), ddof=1))
+    scale = {name: 1.0 if NULL_SD.get(name, 1.0) is None else sd / NULL_SD.get(name, 1.0) for name in NULLS}
     out = {"runs": runs, "real_sd": sd, "bar": ONE_POINT, "rules": {}}
     for rule, estimate in RULES_48.items():
         out["rules"][rule] = {
             "width 0": {name: null_stops(rows, name, runs, estimate=estimate) for name in NULLS},
-            "width 0.05": {name: null_stops(rows, name, runs, width=0.05, scale=sd, estimate=estimate)
+            "width 0.05": {name: null_stops(rows, name, runs, width=0.05, scale=scale[name], estimate=estimate)
                            for name in NULLS}}
     return out
 
@@ -1048,9 +1054,13 @@ def section(name: str, rows: dict, args) -> dict:
         print(f"  ({time.perf_counter() - t0:.0f} s)")
         return {"remedies": out}
     if name == "steps":
-        out = verdicts(rows, args.verdict_orders)
+        out, before = verdicts(rows, args.verdict_orders), verdicts(rows, args.verdict_orders, before_48)
         print_verdicts(out, args.verdict_orders)
-        return {"verdicts": out}
+        print("  the rule before (Welch df): " + "; ".join(
+            f"{w}: clear {v['agree_clear']:.1%} with {v['share_clear']:.1%}, all {v['agree']:.1%} with "
+            f"{v['share']:.1%}, never contradicting {v['never_contradicts']:.2%}" for w, v in before.items()))
+        return {"verdicts": out, "verdicts_before": {w: {k: x for k, x in v.items() if k != "steps"}
+                                                     for w, v in before.items()}}
     if name == "nulls":
         out = null_rates(rows, args.null_orders)
         print_nulls(out)
