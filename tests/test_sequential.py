@@ -164,7 +164,7 @@ def test_the_stops_p_value_holds_on_the_nulls_the_rule_before_failed():
         assert before["rejected"]["0.05"] > bar, (name, before)
 
 
-@pytest.mark.slow  # 4,000 simulated change targets a null (about 15 s each on one core)
+@pytest.mark.slow  # 4,000 simulated change targets a null (about 9 s each on one core)
 @pytest.mark.parametrize("name", ["Gaussian", "the real 0->10 changes, centred", "skewed, Exp(1)",
                                   "skewed, lognormal sigma 1", "asymmetric bimodal",
                                   "one foundation sd 1, the others 0.05", "bimodal +-1"])

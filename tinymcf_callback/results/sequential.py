@@ -27,8 +27,8 @@ Behrens-Fisher problem's conservative answer), not the Welch-Satterthwaite estim
 use. Welch-Satterthwaite estimates the df from the foundations' own spreads, and with 2 or 3 vignettes each those
 are too noisy for it: when one foundation carries the spread and its 2 vignettes happen to sit close, the estimate
 says "many df" just as the t is too large. Simulated nulls (change exactly 0; ``benchmarks/adaptive.py``,
-``docs/statistics.md``) showed what it cost at the stop: 11.5% of null runs flagged at 5% with one foundation's
-sd 20 times the others', 15% with a lognormal (skewed) change, where the fewest df keep every null population
+``docs/statistics.md``) showed what it cost at the stop: 11.2% of null runs flagged at 5% with one foundation's
+sd 20 times the others', 15.2% with a lognormal (skewed) change, where the fewest df keep every null population
 tried within a point of its alpha. Its price is at the first looks: at the per-look level the t quantile is 42 with
 1 df and 8 with 2 (3.4 with 6), so a probe stops at the first look only on an overwhelming change and usually asks
 3 or 4 per foundation.
