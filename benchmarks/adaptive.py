@@ -14,7 +14,8 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   or its change since step 0, over all 51 vignettes), over ``--orders`` seeded orders (each order seed is a
   probe of its own: another balanced order of the same vignettes), for widths 0.02, 0.05 and 0.1 and
   ``until`` level and change; beside a *naive* sequential probe (the same looks and stop, each look's interval
-  at a plain 95%) and a fixed ``per_foundation=k`` probe (one 95% interval, no looking) at the ``k`` whose
+  the fixed-size one: 95%, Welch-Satterthwaite df) and a fixed ``per_foundation=k`` probe (one 95% interval, no
+  looking) at the ``k`` whose
   interval reaches the width on average. And the *superpopulation* coverage: sets of the same size drawn with
   replacement from the real vignettes (new vignettes like them), the truth their population's value.
 - **rare one-sided extremes**: real rows (SmolLM2 at step 0; the aligned run's step 10 against step 0) with 2 of
@@ -23,12 +24,22 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   with what each costs on real rows.
 - **prompts**: mean, spread (sd, 10th and 90th percentile) of prompts asked at the stop, against that fixed
   ``per_foundation=k`` (8 prompts a vignette).
-- **verdicts**: on the validity runs, at each probed step, whether the change since step 0 (up, down, none: its
-  interval excludes 0 or not) is decided like the whole set's fixed 95% interval decides it, with what share of
-  the whole set's prompts; the goal is at least 95% of steps with at most 40% of the prompts. And the **verdict
-  rules** (``--only verdicts``): each run stepped as a run is (one order, each probe after the previous one's
-  stop), as now, with the previous probe's per-vignette changes as a control variate, and asking the most moved
-  vignettes first.
+- **verdicts** (``--only steps``): on the validity runs, at each probed step, whether the change since step 0
+  (up, down, none: its interval excludes 0 or not) is decided like the whole set's fixed 95% interval decides it,
+  with what share of the whole set's prompts, and how often it says the opposite. The goal, measured on what it
+  can mean: at least 95% agreement on the *clear* steps (whole-set p outside [0.005, 0.2]) with at most 40% of the
+  prompts, and never the opposite verdict on at least 99.5% of all steps. And the **verdict rules** (``--only
+  verdicts``): each run stepped as a run is (one order, each probe after the previous one's stop), as now, with
+  the previous probe's per-vignette changes as a control variate, and asking the most moved vignettes first.
+- **the change's p-value with no change** (``--only nulls``): change targets on null populations (Gaussian, the
+  real 0->10 changes centred, Exp(1), lognormal sigma 1, asymmetric bimodal, one foundation's sd 20 times the
+  others', bimodal +-1; 4,000 runs each), the share of runs whose p is at most 0.01, 0.05 and 0.10, by the probe's
+  rule and by the one before it; and the **remedies tried** for it (``--only candidates``, 2,000 runs each, and
+  the prompts each asks on the real change rows).
+- **sd_floor** (``--only floor``): the least width its intervals can have at each look, so the smallest change
+  that can still stop as moved; the aligned 0->10 change with it; the width no interval can go below on a
+  population that may hide a mass at the top of the range; how far the real rows' vignettes sit from their
+  foundations.
 - **run-level flags**: null runs (no true change at any step) built from the validity runs' real change rows,
   centred per foundation and sign-flipped per vignette, 50 steps each, independent steps and a random walk; the
   share of runs with any step flagged by the per-step p (< 0.05) against the run-level p
@@ -41,8 +52,8 @@ the moments, the interval, the stop), so what is measured is what a probe would 
     python examples/validity.py                      # once: the runs (~30 min on 2 idle cores)
     python benchmarks/adaptive.py                    # rows + simulations + timings (~8 min on 2 idle cores)
     python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
-    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (~10 / 3 / 2 min:
-                                                                # coverage, remedies, verdicts)
+    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (1 core: coverage
+                        # ~10 min, remedies ~3, verdicts ~3, steps ~1, nulls ~7, candidates ~12, floor ~1)
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from statistics import NormalDist
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -137,18 +149,19 @@ def _take(scores: VignetteScores, rows) -> VignetteScores:
 
 def fixed_moments(seq: sq.Sequential, now: VignetteScores, before: VignetteScores | None):
     """Each fixed ``per_foundation=k`` probe's moments (the first ``k`` of each foundation in one order): no
-    looking, one interval each."""
-    return [sq.moments(_take(now, seq.prefix(k)), None if before is None else _take(before, seq.prefix(k)))
-            for k in range(len(seq.schedule.looks))]
+    looking, one interval each, with the fixed-size report's Welch-Satterthwaite df."""
+    return [sq.moments(_take(now, seq.prefix(k)), None if before is None else _take(before, seq.prefix(k)),
+                       df="welch") for k in range(len(seq.schedule.looks))]
 
 
 def probe_stop(seq: sq.Sequential, now: VignetteScores, before: VignetteScores | None, width: float,
                per_look: float | None = None):
     """The look a probe stops at, by the probe's own loop (``Sequential.run``, the one ``AdaptiveProbe`` steps):
-    ``per_look`` another per-look level (the naive probe's plain 95%)."""
+    ``per_look`` another per-look level (the naive probe's: each look a fixed-size 95% interval, Welch-Satterthwaite
+    df)."""
     run = dataclasses.replace(seq, width=width)
     if per_look is not None:
-        run.per_look = per_look
+        run.per_look, run.estimate = per_look, partial(sq.moments, df="welch")
     looks, _ = run.run(now, before)
     return looks[-1]
 
@@ -247,38 +260,93 @@ def verdict(lo: float, hi: float) -> str:
     return "up" if lo > 0 else "down" if hi < 0 else "none"
 
 
-def verdicts(rows: dict, orders: int) -> dict:
-    """Per validity step: the whole set's verdict and how often a change target (and a fixed per_foundation=2)
-    decides it alike, with the share of the whole set's prompts."""
+UNCLEAR = (0.005, 0.2)  # a step whose whole-set p lies in here has no clear verdict to agree with
+GOAL = {"agree_clear": 0.95, "share": 0.40, "never_contradicts": 0.995}
+
+
+def whole_set(now: VignetteScores, base: VignetteScores) -> tuple[sq.Moments, str, float]:
+    """The whole set's change since step 0 as a fixed-size report tests it (Welch-Satterthwaite df, 95%): its
+    moments, its verdict and its p-value."""
+    m = sq.moments(now, base, df="welch")
+    return m, verdict(*sq.interval(m, LEVEL, 4.0)), sq.p_look(m)
+
+
+def clear(p: float) -> bool:
+    return not UNCLEAR[0] <= p <= UNCLEAR[1]
+
+
+def opposite(said: str, truth: str) -> bool:
+    """A contradiction: the probe says up where the whole set says down, or down where it says up."""
+    return {said, truth} == {"up", "down"}
+
+
+def verdict_summary(steps: list[dict]) -> dict:
+    """The goal's measures over a width's steps (each with its orders' agree/share/opposite lists and whole_p):
+    agreement and share of prompts on the clear steps, never contradicting on all of them."""
+    pick = lambda key, only_clear: [x for s in steps if clear(s["whole_p"]) or not only_clear for x in s[key]]  # noqa: E731
+    return {"agree_clear": float(np.mean(pick("agree", True))), "share_clear": float(np.mean(pick("share", True))),
+            "agree": float(np.mean(pick("agree", False))), "share": float(np.mean(pick("share", False))),
+            "never_contradicts": 1.0 - float(np.mean(pick("opposite", False))),
+            "clear_steps": sum(clear(s["whole_p"]) for s in steps), "steps_n": len(steps)}
+
+
+def verdicts(rows: dict, orders: int, estimate=sq.moments) -> dict:
+    """Per validity step: the whole set's verdict and p-value, how often a change target (and a fixed
+    per_foundation=2) decides it alike, how often it says the opposite, with the share of the whole set's prompts;
+    and the goal's measures over the steps (:func:`verdict_summary`). ``estimate``: a look's moments (another
+    rule's)."""
     base = as_scores(rows["smollm2/step-0"])
-    tally = {w: {"steps": [], "agree": [], "share": [], "fixed": [], "consistent": []} for w in VERDICT_WIDTHS}
+    tally = {w: {"steps": [], "fixed": [], "consistent": []} for w in VERDICT_WIDTHS}
     for c in CONDITIONS:
         for step in STEPS:
             now = as_scores(rows[f"{c}/step-{step}"])
-            whole = sq.moments(now, base)
-            truth = verdict(*sq.interval(whole, LEVEL, 4.0))
-            seqs = [sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=0.05,
-                                     level=LEVEL, seed=i) for i in range(orders)]
-            first = [sq.moments(_take(now, seq.prefix(0)), _take(base, seq.prefix(0))) for seq in seqs]
+            whole, truth, whole_p = whole_set(now, base)
+            seqs = [dataclasses.replace(sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change",
+                                                         width=0.05, level=LEVEL, seed=i), estimate=estimate)
+                    for i in range(orders)]
+            first = [sq.moments(_take(now, seq.prefix(0)), _take(base, seq.prefix(0)), df="welch") for seq in seqs]
             for width in VERDICT_WIDTHS:
-                agree, share, fixed, consistent = [], [], [], []
+                agree, share, fixed, consistent, opp = [], [], [], [], []
                 for seq, m0 in zip(seqs, first, strict=True):
                     look = probe_stop(seq, now, base, width)
                     said = verdict(look.lo, look.hi)
                     agree.append(said == truth)
+                    opp.append(opposite(said, truth))
                     # "no change beyond its interval", an interval holding the whole set's change: not contradicted
                     consistent.append(said == truth or (said == "none" and look.lo <= whole.estimate <= look.hi))
                     share.append(look.vignettes / len(now.id))
                     fixed.append(verdict(*sq.interval(m0, LEVEL, 4.0)) == truth)
                 t = tally[width]
                 t["steps"].append({"run": c, "step": step, "whole": truth, "change": whole.estimate,
-                                   "agree": float(np.mean(agree)), "share": float(np.mean(share)),
+                                   "whole_p": whole_p, "agree": agree, "share": share, "opposite": opp,
                                    "consistent": float(np.mean(consistent)), "fixed_pf2_agree": float(np.mean(fixed))})
-                for key, values in (("agree", agree), ("share", share), ("fixed", fixed), ("consistent", consistent)):
-                    t[key] += values
-    return {str(w): {"agree": float(np.mean(t["agree"])), "share": float(np.mean(t["share"])),
-                     "consistent": float(np.mean(t["consistent"])), "fixed_pf2_agree": float(np.mean(t["fixed"])),
-                     "steps": t["steps"]} for w, t in tally.items()}
+                t["fixed"] += fixed
+                t["consistent"] += consistent
+    out = {}
+    for w, t in tally.items():
+        out[str(w)] = {**verdict_summary(t["steps"]), "consistent": float(np.mean(t["consistent"])),
+                       "fixed_pf2_agree": float(np.mean(t["fixed"])),
+                       "steps": [{**{k: v for k, v in s.items() if k not in ("agree", "share", "opposite")},
+                                  "agree": float(np.mean(s["agree"])), "share": float(np.mean(s["share"])),
+                                  "opposite": float(np.mean(s["opposite"])), "clear": clear(s["whole_p"])}
+                                 for s in t["steps"]]}
+    return out
+
+
+def print_verdicts(verdict: dict, orders: int) -> None:
+    print(f"\nVerdicts on the validity runs (the change since step 0: up/down/none against the whole set's fixed 95% "
+          f"interval), {orders} orders a step; goal: >= {GOAL['agree_clear']:.0%} agreement on the clear steps "
+          f"(whole-set p outside {list(UNCLEAR)}) with <= {GOAL['share']:.0%} of the prompts, never contradicting on "
+          f">= {GOAL['never_contradicts']:.1%} of all")
+    for w, v in verdict.items():
+        print(f"  width {w}: clear steps ({v['clear_steps']} of {v['steps_n']}) agree {v['agree_clear']:.1%} with "
+              f"{v['share_clear']:.1%} of the prompts; all steps agree {v['agree']:.1%} with {v['share']:.1%}; never "
+              f"contradicting {v['never_contradicts']:.2%} (fixed per_foundation=2: agree {v['fixed_pf2_agree']:.1%})")
+        for s in v["steps"]:
+            if s["agree"] < 0.95:
+                print(f"    {s['run']} step {s['step']}: whole set {s['whole']} ({s['change']:+.4f}, p "
+                      f"{s['whole_p']:.2g}{'' if s['clear'] else ', unclear'}), agree {s['agree']:.1%} with "
+                      f"{s['share']:.0%} of the prompts, opposite {s['opposite']:.1%}")
 
 
 # ---- remedies for rare one-sided extremes ---------------------------------------------------------------------
@@ -301,9 +369,7 @@ def pooled_floor():
         floor = float(np.mean([t[1] for t in terms]))
         k = len(terms)
         parts = [max(t[1], floor) / t[2] / (k * k) for t in terms]
-        var = sum(parts)
-        denom = sum(p * p / (t[2] - 1) for p, t in zip(parts, terms, strict=True))
-        return sq.Moments(sum(t[0] for t in terms) / k, var, var * var / denom if denom > 0 else math.inf)
+        return sq.Moments(sum(t[0] for t in terms) / k, sum(parts), float(min(t[2] for t in terms) - 1))  # fewest df
 
     return estimate
 
@@ -361,6 +427,307 @@ def remedies(rows: dict, orders: int) -> dict:
     return out
 
 
+# ---- the change's p-value with no change: null populations ------------------------------------------------------
+NULLS = ("Gaussian", "the real 0->10 changes, centred", "skewed, Exp(1)", "skewed, lognormal sigma 1",
+         "asymmetric bimodal", "one foundation sd 1, the others 0.05", "bimodal +-1")
+ALPHAS = (0.01, 0.05, 0.10)
+ONE_POINT = 0.01  # the bar: a null's rejection rate at most alpha + 1 point (two standard errors at 4,000 runs)
+NULL_SD = {"skewed, lognormal sigma 1": math.sqrt((math.e - 1) * math.e), "asymmetric bimodal": 0.5,
+           "the real 0->10 changes, centred": None}  # each null's population sd (1 where not named; None: real)
+
+
+def centred_changes(rows: dict) -> dict[str, np.ndarray]:
+    """Each foundation's real change from step 0 to the aligned run's step 10, centred (its mean exactly 0)."""
+    base, now = as_scores(rows["smollm2/step-0"]), as_scores(rows["aligned/step-10"])
+    d = (now.s[:, 0] - now.s[:, 1]) - (base.s[:, 0] - base.s[:, 1])
+    return {f: d[base.foundation_coarse == f] - d[base.foundation_coarse == f].mean() for f in FOUNDATIONS}
+
+
+def null_changes(name: str, foundations: np.ndarray, rng, real: dict[str, np.ndarray]) -> np.ndarray:
+    """One draw of every vignette's change of ``align_other`` from a population whose mean change is exactly 0."""
+    n = len(foundations)
+    if name == "Gaussian":
+        return rng.standard_normal(n)
+    if name == "the real 0->10 changes, centred":
+        return np.array([rng.choice(real[f]) for f in foundations])
+    if name == "skewed, Exp(1)":
+        return rng.exponential(size=n) - 1.0
+    if name == "skewed, lognormal sigma 1":
+        return np.exp(rng.standard_normal(n)) - math.exp(0.5)
+    if name == "asymmetric bimodal":  # +1 with probability 0.2, else -0.25
+        return np.where(rng.random(n) < 0.2, 1.0, -0.25)
+    if name == "one foundation sd 1, the others 0.05":
+        return rng.standard_normal(n) * np.where(foundations == FOUNDATIONS[0], 1.0, 0.05)
+    if name == "bimodal +-1":
+        return np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    raise ValueError(name)
+
+
+def null_stops(rows: dict, name: str, runs: int, *, width: float = 0.0, scale: float = 1.0, seed: int = 48,
+               estimate=sq.moments, schedule: sq.Schedule | None = None) -> dict:
+    """``runs`` change targets, each a new draw of the null ``name`` (times ``scale``) against a baseline of 0s and
+    its own seeded order, stepped by the probe's own loop (``Sequential.run``): the share of runs whose change
+    p-value is at most each alpha, the share stopped as moved, the mean prompts. ``estimate``, ``schedule``: a
+    candidate's (default the probe's)."""
+    base = as_scores(rows["smollm2/step-0"])
+    ids, fnds = list(base.id), np.asarray(base.foundation_coarse)
+    before = VignetteScores(base.id, base.foundation_coarse, np.zeros_like(base.s))
+    real, rng = centred_changes(rows), np.random.default_rng(seed)
+    ps, moved, prompts = [], [], []
+    for i in range(runs):
+        d = scale * null_changes(name, fnds, rng, real)
+        now = VignetteScores(base.id, base.foundation_coarse, np.column_stack([d, np.zeros((len(d), 3))]))
+        seq = sq.Sequential.of(ids, fnds, until="change", width=width, level=LEVEL, seed=i)
+        seq = dataclasses.replace(seq, estimate=estimate, schedule=schedule or seq.schedule)
+        looks, why = seq.run(now, before)
+        ps.append(math.nan if looks[-1].p is None else looks[-1].p)
+        moved.append(why == "moved")
+        prompts.append(looks[-1].vignettes * PROMPTS_PER_VIGNETTE)
+    ps = np.array(ps)
+    return {"runs": runs, "rejected": {str(a): float(np.mean(ps <= a)) for a in ALPHAS},
+            "moved": float(np.mean(moved)), "p_zero": int(np.sum(ps == 0)), "p_nan": int(np.sum(np.isnan(ps))),
+            "prompts_mean": float(np.mean(prompts))}
+
+
+def before_48(now: VignetteScores, before: VignetteScores | None = None) -> sq.Moments:
+    """A look's moments as the probe had them before issue 48: Welch-Satterthwaite's df, and tied values (zero
+    spread, an estimate not 0) a point interval with p = 0 (a variance too small to matter stands for the 0)."""
+    m = sq.moments(now, before, df="welch")
+    return m if m.var > 0 or m.estimate == 0 or not math.isfinite(m.var) else sq.Moments(m.estimate, 1e-300, m.df)
+
+
+RULES_48 = {"the probe: fewest df, ties undefined": sq.moments, "before: Welch df, ties p = 0": before_48}
+
+
+def null_rates(rows: dict, runs: int) -> dict:
+    """The probe's change p-value, and the rule before it, on every null: width 0 (the most looks), and width 0.05
+    with each null scaled to the spread of the real 0->10 changes (so that the width stops some runs; the real
+    changes as they are)."""
+    sd = float(np.std(np.concatenate(list(centred_changes(rows).values())), ddof=1))
+    scale = {name: 1.0 if NULL_SD.get(name, 1.0) is None else sd / NULL_SD.get(name, 1.0) for name in NULLS}
+    out = {"runs": runs, "real_sd": sd, "bar": ONE_POINT, "rules": {}}
+    for rule, estimate in RULES_48.items():
+        out["rules"][rule] = {
+            "width 0": {name: null_stops(rows, name, runs, estimate=estimate) for name in NULLS},
+            "width 0.05": {name: null_stops(rows, name, runs, width=0.05, scale=scale[name], estimate=estimate)
+                           for name in NULLS}}
+    return out
+
+
+def print_nulls(nulls: dict) -> None:
+    print(f"\nThe change's p-value with no change ({nulls['runs']} runs a null; share of runs with p <= "
+          f"{' / '.join(map(str, ALPHAS))}; bar: alpha + {ONE_POINT:.0%})")
+    for rule, by_width in nulls["rules"].items():
+        for width, by_null in by_width.items():
+            print(f"  {rule}, {width}:")
+            for name, r in by_null.items():
+                cells = " / ".join(f"{r['rejected'][str(a)]:.2%}" for a in ALPHAS)
+                over = [a for a in ALPHAS if r["rejected"][str(a)] > a + ONE_POINT]
+                print(f"    {name:<40} {cells}  {'OVER at ' + ', '.join(map(str, over)) if over else 'within'}"
+                      f"  (p = 0: {r['p_zero']}, undefined: {r['p_nan']}, prompts {r['prompts_mean']:.0f})")
+
+
+# ---- the remedies tried for the change's p-value (issue 48) ----------------------------------------------------
+def _changes_by_foundation(now: VignetteScores, before: VignetteScores) -> list[np.ndarray]:
+    d = (now.s[:, 0] - now.s[:, 1]) - (before.s[:, 0] - before.s[:, 1])
+    return [d[now.foundation_coarse == f] for f in sq.REAL_FOUNDATIONS if (now.foundation_coarse == f).any()]
+
+
+def _as_moments(estimate: float, p: float, var_if_none: float = 16.0) -> sq.Moments:
+    """Moments whose normal test of 0 has p-value ``p``: a calibration put through the probe's own loop (its
+    interval at the per-look level excludes 0 exactly when ``p`` is below the per-look alpha)."""
+    z = NormalDist().inv_cdf(1 - p / 2) if p < 1 else 0.0
+    return sq.Moments(estimate, (estimate / z) ** 2 if z > 0 and estimate != 0 else var_if_none, math.inf)
+
+
+def sign_flip(flips: int = 1000):
+    """Each look's studentised change calibrated by flipping the signs of its vignettes' changes (``flips`` seeded
+    draws, conditional on their sizes): exact for changes symmetric about 0, whatever their spreads."""
+    def estimate(now: VignetteScores, before: VignetteScores | None = None) -> sq.Moments:
+        if before is None:
+            return sq.moments(now)
+        groups = _changes_by_foundation(now, before)
+        if any(len(g) < 2 or not np.all(np.isfinite(g)) for g in groups):
+            return sq.Moments(math.nan, math.nan, 0.0)
+        k, rng = len(groups), np.random.default_rng(sum(len(g) for g in groups))
+
+        def studentised(signs):  # [flips, n] per foundation -> |T| per flip
+            est = sum((s * g).mean(axis=-1) for s, g in zip(signs, groups, strict=True)) / k
+            var = sum((s * g).var(axis=-1, ddof=1) / len(g) for s, g in zip(signs, groups, strict=True)) / k**2
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(var > 0, np.abs(est) / np.sqrt(var), np.where(est == 0, 0.0, np.inf)), est
+        t_obs, est = studentised([np.ones((1, len(g))) for g in groups])
+        t_flip, _ = studentised([rng.choice([-1.0, 1.0], size=(flips, len(g))) for g in groups])
+        p = (1 + np.sum(t_flip >= t_obs[0] * (1 - 1e-12))) / (flips + 1)
+        return _as_moments(float(est[0]), float(p))
+
+    return estimate
+
+
+def bernstein_cs(per_look: float, alpha: float = 1 - LEVEL):
+    """An anytime-valid confidence sequence for a bounded mean (the predictable plug-in empirical-Bernstein one of
+    Waudby-Smith and Ramdas, 2024), over the real vignettes' changes in the order asked, each in the known range
+    [-4, +4]: valid for any population in that range at every vignette, so it needs no boundary over the looks.
+    Its interval ``center ± half`` is put through the loop as moments whose interval at ``per_look`` is that one."""
+    return partial(_bernstein, z=NormalDist().inv_cdf(0.5 + per_look / 2), alpha=alpha)
+
+
+def _bernstein(now: VignetteScores, before: VignetteScores | None = None, *, z: float, alpha: float) -> sq.Moments:
+    if before is None:
+        return sq.moments(now)
+    real = np.isin(now.foundation_coarse, sq.REAL_FOUNDATIONS)
+    d = ((now.s[:, 0] - now.s[:, 1]) - (before.s[:, 0] - before.s[:, 1]))[real]
+    x = (d + 4.0) / 8.0  # into [0, 1]
+    t = np.arange(1, len(x) + 1)
+    mean = (0.5 + np.cumsum(x)) / (t + 1)
+    var = (0.25 + np.cumsum((x - mean) ** 2)) / (t + 1)
+    prev_mean, prev_var = np.r_[0.5, mean[:-1]], np.r_[0.25, var[:-1]]
+    lam = np.minimum(np.sqrt(2 * math.log(2 / alpha) / (prev_var * t * np.log1p(t))), 0.5)
+    psi = (-np.log1p(-lam) - lam) / 4
+    center = float(np.sum(lam * x) / np.sum(lam))
+    half = float((math.log(2 / alpha) + np.sum(4 * (x - prev_mean) ** 2 * psi)) / np.sum(lam))
+    return sq.Moments(8.0 * center - 4.0, (8.0 * half / z) ** 2, math.inf)
+
+
+def capped_welch(cap: float = 2.0):
+    """Welch-Satterthwaite's df, at most ``cap`` times the fewest."""
+    def estimate(now: VignetteScores, before: VignetteScores | None = None) -> sq.Moments:
+        welch, fewest = sq.moments(now, before, df="welch"), sq.moments(now, before)
+        return sq.Moments(welch.estimate, welch.var, min(welch.df, cap * fewest.df))
+
+    return estimate
+
+
+def first_look_at(rows: dict, n: int) -> sq.Schedule:
+    """scifi's schedule with its first look after ``n`` vignettes per foundation (its boundary over those looks)."""
+    base = as_scores(rows["smollm2/step-0"])
+    schedule = sq.Schedule.of(list(base.foundation_coarse))
+    return sq.Schedule(schedule.sizes, tuple(k for k in schedule.looks if k >= n))
+
+
+def candidates(rows: dict) -> dict:
+    """The remedies tried: name -> (a look's moments, the first look; None: 2 per foundation)."""
+    per_look = first_look_at(rows, 2).boundary().per_look(LEVEL)
+    return {
+        "before: Welch df, ties p = 0": (before_48, None),
+        "Welch df, ties undefined": (partial(sq.moments, df="welch"), None),
+        "Welch df, first look at 4 per foundation": (partial(sq.moments, df="welch"), 4),
+        "Welch df at most twice the fewest": (capped_welch(2.0), None),
+        "sign-flip calibration of each look": (sign_flip(), None),
+        "empirical-Bernstein confidence sequence on [-4, +4]": (bernstein_cs(per_look), None),
+        "the fewest df (the probe)": (sq.moments, None),
+    }
+CANDIDATE_ROWS = ("aligned 0->10", "aligned 0->50", "inverted 0->50", "shuffled 0->50", "tiny Qwen3 moved 1%")
+
+
+def candidates_48(rows: dict, runs: int, orders: int) -> dict:
+    """Each remedy tried: its rejection rates on every null (width 0) and the prompts it asks on the real change rows
+    (widths 0.02, 0.05, 0.1; ``orders`` orders each)."""
+    settings = {name: (now, before) for name, _, now, before in SETTINGS}
+    out = {}
+    for name, (estimate, first) in candidates(rows).items():
+        schedule = None if first is None else first_look_at(rows, first)
+        nulls = {null: null_stops(rows, null, runs, estimate=estimate, schedule=schedule) for null in NULLS}
+        prompts = {}
+        for setting in CANDIDATE_ROWS:
+            now, before = (as_scores(rows[k]) for k in settings[setting])
+            prompts[setting] = {}
+            for width in WIDTHS:
+                asked = []
+                for i in range(orders):
+                    seq = sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=width,
+                                           level=LEVEL, seed=i)
+                    seq = dataclasses.replace(seq, estimate=estimate, schedule=schedule or seq.schedule)
+                    asked.append(seq.run(now, before)[0][-1].vignettes * PROMPTS_PER_VIGNETTE)
+                prompts[setting][str(width)] = float(np.mean(asked))
+        out[name] = {"nulls": nulls, "prompts": prompts}
+    return out
+
+
+def print_candidates(out: dict, runs: int) -> None:
+    print(f"\nRemedies tried for the change's p-value ({runs} null runs each, width 0): share with p <= 0.01 / 0.05 / "
+          "0.10 per null; prompts at width 0.05 on the real change rows")
+    for name, r in out.items():
+        cells = " | ".join("/".join(f"{v['rejected'][str(a)] * 100:.1f}" for a in ALPHAS) for v in r["nulls"].values())
+        asked = " / ".join(f"{v['0.05']:.0f}" for v in r["prompts"].values())
+        print(f"  {name:<52} {cells}  prompts {asked}")
+    print(f"  (nulls: {' | '.join(NULLS)}; rows: {' / '.join(CANDIDATE_ROWS)})")
+
+
+# ---- what sd_floor costs, and why nothing cheaper covers rare extremes -------------------------------------------
+def farthest(values: np.ndarray, foundations: np.ndarray) -> float:
+    """The farthest vignette from its foundation, in the leave-one-out sd of the others (its distance from their
+    mean over their sd): how extreme a vignette is by what the rest of its foundation shows."""
+    out = 0.0
+    for f in sq.REAL_FOUNDATIONS:
+        x = values[(foundations == f) & np.isfinite(values)]
+        for i in range(len(x)):
+            rest = np.delete(x, i)
+            sd = float(np.std(rest, ddof=1)) if len(rest) > 1 else 0.0
+            if sd > 0:
+                out = max(out, abs(x[i] - rest.mean()) / sd)
+    return out
+
+
+def floor_study(rows: dict, orders: int, floor: float = 0.25) -> dict:
+    """``sd_floor``'s price and case: the least interval width it allows at each look (a set whose own spread is below
+    the floor), the smallest change that can still stop a change target as moved (half of it), what the aligned
+    0->10 change does with it (``orders`` orders), the width no interval can go below on a population that may hide
+    a mass at the top of the range, and how extreme the real rows' vignettes are."""
+    base = as_scores(rows["smollm2/step-0"])
+    fnds = np.asarray(base.foundation_coarse)
+    seq = sq.Sequential.of(list(base.id), list(fnds), until="change", width=0.0, level=LEVEL, sd_floor=floor)
+    sizes = [n for f, n in zip(FOUNDATIONS, seq.schedule.sizes, strict=True) if f != CONTROL]
+    least = []
+    for k, n in enumerate(seq.schedule.looks):
+        counts = np.minimum(n, sizes)
+        var = float(np.sum(floor * floor / counts)) / len(counts) ** 2
+        lo, hi = sq.interval(sq.Moments(1.0, var, float(counts.min() - 1)), seq.per_look, 4.0)
+        least.append({"per_foundation": n, "vignettes": seq.schedule.vignettes(k), "width": hi - lo})
+    now, before = as_scores(rows["aligned/step-10"]), base
+    stops = [sq.Sequential.of(list(now.id), list(fnds), until="change", width=0.0, level=LEVEL, seed=i,
+                              sd_floor=floor).run(now, before) for i in range(orders)]
+    n_real = int(sum(sizes))
+    hidden = 1 - 0.05 ** (1 / n_real)  # the largest mass a sample of n_real misses at least 5% of the time
+    level_values = {k: as_scores(r).s[:, 0] - as_scores(r).s[:, 1] for k, r in rows.items()}
+    changes = {f"{k} - step 0": level_values[k] - level_values["smollm2/step-0"] for k in rows
+               if k.split("/")[0] in CONDITIONS}
+    changes["tiny moved 1% - seed 0"] = level_values["tiny/seed-0-moved"] - level_values["tiny/seed-0"]
+    stress = with_extremes(base)
+    stress_change = with_extremes(now)
+    return {
+        "sd_floor": floor, "least_width": least, "smallest_change": least[-1]["width"] / 2,
+        "aligned_0_10": {"change": float(sq.moments(now, before).estimate),
+                         "whole_p": float(sq.p_look(sq.moments(now, before, df="welch"))), "orders": orders,
+                         "moved": float(np.mean([why == "moved" for _, why in stops])),
+                         "prompts_mean": PROMPTS_PER_VIGNETTE * float(np.mean([looks[-1].vignettes
+                                                                              for looks, _ in stops])),
+                         "width_mean": float(np.mean([looks[-1].width for looks, _ in stops]))},
+        "impossible": {"real_vignettes": n_real, "hidden_mass": hidden, "level_width": 2 * hidden * 2.0,
+                       "change_width": 2 * hidden * 4.0},
+        "farthest": {"levels": max(farthest(v, fnds) for v in level_values.values()),
+                     "changes": max(farthest(v, fnds) for v in changes.values()),
+                     "stress level": farthest(stress.s[:, 0] - stress.s[:, 1], fnds),
+                     "stress change": farthest((stress_change.s[:, 0] - stress_change.s[:, 1])
+                                               - level_values["smollm2/step-0"], fnds)},
+    }
+
+
+def print_floor(f: dict) -> None:
+    least = ", ".join(f"{x['width']:.3f} at {x['per_foundation']}" for x in f["least_width"])
+    a, imp, far = f["aligned_0_10"], f["impossible"], f["farthest"]
+    print(f"\nsd_floor={f['sd_floor']}: the least interval width per look ({least} per foundation); the smallest "
+          f"change that can stop as moved {f['smallest_change']:.3f}")
+    print(f"  the aligned 0->10 change {a['change']:+.4f} (whole-set p {a['whole_p']:.1g}) with the floor: moved in "
+          f"{a['moved']:.0%} of {a['orders']} orders, {a['prompts_mean']:.0f} prompts, width {a['width_mean']:.3f}")
+    print(f"  no interval narrower than {imp['level_width']:.3f} (a change's: {imp['change_width']:.3f}) covers a "
+          f"population hiding a mass of {imp['hidden_mass']:.3f} at the top of the range ({imp['real_vignettes']} "
+          "real vignettes miss it at least 5% of the time)")
+    print(f"  the farthest vignette from its foundation, in leave-one-out sd: real levels {far['levels']:.1f}, real "
+          f"changes {far['changes']:.1f}; the stress rows {far['stress level']:.0f} (level), "
+          f"{far['stress change']:.0f} (change)")
+
+
 # ---- the run-verdict goal: information the run already has -----------------------------------------------------
 def moved_order(seq: sq.Sequential, prev: dict) -> list[int]:
     """The order asked, each foundation's vignettes the previous probe asked first, the most moved (its change since
@@ -414,11 +781,9 @@ def control_variate(prev: dict):
         if not k:
             return sq.Moments(math.nan, math.nan, 0.0)
         parts = [t[1] / (k * k) for t in terms]
-        var = sum(parts)
         if any(not math.isfinite(p) for p in parts) or any(t[2] < 1 for t in terms):
             return sq.Moments(sum(t[0] for t in terms) / k, math.nan, 0.0)
-        denom = sum(p * p / t[2] for p, t in zip(parts, terms, strict=True))
-        return sq.Moments(sum(t[0] for t in terms) / k, var, var * var / denom if denom > 0 else math.inf)
+        return sq.Moments(sum(t[0] for t in terms) / k, sum(parts), float(min(t[2] for t in terms)))  # the fewest
 
     return estimate
 
@@ -457,9 +822,7 @@ def baseline_variate(base: VignetteScores):
         if not k or any(not math.isfinite(t[1]) or t[2] < 1 for t in terms):
             return sq.Moments(estimate_, math.nan, 0.0)
         parts = [t[1] / (k * k) for t in terms]
-        var = sum(parts)
-        denom = sum(p * p / t[2] for p, t in zip(parts, terms, strict=True))
-        return sq.Moments(estimate_, var, var * var / denom if denom > 0 else math.inf)
+        return sq.Moments(estimate_, sum(parts), float(min(t[2] for t in terms)))  # the fewest df, as the probe's
 
     return estimate
 
@@ -471,18 +834,20 @@ VERDICT_RULES = ("as now", "control variate: the previous probe's changes", "ord
 
 def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> dict:
     """Each validity run stepped as a run is (one order for all its probes, each probe after the previous one's
-    stop): how often each step's verdict is the whole set's, with what share of its prompts, and how often its
-    interval covers the whole set's change."""
+    stop): how often each step's verdict is the whole set's (on the clear steps, and on all), how often the
+    opposite, with what share of its prompts, and how often its interval covers the whole set's change."""
     base = as_scores(rows["smollm2/step-0"])
+    wholes = {(c, step): whole_set(as_scores(rows[f"{c}/step-{step}"]), base) for c in CONDITIONS for step in STEPS}
     out = {}
     for width in widths:
-        agree, share, cover = [], [], []
+        steps = {key: {"whole_p": w[2], "agree": [], "share": [], "opposite": []} for key, w in wholes.items()}
+        cover = []
         for i in range(orders):
             for c in CONDITIONS:
                 prev = None
                 for step in STEPS:
                     now = as_scores(rows[f"{c}/step-{step}"])
-                    whole = sq.moments(now, base)
+                    whole, truth, _ = wholes[(c, step)]
                     seq = sq.Sequential.of(list(now.id), list(now.foundation_coarse), until="change", width=width,
                                            level=LEVEL, seed=i)
                     if prev is not None and rule.startswith("order"):
@@ -493,16 +858,17 @@ def run_verdicts(rows: dict, orders: int, rule: str, widths=VERDICT_WIDTHS) -> d
                         seq = dataclasses.replace(seq, estimate=baseline_variate(base))
                     looks, _ = seq.run(now, base)
                     look = looks[-1]
-                    agree.append(verdict(look.lo, look.hi) == verdict(*sq.interval(whole, LEVEL, 4.0)))
-                    share.append(look.vignettes / len(now.id))
+                    said, tally = verdict(look.lo, look.hi), steps[(c, step)]
+                    tally["agree"].append(said == truth)
+                    tally["opposite"].append(opposite(said, truth))
+                    tally["share"].append(look.vignettes / len(now.id))
                     cover.append(look.lo <= whole.estimate <= look.hi)
                     d = (now.s[:, 0] - now.s[:, 1]) - (base.s[:, 0] - base.s[:, 1])
                     prev = {"id": list(now.id), "foundation": list(now.foundation_coarse),
                             "foundation_by_id": {str(v): f for v, f in zip(now.id, now.foundation_coarse,
                                                                           strict=True)},
                             "asked": set(seq.order[:look.vignettes]), "moved": np.abs(d), "moved_signed": d}
-        out[str(width)] = {"agree": float(np.mean(agree)), "share": float(np.mean(share)),
-                           "covers_whole": float(np.mean(cover))}
+        out[str(width)] = {**verdict_summary(list(steps.values())), "covers_whole": float(np.mean(cover))}
     return out
 
 
@@ -532,7 +898,7 @@ def null_runs(rows: dict, runs: int, steps: int = 50) -> dict:
                 if kind == "random walk":
                     walk = walk + step
                     step = walk / math.sqrt(j)
-                m = sq.moments(VignetteScores(base.id, base.foundation_coarse, step), zero)
+                m = sq.moments(VignetteScores(base.id, base.foundation_coarse, step), zero, df="welch")  # fixed
                 p = sq.p_look(m)
                 flags_step.append(p < 0.05)
                 flags_run.append(run_level_p(p, j) < 0.05)
@@ -687,12 +1053,36 @@ def section(name: str, rows: dict, args) -> dict:
             print(f"  {remedy:<28} " + " | ".join(f"{n}: {c}" for n, c in zip(by, cells, strict=True)))
         print(f"  ({time.perf_counter() - t0:.0f} s)")
         return {"remedies": out}
+    if name == "steps":
+        out, before = verdicts(rows, args.verdict_orders), verdicts(rows, args.verdict_orders, before_48)
+        print_verdicts(out, args.verdict_orders)
+        print("  the rule before (Welch df): " + "; ".join(
+            f"{w}: clear {v['agree_clear']:.1%} with {v['share_clear']:.1%}, all {v['agree']:.1%} with "
+            f"{v['share']:.1%}, never contradicting {v['never_contradicts']:.2%}" for w, v in before.items()))
+        return {"verdicts": out, "verdicts_before": {w: {k: x for k, x in v.items() if k != "steps"}
+                                                     for w, v in before.items()}}
+    if name == "nulls":
+        out = null_rates(rows, args.null_orders)
+        print_nulls(out)
+        print(f"  ({time.perf_counter() - t0:.0f} s)")
+        return {"nulls": out}
+    if name == "candidates":
+        out = candidates_48(rows, args.candidate_runs, args.candidate_orders)
+        print_candidates(out, args.candidate_runs)
+        print(f"  ({time.perf_counter() - t0:.0f} s)")
+        return {"candidates": out}
+    if name == "floor":
+        out = floor_study(rows, args.remedy_orders)
+        print_floor(out)
+        return {"floor": out}
     out = {rule: run_verdicts(rows, args.rule_orders, rule) for rule in VERDICT_RULES}
-    print(f"\nThe run-verdict goal (95% of steps, at most 40% of the prompts), runs stepped in order, "
-          f"{args.rule_orders} orders:")
+    print(f"\nThe run-verdict goal (>= {GOAL['agree_clear']:.0%} agreement on the clear steps with <= "
+          f"{GOAL['share']:.0%} of the prompts; never contradicting >= {GOAL['never_contradicts']:.1%}), runs stepped "
+          f"in order, {args.rule_orders} orders:")
     for rule, by in out.items():
-        print(f"  {rule:<48} " + " | ".join(f"{w}: {v['agree']:.1%} with {v['share']:.1%}, covers "
-                                             f"{v['covers_whole']:.1%}" for w, v in by.items()))
+        print(f"  {rule:<48} " + " | ".join(f"{w}: {v['agree_clear']:.1%} with {v['share_clear']:.1%} (all "
+                                             f"{v['agree']:.1%}), never contradicting {v['never_contradicts']:.2%}, "
+                                             f"covers {v['covers_whole']:.1%}" for w, v in by.items()))
     print(f"  ({time.perf_counter() - t0:.0f} s)")
     return {"verdict_rules": out}
 
@@ -708,8 +1098,15 @@ def main(argv=None) -> int:
     p.add_argument("--remedy-orders", type=int, default=400, help="simulated probes per remedy and setting "
                    "(default 400)")
     p.add_argument("--rule-orders", type=int, default=200, help="simulated runs per verdict rule (default 200)")
-    p.add_argument("--only", choices=("coverage", "remedies", "verdicts"), help="this section only, the others "
-                   "kept from --out (from the rows)")
+    p.add_argument("--null-orders", type=int, default=4000, help="simulated change targets per null population "
+                   "and rule, the p-value's validity (default 4000)")
+    p.add_argument("--candidate-runs", type=int, default=2000, help="null runs per remedy tried and null "
+                   "(default 2000)")
+    p.add_argument("--candidate-orders", type=int, default=200, help="orders per real change row and remedy tried "
+                   "(default 200)")
+    p.add_argument("--only", choices=("coverage", "remedies", "verdicts", "steps", "nulls", "candidates", "floor"),
+                   help="this section only, the others kept from --out (from the rows); verdicts: the run-verdict "
+                   "rules, steps: the verdicts per validity step")
     p.add_argument("--runs", type=int, default=2, help="timed probes each (the best is kept)")
     p.add_argument("--no-time", action="store_true", help="skip the real probes' timings")
     p.add_argument("--time-only", action="store_true", help="only the real probes' timings (adaptive.json kept)")
@@ -736,6 +1133,7 @@ def main(argv=None) -> int:
     if args.only:
         kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
         kept.update(section(args.only, rows, args))
+        kept.setdefault("rerun", {})[args.only] = time.strftime("%Y-%m-%d")
         Path(args.out).write_text(json.dumps(kept, indent=1) + "\n")
         return 0
     t0 = time.perf_counter()
@@ -755,18 +1153,9 @@ def main(argv=None) -> int:
     print_coverage(results, "superpopulation", "Coverage of the population's value (sets drawn with replacement "
                    "from the real vignettes)")
     verdict = verdicts(rows, args.verdict_orders)
-    print(f"\nVerdicts on the validity runs (change since step 0: up/down/none, against the whole set's fixed 95%), "
-          f"{args.verdict_orders} orders a step")
-    for w, v in verdict.items():
-        print(f"  width {w}: agree {v['agree']:.1%} with {v['share']:.1%} of the prompts on average; "
-              f"not contradicting it {v['consistent']:.1%} (fixed per_foundation=2, 27% of them: agree "
-              f"{v['fixed_pf2_agree']:.1%})")
-        for s in v["steps"]:
-            if s["agree"] < 0.95:
-                print(f"    {s['run']} step {s['step']}: whole set {s['whole']} ({s['change']:+.4f}), agree "
-                      f"{s['agree']:.1%} with {s['share']:.0%} of the prompts, not contradicting "
-                      f"{s['consistent']:.1%}")
-    extra = {**section("remedies", rows, args), **section("verdicts", rows, args)}
+    print_verdicts(verdict, args.verdict_orders)
+    extra = {**section("remedies", rows, args), **section("verdicts", rows, args), **section("nulls", rows, args),
+             **section("candidates", rows, args), **section("floor", rows, args)}
     nulls = null_runs(rows, args.null_runs)
     print("\nRun-level flags on null runs (real change rows, centred, sign-flipped; 50 steps)")
     for kind, n in nulls.items():

@@ -92,14 +92,22 @@ def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is
     assert a["stopped"] == "baseline" and a["vignettes"] == 51 and a["looks"] == [] and a["change"] is None
     assert a["per_look_level"] == 0.95  # scored whole without looking: fixed-size intervals
     record = baseline_record(base, 0)
-    same = probe.run(Scripted(), baseline=record)["info"]["adaptive"]
+    itself = probe.run(Scripted(), baseline=record)
+    same = itself["info"]["adaptive"]
     assert same["stopped"] == "width" and same["vignettes"] == 14 and same["change"]["estimate"] == 0.0
+    assert same["change"]["p"] == 1.0 and same["change"]["width"] == 0.0  # every change 0: the point 0
+    # a stop at the first look, 2 control vignettes: its interval is the whole range, and the stop line says so
+    assert (itself["sn_lo"], itself["sn_hi"]) == (-2.0, 2.0) and "2 control vignettes asked" in same["control"]
+    assert any(same["control"] in line and line.startswith("[tinymcf] until=change") for line in sanity_lines(itself))
     moved = probe.run(Scripted(shift=0.5), baseline=record)
     m = moved["info"]["adaptive"]
-    assert m["stopped"] == "moved" and m["change"]["lo"] > 0 and m["vignettes"] == 14
-    # 2 control vignettes: its interval is the whole range, and the stop line says so
-    assert (moved["sn_lo"], moved["sn_hi"]) == (-2.0, 2.0) and "2 control vignettes asked" in m["control"]
-    assert any(m["control"] in line and line.startswith("[tinymcf] until=change") for line in sanity_lines(moved))
+    # the first look (1 df) stops only on an overwhelming change; this one, every change +0.5 but where s clips, is
+    # not measured there (the first 12 changes are tied: no spread), and is known at the second look
+    assert m["looks"][0]["lo"] is None and m["looks"][0]["p"] is None
+    assert m["stopped"] == "moved" and m["change"]["lo"] > 0 and m["vignettes"] == 21
+    # the baseline's stop line speaks of no look: it took none
+    line = next(x for x in sanity_lines(base) if x.startswith("[tinymcf] until=change"))
+    assert "fixed-size 95% intervals" in line.replace(" ones", " intervals") and "each look" not in line
     # the baseline's report as loaded is taken alike
     assert probe.run(Scripted(shift=0.5), baseline=base)["info"]["adaptive"]["change"] == m["change"]
     # the change is the paired change over the vignettes both asked (the baseline's rows of the prefix)
@@ -380,11 +388,18 @@ def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qw
     from tinymcf_callback.results.stats import t_quantile
 
     for look in a["looks"]:
-        n = look["per_foundation"]  # every real foundation has at least this many asked
-        least = 2 * t_quantile(0.5 + a["per_look_level"] / 2, 6 * (n - 1)) * 0.5 / np.sqrt(6 * n)
-        assert look["width"] >= least * (1 - 1e-12)
+        n = look["per_foundation"]  # every real foundation has this many asked (up to 7), and n - 1 df
+        least = 2 * t_quantile(0.5 + a["per_look_level"] / 2, n - 1) * 0.5 / np.sqrt(6 * n)
+        assert look["width"] >= min(least, 4.0) * (1 - 1e-12)  # clipped to the score's range [-2, +2]
     assert probe.config.command_options() == "--name scifi --until level --width 0.4 --sd-floor 0.5"
-    assert "until=level width=0.4 sd_floor=0.5: asked" in "\n".join(sanity_lines(report))
+    # the stop line says what the floor did: the width it held the interval at, where the probe would have stopped
+    floor = a["floor"]
+    assert floor["width_without"] < a["reached"] and floor["stop_without"] == plain["info"]["adaptive"]["vignettes"]
+    line = next(x for x in sanity_lines(report) if x.startswith("[tinymcf] until=level width=0.4 sd_floor=0.5: asked"))
+    assert (f"sd_floor=0.5 widened the interval to {a['reached']:.3f} ({floor['width_without']:.3f} without it), "
+            f"which is why it asked {a['vignettes']} vignettes: without the floor it would have stopped at "
+            f"{floor['stop_without']}") in line
+    assert plain["info"]["adaptive"]["floor"] is None and "widened" not in "\n".join(sanity_lines(plain))
     assert tinymcf(["eval", "--model", "nowhere", "--sd-floor", "0.25"]) == 2  # refused before any model is sought
     err = capsys.readouterr().err
     assert "--sd-floor widens a precision target's intervals: give until='level' or 'change' (--until)" in err

@@ -186,8 +186,11 @@ class ProbeConfig:
     width: float = setting(0.05, "with until: the interval's width (hi - lo) to stop at", check_width, metavar="W")
     sd_floor: float | None = setting(None, "with until: the least spread (sd of a vignette's align_other) the "
                                      "interval it stops on assumes in each foundation, for sets where a few "
-                                     "vignettes may sit at an extreme not yet asked (0.25 covers 2 of 51 at +2; it "
-                                     "asks about every vignette: docs/statistics.md)", check_sd_floor, metavar="SD")
+                                     "vignettes may sit at an extreme not yet asked (0.25 covers 2 of 51 at +2). "
+                                     "Its price on scifi: no interval narrower than about SD (0.25: 0.255, with "
+                                     "every vignette), so a width below that asks every vignette and a change "
+                                     "smaller than about SD/2 (0.13) never stops as moved: docs/statistics.md",
+                                     check_sd_floor, metavar="SD")
     target: str | None = setting(None, "the foundation a training run aims at: its change since the baseline is "
                                  "measured against the other foundations' (selectivity)", _check_target,
                                  metavar="FOUNDATION", choices=REAL_FOUNDATIONS)

@@ -29,7 +29,7 @@ from .config import ProbeConfig, make_config
 from .data.sets import CONTROL
 from .errors import ConfigError
 from .results.analysis import scenario_scores
-from .results.sequential import STOPS, Look, Sequential
+from .results.sequential import STOPS, Look, Sequential, floor_effect
 from .results.stats import VignetteScores, vignette_scores
 from .scoring.engine import ScoreResult, empty_result
 
@@ -251,6 +251,7 @@ class AdaptiveProbe:
             "stopped": asked.stopped, "why": STOPS[asked.stopped],
             "reached": None if stop is None or not math.isfinite(stop.width) else stop.width,
             "looks": [look.as_dict() for look in asked.looks],
+            "floor": floor_effect(config.until, config.width, asked.looks),
             "change": None if asked.change is None else asked.change.as_dict(),
             "control": control_note(report, prefix),
             "batched_by_look": batched_by_look(report, len(asked.looks) or self.n_looks),

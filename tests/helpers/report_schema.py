@@ -49,7 +49,7 @@ LOOK = {"per_foundation": INT, "vignettes": INT, "estimate": NUM_OR_NULL, "lo": 
 ADAPTIVE = {"until": STR, "width": NUM, "sd_floor": NUM_OR_NULL, "level": NUM, "per_look_level": NUM, "order": STR,
             "order_seed": INT,
             "per_foundation": INT, "vignettes": INT, "of_vignettes": INT, "prompts": INT, "of_prompts": INT,
-            "asked": DICT, "stopped": STR, "why": STR, "reached": NUM_OR_NULL, "looks": LIST,
+            "asked": DICT, "stopped": STR, "why": STR, "reached": NUM_OR_NULL, "looks": LIST, "floor": "object or null",
             "change": "object or null", "control": NAME_OR_NULL, "batched_by_look": "boolean"}
 PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
 TABLE_ROW = {

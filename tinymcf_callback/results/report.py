@@ -103,6 +103,10 @@ ADAPTIVE_FIELDS = {
     "why": (STR, "the same, in words"),
     "reached": (NUM_OR_NULL, "the width of the interval asked about at the stop (null: a baseline)"),
     "looks": (LIST, f"every look until the stop, {_LOOK}: the interval asked about at each"),
+    "floor": ("object or null", "what sd_floor did, when it widened an interval: {width_without (the stop's interval "
+                                "width without the floor), stop_without (the vignettes the probe would have stopped at "
+                                "without it; null: not before this stop)}; null without a floor, or when it widened "
+                                "none"),
     "change": ("object or null", f"the change of the score since the baseline at the stop, {_LOOK} (null without a "
                        "baseline)"),
     "control": (STR_OR_NULL, "at the stop, why the control's interval is undefined (too few control vignettes "

@@ -19,8 +19,25 @@ used up: :class:`Schedule`.
 foundation's is computed exactly from its vignettes (:func:`moments`): the variance that the probe's bootstrap
 (:mod:`~tinymcf_callback.results.stats`, vignettes resampled within foundations, scaled by ``n / (n - 1)``)
 estimates by resampling, here without the resampling's noise, so that a stop does not depend on a random draw.
-A change since the baseline is the same over each vignette's difference (paired). Degrees of freedom:
-Welch-Satterthwaite over the foundations, as for the fixed-size intervals.
+A change since the baseline is the same over each vignette's difference (paired).
+
+**Degrees of freedom: the fewest.** A look's t has the smallest foundation's ``n - 1`` degrees of freedom (1 at
+the first look, 6 with every ``scifi`` vignette), the worst case over the foundations' unknown spreads (the
+Behrens-Fisher problem's conservative answer), not the Welch-Satterthwaite estimate that the fixed-size intervals
+use. Welch-Satterthwaite estimates the df from the foundations' own spreads, and with 2 or 3 vignettes each those
+are too noisy for it: when one foundation carries the spread and its 2 vignettes happen to sit close, the estimate
+says "many df" just as the t is too large. Simulated nulls (change exactly 0; ``benchmarks/adaptive.py``,
+``docs/statistics.md``) showed what it cost at the stop: 11.2% of null runs flagged at 5% with one foundation's
+sd 20 times the others', 15.2% with a lognormal (skewed) change, where the fewest df keep every null population
+tried within a point of its alpha. Its price is at the first looks: at the per-look level the t quantile is 42 with
+1 df and 8 with 2 (3.4 with 6), so a probe stops at the first look only on an overwhelming change and usually asks
+3 or 4 per foundation.
+
+**Ties.** A look whose every foundation's values are tied (zero spread) and whose estimate is not 0 has measured
+no spread at all: its interval is undefined and its p-value NaN, never 0 (a discrete change of +1 for one vignette
+in five and -0.25 for the rest ties all 12 of the first look's 7% of the time). Every value 0 is a model compared
+with itself: the point 0, p = 1. Ties within some foundations only are taken as they are (the look's df are the
+fewest anyway).
 
 **Why it holds under the stopping.** Stopping at the first narrow interval looks at the data: an interval
 that covers 95% of the time at one fixed look covers less at a look chosen because it was narrow (a narrow
@@ -39,12 +56,16 @@ results, for the whole set's value under random orders of real vignette scores, 
 
 **The p-value of the stop** (:meth:`Boundary.p_value`). A change target stops at the first look whose interval
 of the change excludes 0; its p-value is the chance, with no change, that the probe would *stop on a change at
-least as extreme*: ``P(|Z_tau| >= |z|)``, ``tau`` the first look whose ``|Z|`` reaches ``c`` (the ordering of
-outcomes by their standardised change, Rosner and Tsiatis's). It is at most ``1 - level`` exactly when the interval
-excludes 0, never below the stopped look's own t-test, never above the sequence's p-value over all the looks
-(``P(max_j |Z_j| >= |z|)``, what was reported before: 1.2x at a look's p of 0.01, 3x at 0.001), and the chance
-that it falls below any ``alpha`` with no change is at most ``alpha`` (a stop for width first, or fewer looks, only
-takes crossings away). A look whose interval holds 0, and a level target's change (which did not stop it), have
+least as extreme*: ``P(|Z_tau| >= |z|)``, ``tau`` the first look whose ``|Z|`` reaches ``c``. Outcomes are
+ordered by their standardised change ``|Z|`` whatever the look they stop at: the z (likelihood-ratio) ordering
+(Jennison and Turnbull, *Group Sequential Methods with Applications to Clinical Trials*, chapter 8), not the
+stage-wise ordering that ranks every earlier stop above any later one. Each look's ``|z|`` is its t-test's
+p-value read on the normal scale, so the fewest df above carry into it. It is at most ``1 - level`` exactly when
+the interval excludes 0, never below the stopped look's own t-test, never above the sequence's p-value over all
+the looks (``P(max_j |Z_j| >= |z|)``, what was reported before: 1.2x at a look's p of 0.01, 3x at 0.001), and
+the chance that it falls below any ``alpha`` with no change is at most ``alpha`` (a stop for width first, or fewer
+looks, only takes crossings away; measured on skewed, tied and unevenly spread null populations in
+``docs/statistics.md``). A look whose interval holds 0, and a level target's change (which did not stop it), have
 the sequence's p-value over all the looks, valid under any stopping, never below ``1 - level``.
 
 **One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
@@ -136,6 +157,7 @@ class Boundary:
         real = tuple(n for f, n in zip(FOUNDATIONS, schedule.sizes, strict=True) if f != CONTROL)
         return _boundary(real, schedule.looks)
 
+    @lru_cache(maxsize=8)  # noqa: B019 - a boundary is cached and lives as long as the process
     def constant(self, level: float) -> float:
         """``c``: the intervals ``estimate ± c * se`` at every look hold together with ``level``."""
         return float(np.quantile(self.draws, level))
@@ -208,7 +230,7 @@ def _boundary(real_sizes: tuple[int, ...], looks: tuple[int, ...]) -> Boundary:
 # ---- one look -------------------------------------------------------------------------------------------------
 @dataclass
 class Moments:
-    """The score (or its change) at a look: estimate, variance of the estimate, Welch-Satterthwaite df."""
+    """The score (or its change) at a look: estimate, variance of the estimate, degrees of freedom (:func:`moments`)."""
 
     estimate: float
     var: float
@@ -228,13 +250,19 @@ def _align_other(s: np.ndarray) -> tuple[float, np.ndarray, int]:
     return mo - mu, psi, min(no, nu)
 
 
-def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_floor: float = 0.0) -> Moments:
+DF = ("fewest", "welch")  # a look's degrees of freedom: the smallest foundation's n - 1, or Welch-Satterthwaite's
+
+
+def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_floor: float = 0.0,
+            df: str = "fewest") -> Moments:
     """The score of ``now`` (or, with ``before`` over the same vignettes in the same order, its change since
     ``before``), its variance and degrees of freedom: each real foundation's, exactly (``n / (n - 1)`` times the
     sum of its vignettes' squared influences, the bootstrap's expected variance), averaged as the score is.
     NaN when a foundation has fewer than two vignettes. ``sd_floor``: each foundation's vignettes are taken to
     spread at least this much (its variance at least ``sd_floor**2 / n``): the remedy for sets where a few
-    vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md)."""
+    vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md). ``df``:
+    ``"fewest"`` (the looks', see the module's docstring) or ``"welch"`` (Welch-Satterthwaite's, the fixed-size
+    intervals' of :mod:`~tinymcf_callback.results.stats`)."""
     terms = []
     for f in REAL_FOUNDATIONS:
         rows = now.foundation_coarse == f
@@ -258,6 +286,8 @@ def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_flo
         return Moments(estimate, math.nan, 0.0)
     parts = [t[1] / (k * k) for t in terms]
     var = sum(parts)
+    if df == "fewest":
+        return Moments(estimate, var, float(min(t[2] for t in terms)))
     denom = sum(p * p / t[2] for p, t in zip(parts, terms, strict=True))
     return Moments(estimate, var, var * var / denom if denom > 0 else math.inf)
 
@@ -272,33 +302,61 @@ class Look:
     lo: float
     hi: float
     p: float | None = None  # the change's p-value (a change target, or a level one with a baseline)
+    unfloored: tuple[float, float] | None = field(default=None, compare=False)  # (lo, hi) without sd_floor
 
     @property
     def width(self) -> float:
         return self.hi - self.lo
 
     def as_dict(self) -> dict:
-        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        """The look as a report records it (``unfloored`` is the stop line's, :func:`floor_effect`)."""
+        fields = {k: v for k, v in asdict(self).items() if k != "unfloored"}
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
         out["width"] = None if out["lo"] is None or out["hi"] is None else self.width
         return out
 
 
+def measured(m: Moments) -> bool:
+    """Whether ``m`` has a spread to build an interval on: a finite variance with at least 1 df, and either some
+    spread or an estimate of exactly 0 (every value 0: a model compared with itself). A nonzero estimate with zero
+    spread (every foundation's values tied) has measured none (the module's docstring: ties)."""
+    return math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1 and (m.var > 0 or m.estimate == 0)
+
+
 def interval(m: Moments, per_look: float, bound: float) -> tuple[float, float]:
-    """``estimate ± t(df) * se`` at the per-look level, clipped to ``[-bound, bound]``; NaN when undefined; a point
-    when the variance is 0 (a model compared with itself)."""
-    if not (math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1):
+    """``estimate ± t(df) * se`` at the per-look level, clipped to ``[-bound, bound]``; NaN when undefined (or
+    nothing :func:`measured`); the point 0 for a model compared with itself."""
+    if not measured(m):
         return math.nan, math.nan
     half = t_quantile(0.5 + per_look / 2.0, m.df) * math.sqrt(max(m.var, 0.0))
     return max(m.estimate - half, -bound), min(m.estimate + half, bound)
 
 
 def p_look(m: Moments) -> float:
-    """The two-sided t-test of ``estimate == 0`` at one look (fixed size)."""
-    if not (math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1):
+    """The two-sided t-test of ``estimate == 0`` at one look (fixed size): NaN where nothing was :func:`measured`
+    (never 0 for tied values), 1 for a model compared with itself."""
+    if not measured(m):
         return math.nan
     if m.var <= 0:
-        return 1.0 if m.estimate == 0 else 0.0
+        return 1.0
     return 2.0 * t_cdf(-abs(m.estimate) / math.sqrt(m.var), m.df)
+
+
+def floor_effect(until: str, width: float, looks: list[Look]) -> dict | None:
+    """What ``sd_floor`` did to a probe's looks: ``width_without``, the stop's interval width without it, and
+    ``stop_without``, the vignettes it would have stopped at without it (None: not before the stop; a floor only
+    widens, so it never stops earlier). None when the looks had no floor or it widened no interval."""
+    raw = [look.unfloored for look in looks]
+    if not looks or any(r is None for r in raw):
+        return None
+    widened = [look.width > hi - lo + 1e-12 for look, (lo, hi) in zip(looks, raw, strict=True)
+               if math.isfinite(look.width) and math.isfinite(hi - lo)]
+    if not any(widened):
+        return None
+    stop = next((look.vignettes for look, (lo, hi) in zip(looks, raw, strict=True)
+                 if stop_reason(until, width, dataclasses.replace(look, lo=lo, hi=hi)) is not None), None)
+    lo, hi = raw[-1]
+    return {"width_without": hi - lo if math.isfinite(hi - lo) else None, "stop_without": stop}
 
 
 def stop_reason(until: str, width: float, look: Look) -> str | None:
@@ -325,6 +383,7 @@ class Sequential:
     schedule: Schedule
     order: list[int]
     estimate: Callable[..., Moments] = field(default=moments, repr=False, compare=False)  # a look's moments
+    sd_floor: float | None = None  # the estimate's floor (Sequential.of): each look also keeps its interval without
 
     def __post_init__(self):
         self.boundary = self.schedule.boundary()
@@ -336,7 +395,7 @@ class Sequential:
         """``sd_floor``: the least spread a foundation's vignettes are taken to have (:func:`moments`)."""
         estimate = partial(moments, sd_floor=float(sd_floor)) if sd_floor else moments
         return cls(until, float(width), float(level), Schedule.of(list(foundations)),
-                   balanced_order(list(ids), list(foundations), seed), estimate)
+                   balanced_order(list(ids), list(foundations), seed), estimate, float(sd_floor) if sd_floor else None)
 
     def prefix(self, k: int) -> list[int]:
         """The candidates asked by look ``k`` (indices, in the order they were asked)."""
@@ -352,7 +411,11 @@ class Sequential:
         lo, hi = interval(asked, self.per_look, _RANGE[self.until])
         stopping = self.level if stops and self.until == "change" else None
         p = None if change is None else self.boundary.p_value(p_look(change), stopping)
-        return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p)
+        unfloored = None
+        if self.sd_floor:  # what the interval would be without the floor: the stop line says what the floor did
+            raw = moments(now, before if self.until == "change" else None)
+            unfloored = interval(raw, self.per_look, _RANGE[self.until])
+        return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p, unfloored)
 
     def step(self, scores_at: Callable[[int], VignetteScores], before: VignetteScores | None = None, *,
              last: int | None = None, stop=None) -> tuple[list[Look], str]:

@@ -54,10 +54,29 @@ def stop_line(adaptive: dict) -> str:
         + ("" if change.get("p") is None else f" p={change['p']:.3g}"))
     control = f"; {a['control']}" if a.get("control") else ""
     floor = "" if a.get("sd_floor") is None else f" sd_floor={a['sd_floor']:g}"
+    if a["stopped"] == "baseline":  # scored whole, no look taken: its intervals are the fixed-size ones
+        intervals = f"its intervals are fixed-size {a['level']:.0%} ones (it scored every vignette without looking)"
+    else:
+        intervals = (f"every interval is one of a {a['level']:.0%} confidence sequence over the probe's looks (each "
+                     f"look at {a['per_look_level']:.1%})")
     return (f"[tinymcf] until={a['until']} width={a['width']:g}{floor}: asked {a['vignettes']} of {a['of_vignettes']} "
             f"vignettes ({a['per_foundation']} per foundation, {a['prompts']} of {a['of_prompts']} prompts) and "
-            f"stopped: {a['why']}{reached}{since}{control}; every interval is one of a {a['level']:.0%} confidence "
-            f"sequence over the probe's looks (each look at {a['per_look_level']:.1%})")
+            f"stopped: {a['why']}{reached}{since}{floor_note(a)}{control}; {intervals}")
+
+
+def floor_note(adaptive: dict) -> str:
+    """What ``sd_floor`` did, when it widened the intervals: the width it held the stop's at, and the stop it
+    moved (empty without a floor, or when the floor widened nothing)."""
+    effect = adaptive.get("floor")
+    if not effect:
+        return ""
+    without = "" if effect["width_without"] is None else f" ({effect['width_without']:.3f} without it)"
+    to = "" if adaptive.get("reached") is None else f" to {adaptive['reached']:.3f}"
+    note = f"; sd_floor={adaptive['sd_floor']:g} widened the interval{to}{without}"
+    if effect["stop_without"] is not None and effect["stop_without"] < adaptive["vignettes"]:
+        note += (f", which is why it asked {adaptive['vignettes']} vignettes: without the floor it would have stopped "
+                 f"at {effect['stop_without']}")
+    return note
 
 
 def with_bounds(estimate, lo, hi, intervals: bool = True) -> str:
