@@ -22,7 +22,6 @@ from helpers.defects import added_at_last_position
 from helpers.ports import torchrun
 
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring import engine, selfcheck
 from tinymcf_callback.scoring.selfcheck import TOLERANCES
 
 HERE = Path(__file__).resolve().parent
@@ -65,8 +64,6 @@ def tiny_llama():
 
 @pytest.fixture
 def probe(qwen_tok):
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
     return Probe(qwen_tok, "scifi", limit=3, token_budget=600, keep_autocast=True)
 
 
