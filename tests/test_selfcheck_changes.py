@@ -186,8 +186,9 @@ def test_hooks_added_removed_and_replaced_by_the_same_function(qwen_tok):
     assert all(off(r, reference) < AGREE for r in seen[-2:])
 
 
-def test_a_wrapper_and_a_training_step(qwen_tok):
-    """A wrapper is another forward; weights changed in place (a training step) are the same one."""
+def test_a_wrapper_a_training_step_and_a_precision(qwen_tok):
+    """A wrapper is another forward; weights changed in place (a training step) are the same one; another
+    precision is checked at once."""
     model = llama()
     probe = Probe(qwen_tok, "scifi", limit=1, self_check_budget=LITTLE)
     probe.score(model)
@@ -199,6 +200,9 @@ def test_a_wrapper_and_a_training_step(qwen_tok):
     res = probe.score(wrapped)
     assert res.check["checked"] and res.check["max_diff"] < AGREE
     assert probe.score(wrapped).check["waiting"]
+    model.to(torch.bfloat16)  # another precision starts a new cycle of the rotation: checked at once
+    res = probe.score(wrapped)
+    assert res.check["checked"] and res.check["reference"] == "float32 replay"
 
 
 def test_a_peft_adapter_switched_disabled_and_merged(qwen_tok):
@@ -236,7 +240,7 @@ def test_the_signature_is_exact_and_cheap_to_keep(qwen_tok):
     handle = model.model.layers[0].register_forward_hook(lambda m, a, out: None)
     assert forward_signature(model) != before and forward_signature(model, ignore={handle.id}) == before
     handle.remove()
-    assert forward_signature(model.to(torch.bfloat16)) != before  # another dtype computes another forward
+    assert forward_signature(model.to(torch.bfloat16)) == before  # a dtype is a precision: the rotation's (below)
     assert forward_signature(llama()) != before  # another model, even of the same class and weights
 
 

@@ -468,9 +468,11 @@ def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
     with a process-wide increasing id, so a hook replaced by another differs, even by the same function
     registered again); a ``forward`` set on the instance (accelerate's hooks, a patched forward, a wrapper's); a
     peft tuner layer's active, disabled and merged adapters. Then the process's global forward hooks, the
-    attention implementation in the config, and the parameters' dtypes and devices. ``ignore``: hook ids to leave
-    out (the probe's own, registered while it scores). Weights changed in place (a training step,
-    ``load_state_dict``, a LoRA scale) leave it as it was: those the self-check's rotation follows.
+    attention implementation in the config, and the device. ``ignore``: hook ids to leave out (the probe's own,
+    registered while it scores). Weights changed in place (a training step, ``load_state_dict``, a LoRA scale) leave
+    it as it was, and so do the parameters' dtypes (FSDP2 leaves its root's parameters gathered in the forward's
+    dtype after a forward call): the self-check's rotation follows those (a new precision starts a new cycle of
+    its checks).
     """
     from torch.nn.modules import module as torch_module
 
@@ -480,8 +482,7 @@ def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
     global_hooks = tuple(_hook_ids(getattr(torch_module, name, {}), skip)
                          for name in ("_global_forward_pre_hooks", "_global_forward_hooks"))
     attention = getattr(model_config(model), "_attn_implementation", None)
-    weights = tuple(sorted({(str(p.dtype), str(p.device)) for p in model.parameters()}))
-    return modules, global_hooks, attention, weights
+    return modules, global_hooks, attention, str(model_device(model))
 
 
 def _ref(obj):
