@@ -262,3 +262,17 @@ def test_each_probe_holds_its_own_memory(qwen_tok, caplog):
     looks = len({id(sub) for sub in adaptive._looks.values()})
     assert looks >= 2 and res.strategy == "full"
     assert len(said(caplog)) == 1
+
+
+def test_a_model_whose_forward_cannot_be_read_is_checked_at_every_probe(qwen_tok, monkeypatch):
+    """Never a crash: a forward the signature cannot read counts as changed, so every probe checks a prompt."""
+    from tinymcf_callback.scoring import selfcheck
+
+    def unreadable(model, ignore=()):
+        raise RuntimeError("a module that hides its hooks")
+
+    monkeypatch.setattr(selfcheck, "forward_signature", unreadable)
+    model = llama()
+    probe = Probe(qwen_tok, "scifi", limit=1, self_check_budget=LITTLE)
+    checks = [probe.score(model).check for _ in range(3)]
+    assert all(c["checked"] and not c["waiting"] and c["max_diff"] < AGREE for c in checks)

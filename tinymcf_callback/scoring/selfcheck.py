@@ -314,8 +314,11 @@ class Memory:
     def meet(self, model, ranks: Ranks, ignore=()) -> bool:
         """Is ``model``'s forward another than the one scored last (on any rank)? Then it starts again from the rules'
         first strategy, and its check from the riskiest prompts. ``ignore``: the probe's own hook ids."""
-        signature = forward_signature(model, ignore)
-        changed = any(ranks.gather(signature != self.forward))
+        try:
+            signature = forward_signature(model, ignore)
+        except Exception:  # noqa: BLE001 - a model it cannot read counts as changed at every probe: checked, no crash
+            signature = None
+        changed = any(ranks.gather(signature is None or signature != self.forward))
         if changed:
             self.forward, self.changes, self.needed = signature, self.changes + 1, 0
         return changed
