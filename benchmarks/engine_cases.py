@@ -33,7 +33,6 @@ import transformers as T  # noqa: E402
 
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
-from tinymcf_callback.scoring import selfcheck  # noqa: E402
 from tinymcf_callback.scoring.engine import STRATEGIES, run_batches, score_alone  # noqa: E402
 
 VOCAB, INIT = 151936, 0.125
@@ -88,7 +87,6 @@ def tiny_cases():
 
 
 def measure(name, model, tok, limit, budget, unsteered=None):
-    selfcheck._START.clear()  # each case starts from the rules, not from what an earlier case of this model needed
     probe = Probe(tok, "scifi", limit=limit, token_budget=budget)
     with torch.inference_mode():
         reference = score_alone(model, probe.encoded, list(range(len(probe))), tok)[0].p_yes

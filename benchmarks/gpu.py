@@ -404,12 +404,10 @@ def first_checks(model, tok, args, device: str) -> dict:
     import torch
 
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.scoring import selfcheck
 
     out = {}
     for dtype in (torch.bfloat16, torch.float16):
         model.to(dtype)
-        selfcheck._START.pop(model, None)  # as a model met for the first time
         probe = Probe(tok, "scifi", SMALL_LIMIT if args.small else None, n_resamples=0, self_check_budget=1.0)
         with Clock(device) as clock:
             res = probe.score(model)

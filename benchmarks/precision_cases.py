@@ -40,7 +40,7 @@ from helpers.defects import HELD_OUT, TABLE  # noqa: E402
 
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
-from tinymcf_callback.scoring import engine, selfcheck  # noqa: E402
+from tinymcf_callback.scoring import selfcheck  # noqa: E402
 from tinymcf_callback.scoring.engine import run_batches, score_alone  # noqa: E402
 
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -76,9 +76,9 @@ def forced_shared(model, probe):
 
 
 def verdict(model, probe, *, before: bool):
-    """The check's verdict (caught: the shared path left) as it was (``before``) or as it is."""
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
+    """The check's verdict (caught: the shared path left) as it was (``before``) or as it is, by a probe meeting the
+    model for the first time (from the rules, its riskiest prompts first)."""
+    probe = Probe(probe.tok, config=probe.config)
     saved = selfcheck.REDUCED_PRECISIONS, selfcheck.N_CHECKED
     if before:  # compared in the precision itself, two prompts
         selfcheck.REDUCED_PRECISIONS, selfcheck.N_CHECKED = (), 2

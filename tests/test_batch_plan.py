@@ -14,7 +14,6 @@ from helpers.models import reference_alone
 from tinymcf_callback import probe as probe_module
 from tinymcf_callback import testing as offline_assets
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring import engine, selfcheck
 from tinymcf_callback.scoring.batching import (
     DEFAULT_MAX_BATCH,
     DEFAULT_TOKEN_BUDGET,
@@ -189,15 +188,6 @@ def tiny_qwen3(dtype):
 
 
 FAMILIES = {"qwen3": tiny_qwen3, "llama": tiny_llama}
-
-
-@pytest.fixture(autouse=True)
-def fresh_start():
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
-    yield
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
 
 
 @pytest.mark.usefixtures("one_thread")

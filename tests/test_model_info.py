@@ -80,10 +80,11 @@ def test_peft_prompt_learning_scores_unpadded_without_a_cache(kind, tiny_qwen, q
     reference = _alone(peft, shared, qwen_tok)
     assert np.abs(reference - shared.score(tiny_qwen).p_yes).max() > 1e-3  # the adapter matters
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
-        for probe in (shared, full):
+        for probe in (shared, full, shared):
             assert np.abs(probe.score(peft).p_yes - reference).max() < 1e-5
     notes = [r.getMessage() for r in caplog.records if r.name == "tinymcf_callback" and "limit=" not in r.getMessage()]
-    assert len(notes) == 1 and "prompt-learning adapter" in notes[0]  # (the limit's subset note is another matter)
+    assert len(notes) == 2  # once by each probe (the limit's subset note is another matter)
+    assert all("prompt-learning adapter" in note for note in notes)
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ from helpers.defects import added_at_last_position
 from helpers.ports import torchrun
 
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.scoring import engine, selfcheck
 from tinymcf_callback.scoring.selfcheck import TOLERANCES
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +48,7 @@ def test_the_recorded_precision_is_the_computed_one_and_the_check_sees_in_it(wra
             assert got["check"]["precision"] == "bfloat16" and got["check"]["reference"] == "float32 replay"
             assert got["check"]["replay_note"] is None and got["check"]["max_diff"] < 1e-5
             assert got["check"]["scored_tolerance"] == TOLERANCES["bfloat16"]
+            assert not got["changed_again"] and got["again"] == got["strategy"]  # a second probe: the same forward
         assert rank["clean"]["strategy"] == "shared" and rank["clean"]["check"]["fallbacks"] == []
         assert rank["steered"]["strategy"] == "full"  # caught in bfloat16, on every rank at once
         assert [why.split(" gave ")[0] for why in rank["steered"]["check"]["fallbacks"]] == ["shared prefixes"]
@@ -65,8 +65,6 @@ def tiny_llama():
 
 @pytest.fixture
 def probe(qwen_tok):
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
     return Probe(qwen_tok, "scifi", limit=3, token_budget=600, keep_autocast=True)
 
 

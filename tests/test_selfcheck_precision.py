@@ -36,20 +36,11 @@ def llama(dtype: str = "float32"):
     return T.LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def probe(qwen_tok):
-    """``scifi`` limit 3 (24 prompts) in several batches, prefix sharing on: every path can be taken."""
+    """``scifi`` limit 3 (24 prompts) in several batches, prefix sharing on: every path can be taken. Each case its
+    own probe, which says in the log what it finds (a probe says each cause once per model)."""
     return Probe(qwen_tok, "scifi", limit=3, token_budget=600)
-
-
-@pytest.fixture(autouse=True)
-def fresh_start():
-    """Each case starts from the rules and logs afresh, not from what an earlier case of a shared model did."""
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
-    yield
-    selfcheck._START.clear()
-    engine._LOGGED.clear()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +100,6 @@ def test_the_resolution_is_what_the_check_flags(dtype, probe, models, qwen_tok):
     for factor in (3.0, 0.1):
         shift = factor * resolution / (p * (1 - p))
         with injected(models[dtype], answer_moved_on_padded_rows, shift=shift, yes_ids=yes) as model:
-            selfcheck._START.clear()
             outcomes[factor] = probe.score(model).check
     caught, missed = outcomes[3.0], outcomes[0.1]
     assert caught["fallbacks"] and "float32 replay" in caught["fallbacks"][0]

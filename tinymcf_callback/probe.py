@@ -42,7 +42,7 @@ from .scoring.model_info import (
 )
 from .scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from .scoring.ranks import Ranks
-from .scoring.selfcheck import Rotation, score_checked
+from .scoring.selfcheck import Memory, Rotation, score_checked
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -108,6 +108,7 @@ class Probe:
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
         # which prompts the self-check compares, probe after probe, and when
         self.rotation = Rotation(seed=config.seed, budget=config.self_check_budget)
+        self.memory = Memory()  # the forward scored last, the strategy it needed, what was said in the log
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
         for note in self.notes:
             log_note_once(tok, note)
@@ -195,7 +196,7 @@ class Probe:
             else:
                 res = run_batches(model, self.encoded, batches, self.tok, sample_index=self.sample_index,
                                   progress=progress, desc=f"moral probe [{self.name}]", prefix_plan=self.prefix_plan,
-                                  answer_format=self.answer_format)
+                                  answer_format=self.answer_format, say=self.memory.say)
         res.precision, res.model = precision.as_dict(), model_name(model)
         res.batch_plan = plan.as_dict() if plan is not None else None
         return res

@@ -98,7 +98,9 @@ class AdaptiveProbe:
     def _sub(self, rows: list[int], per_foundation: int | None):
         stored = sorted(rows)  # the set's own order: the prompts, and so the digest, of per_foundation=k
         config = self.config.replace(until=None, sd_floor=None, limit=None, per_foundation=per_foundation)
-        return self.probe_class(self.tok, config=config, vignettes=[self.vignettes[i] for i in stored])
+        probe = self.probe_class(self.tok, config=config, vignettes=[self.vignettes[i] for i in stored])
+        probe.memory = self.candidates.memory  # one model's forward, strategy and log for every look
+        return probe
 
     def look_probe(self, k: int):
         """The probe of the vignettes look ``k`` adds (all of look 0's)."""

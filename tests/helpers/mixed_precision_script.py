@@ -6,7 +6,8 @@ the model with ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``: float32 sha
 ``bf16=True``), ``zero3`` and ``zero2`` (DeepSpeed with its ``bf16`` section: the engine holds the model in
 bfloat16). For a clean tiny Llama and one with a steering hook at the last position (wrong on the shared path),
 every rank writes ``<wrapper>_rank<r>.json``: the precision the probe recorded, the dtype the first matrix
-product really saw (read by a hook of this script's own), the strategy and the self-check.
+product really saw (read by a hook of this script's own), the strategy and the self-check, and whether a second
+probe of the same wrapped model saw its forward change (it must not: the wrappers' hooks are registered once).
 """
 
 import datetime
@@ -88,9 +89,12 @@ def main():
         handle = first.register_forward_pre_hook(
             lambda m, args, seen=seen: seen.append(str(m.weight.dtype).replace("torch.", "")) if not seen else None)
         res = probe.score(model, ranks=Ranks.current())
+        changes = probe.memory.changes
+        again = probe.score(model, ranks=Ranks.current())  # the same forward: the wrapper's hooks are not new ones
         handle.remove()
         results[name] = {"precision": res.precision, "seen": seen[0], "strategy": res.strategy, "check": res.check,
-                         "wrapper": type(model).__name__}
+                         "wrapper": type(model).__name__, "changed_again": probe.memory.changes != changes,
+                         "again": again.strategy}
     (out / f"{wrapper}_rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()

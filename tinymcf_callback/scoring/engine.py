@@ -17,11 +17,12 @@ Three strategies run the batches, fastest first (:data:`STRATEGIES`):
   prompts of one length only, with no padding at all.
 
 :func:`first_strategy` reads the model's class and config and starts at the fastest
-strategy nothing is known against, saying why in the log (once per model) when that is not
-the shared one. Whether the chosen strategy really gives each prompt's own score is not left
-to those rules: :mod:`tinymcf_callback.scoring.selfcheck` compares a few prompts with
-:func:`score_alone` on every probe and moves to the next strategy when they disagree. A batch
-that runs out of memory is halved (:func:`split_on_oom`).
+strategy nothing is known against, saying why in the log when that is not the shared one (once
+per model and cause for each probe: :class:`LogOnce`, held by the probe). Whether the chosen
+strategy really gives each prompt's own score is not left to those rules:
+:mod:`tinymcf_callback.scoring.selfcheck` compares a few prompts with :func:`score_alone` on every
+probe and moves to the next strategy when they disagree. A batch that runs out of memory is halved
+(:func:`split_on_oom`).
 """
 
 from __future__ import annotations
@@ -65,24 +66,38 @@ STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padde
 
 # ---- running the model: three strategies -----------------------------------------------------
 
-_LOGGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class LogOnce:
+    """Warnings said once per model and cause, for the probe that holds it (never for the whole process).
 
-
-def log_once(model, message: str, key=None) -> None:
-    """Log ``message`` (a warning on the ``tinymcf_callback`` logger) once per model object and ``key``.
-
-    ``key`` defaults to the message itself; pass one when the message carries a measured number
-    that changes from probe to probe but says the same thing.
+    A :class:`~tinymcf_callback.probe.Probe` holds one (its ``memory.say``), so a model scored at every checkpoint
+    hears each cause once, not once per probe; another model (object) scored by the same probe starts afresh. Call
+    it with ``key`` when the message carries a measured number that changes from probe to probe but says the same
+    thing (``key`` defaults to the message itself).
     """
+
+    def __init__(self):
+        self._model = None  # the model the causes below were said for (a weak reference where it takes one)
+        self._said: set = set()
+
+    def __call__(self, model, message: str, key=None) -> None:
+        if not self._is(model):
+            self._model, self._said = _ref(model), set()
+        key = message if key is None else key
+        if key not in self._said:
+            self._said.add(key)
+            if _is_main_process():  # under several processes every rank decides alike: one of them says so
+                logger.warning(message)
+
+    def _is(self, model) -> bool:
+        held = self._model
+        return held is not None and (held() is model if isinstance(held, weakref.ref) else held == id(model))
+
+
+def _ref(model):
     try:
-        seen = _LOGGED.setdefault(model, set())
-    except TypeError:  # not weak-referenceable: log every time rather than never
-        seen = set()
-    key = message if key is None else key
-    if key not in seen:
-        seen.add(key)
-        if _is_main_process():  # under several processes every rank decides alike: one of them says so
-            logger.warning(message)
+        return weakref.ref(model)
+    except TypeError:  # not weak-referenceable: known by its id while this probe holds it
+        return id(model)
 
 
 def _is_main_process() -> bool:
@@ -331,16 +346,16 @@ def first_strategy(model, encoded: list[list[int]], prefix_plan: PrefixPlan | No
     return ("full", blocker) if blocker else ("shared", None)
 
 
-def explain_start(model, strategy: str, reason: str | None) -> None:
-    """Say once per model why it does not start on the fastest strategy."""
+def explain_start(model, strategy: str, reason: str | None, say: LogOnce) -> None:
+    """Say (once per model, through the probe's ``say``) why it does not start on the fastest strategy."""
     if reason is None:
         return
     name = class_name(model)
     if strategy == "unpadded":
-        log_once(model, f"{name}: {reason}; scoring prompts in unpadded batches of one length "
+        say(model, f"{name}: {reason}; scoring prompts in unpadded batches of one length "
                  "(same scores, more forward calls)")
     else:
-        log_once(model, f"{name} cannot take the shared-prefix path: {reason}; scoring full prompts "
+        say(model, f"{name} cannot take the shared-prefix path: {reason}; scoring full prompts "
                  "(same scores, more compute)")
 
 
@@ -413,12 +428,13 @@ def empty_result(n: int) -> ScoreResult:
 def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, *, pad_id: int | None = None,
                 sample_index: int | None = None, progress: bool = False, desc: str = "moral probe",
                 prefix_plan: PrefixPlan | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
-                strategy: str | None = None, calls: int | None = None) -> ScoreResult:
+                strategy: str | None = None, calls: int | None = None, say: LogOnce | None = None) -> ScoreResult:
     """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
 
-    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (logged once
-    when it is not the shared one). ``answer_format`` names the answer tokens read at the answer
-    position (``prompts.ANSWER_FORMATS``): the prompts must have been formatted for it. ``calls``:
+    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the
+    probe's :class:`LogOnce`, when it is not the shared one; without ``say``, at every call). ``answer_format``
+    names the answer tokens read at the answer position (``prompts.ANSWER_FORMATS``): the prompts must have been
+    formatted for it. ``calls``:
     make exactly this many forward calls, adding one-token calls whose results are dropped when
     the batches need fewer (every rank of a sharded model must make the same number; see
     :func:`tinymcf_callback.scoring.selfcheck.score_checked`). A batch that runs out of memory is split in
@@ -432,7 +448,7 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
     device = model_device(model)
     if strategy is None:
         strategy, reason = first_strategy(model, encoded, prefix_plan)
-        explain_start(model, strategy, reason)
+        explain_start(model, strategy, reason, say or LogOnce())
     runner = make_strategy(strategy, model, encoded, pad_id, device, prefix_plan)
     yes, no = answer_token_ids(tok, answer_format)
     answer_ids = torch.tensor(sorted(set(yes) | set(no)), device=device)

@@ -109,6 +109,7 @@ class Precision:
         self.dtype = _dtype_name(weights_dtype(model))
         self.autocast: str | None = None
         self.products: dict[str, str | None] = {}  # "first", "output": the dtype each ran in, once it has run
+        self.hooks: set[int] = set()  # the ids of the hooks it has registered (not the model's own)
 
     @property
     def seen(self) -> str | None:
@@ -126,6 +127,7 @@ class Precision:
         for where, target in (("first", first), ("output", output)):
             if target is not None and (where == "first" or target is not first):
                 handles.append(target.register_forward_pre_hook(self._looker(where)))
+                self.hooks.add(handles[-1].id)
         try:
             yield self
         finally:

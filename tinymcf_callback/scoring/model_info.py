@@ -8,7 +8,9 @@
 - what one padded token and one prompt's row cost it in memory (:func:`memory_per_token`), and how much
   memory its device has free (:func:`device_memory`): what a forward call's size is planned from;
 - what left padding, and padding *inside* a shared-prefix cache, would do to its scores
-  (:func:`padding_problem`, :func:`shared_prefix_blocker`).
+  (:func:`padding_problem`, :func:`shared_prefix_blocker`);
+- what its forward computes apart from its weights' values (its modules, hooks, adapters, wrappers:
+  :func:`forward_signature`), so a probe sees that it changed between two probes.
 
 All of it reads classes, configs and the device's allocator only; nothing here runs the model.
 """
@@ -16,6 +18,8 @@ All of it reads classes, configs and the device's allocator only; nothing here r
 from __future__ import annotations
 
 import inspect
+import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +28,7 @@ from ..errors import PromptError, UnsupportedModelError
 
 _FORWARDING_CHILDREN = ("_fsdp_wrapped_module", "module", "model")
 _MAX_WRAPPERS = 16
+_ADAPTER_STATE = ("active_adapters", "disable_adapters", "merged_adapters")  # peft's tuner layers (BaseTunerLayer)
 
 
 def unwrap_model(model):
@@ -451,3 +456,56 @@ def check_vocabulary(model, encoded: list[list[int]], answer_ids: list[int]) -> 
         raise PromptError(f"the tokenizer gives token ids up to {largest}, but {class_name(model)} has only "
                           f"{min(rows)} embedding rows: the tokenizer is another model's; load the model's own "
                           f"(AutoTokenizer.from_pretrained on the model's folder or id)")
+
+
+def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
+    """What ``model``'s forward computes apart from its weights' values: two signatures are equal (``==``) exactly
+    when none of it changed between them.
+
+    Per module (``named_modules``): its name; the module object itself, held by a weak reference (a module swapped
+    for another differs, even one of the same class at the same address); its class; the ids of its forward
+    pre-hooks and forward hooks, with-kwargs and always-called ones among them (torch numbers every hook's handle
+    with a process-wide increasing id, so a hook replaced by another differs, even by the same function
+    registered again); a ``forward`` set on the instance (accelerate's hooks, a patched forward, a wrapper's); a
+    peft tuner layer's active, disabled and merged adapters. Then the process's global forward hooks, the
+    attention implementation in the config, and the device. ``ignore``: hook ids to leave out (the probe's own,
+    registered while it scores). Weights changed in place (a training step, ``load_state_dict``, a LoRA scale) leave
+    it as it was, and so do the parameters' dtypes (FSDP2 leaves its root's parameters gathered in the forward's
+    dtype after a forward call): the self-check's rotation follows those (a new precision starts a new cycle of
+    its checks).
+    """
+    from torch.nn.modules import module as torch_module
+
+    skip = set(ignore)
+    modules = tuple((name, _ref(m), type(m), _hook_ids(m._forward_pre_hooks, skip), _hook_ids(m._forward_hooks, skip),
+                     _ref(m.__dict__.get("forward")), _adapter_state(m)) for name, m in model.named_modules())
+    global_hooks = tuple(_hook_ids(getattr(torch_module, name, {}), skip)
+                         for name in ("_global_forward_pre_hooks", "_global_forward_hooks"))
+    attention = getattr(model_config(model), "_attn_implementation", None)
+    return modules, global_hooks, attention, str(model_device(model))
+
+
+def _ref(obj):
+    """``obj`` as a signature holds it: a weak reference (equal while both live and are the same object; never equal
+    to one whose object died), or its id where it cannot be weakly referenced; None stays None."""
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return ("id", id(obj))
+
+
+def _hook_ids(hooks: dict, skip: set[int]) -> tuple[int, ...]:
+    return tuple(k for k in hooks if k not in skip)
+
+
+def _adapter_state(module) -> tuple | None:
+    """A peft model's or tuner layer's active adapters, whether they are disabled, which are merged (None: not peft)."""
+    if not hasattr(type(module), "active_adapters"):
+        return None
+    try:
+        values = [getattr(module, name, None) for name in _ADAPTER_STATE]
+    except Exception as e:  # noqa: BLE001 - an adapter state that cannot be read is read as "unknown", never a crash
+        return ("unreadable", type(e).__name__)
+    return tuple(tuple(v) if isinstance(v, (list, set)) else v for v in values)

@@ -28,11 +28,19 @@ a checked prompt that it flags.
 When a difference is above its tolerance, the probe moves to the next safer strategy (shared
 prefixes -> full prompts -> unpadded prompts), says once why with the measured difference, and
 scores again; a strategy that raises moves on the same way. If even the unpadded strategy
-disagrees, :class:`EngineMismatchError` names the model class and the difference. A model that
-needed a safer strategy starts there at its next probe (and is still checked). The check runs on
-every probe, not only on a model's first one, because what it guards against changes without the
-model object changing: a steering hook added, a wrapper, new weights that make a path's small error
-large.
+disagrees, :class:`EngineMismatchError` names the model class and the difference.
+
+**A changed model.** What the check guards against changes without the model object changing: a
+steering hook added, removed or replaced, an adapter switched, disabled or merged, a wrapper, a module
+swapped, new weights that make a path's small error large. So the probe remembers (in its own
+:class:`Memory`, never in the process) the forward it scored last
+(:func:`~tinymcf_callback.scoring.model_info.forward_signature`: every module, the exact ids of its
+hooks, its adapters) and the safest strategy that forward needed. The next probe of the same forward
+starts at that strategy and checks prompts as its budget pays for them (:class:`Rotation`); a
+changed forward starts again from the rules' first strategy and checks at least one prompt, the
+riskiest (the most left-padded on the full path, the most padded seams on the shared one), so a
+position-dependent forward cannot pass on an unpadded prompt. Weights changed in place (a training
+step) are the same forward: the rotation's cycle goes on over them.
 
 Under several processes (DDP, FSDP, DeepSpeed) the check and the decision are collective:
 every rank scores its share, the shares are gathered, every rank checks (and replays) the same
@@ -44,10 +52,8 @@ need: each forward call gathers parameters.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -59,18 +65,18 @@ from .engine import (
     STRATEGIES,
     STRATEGY_WORDS,
     AnswerScores,
+    LogOnce,
     ModelCall,
     ScoreResult,
     explain_start,
     first_strategy,
-    log_once,
     make_strategy,
     pad_calls,
     run_batches,
     score_alone,
     score_prompts,
 )
-from .model_info import class_name, model_device, pad_token_id
+from .model_info import class_name, forward_signature, model_device, pad_token_id
 from .ranks import Ranks, merge_shards, to_shard
 from .replay import float32_replay, without_compile
 
@@ -179,10 +185,10 @@ class Rotation:
 
     Which: the next ones of one order, the prompts a strategy treats most differently from each prompt alone first
     (:func:`check_prompts`), then every other prompt in a seeded order; so over a run of probes the check covers
-    every prompt, the riskiest first, and then starts the cycle again. A model of another structure
-    (:func:`structure`: its class, precision, module and hook counts, and the strategy scoring it) starts a new
-    cycle: a steering hook added between probes, or a strategy the check fell back to, is checked where a defect
-    shows most. ``coverage()`` says how far the cycle has come.
+    every prompt, the riskiest first, and then starts the cycle again. Another structure (:func:`structure`: a
+    changed forward, another precision or strategy) starts a new cycle: a steering hook added, removed or replaced
+    between probes, an adapter switched, or a strategy the check fell back to, is checked where a defect shows
+    most (the most padded prompt first). ``coverage()`` says how far the cycle has come.
 
     When: the first probe of a structure always checks (at least one prompt: it decides the strategy). After that
     each probe earns ``budget`` (:data:`CHECK_BUDGET` unless ``self_check_budget`` says otherwise) of its own
@@ -254,13 +260,12 @@ class Rotation:
                 "probes": self.probes}
 
 
-def structure(model, strategy: str, compute: str | None, batches: int | None = None) -> tuple:
-    """What a defect of the probe's paths depends on, cheaply: the model's class, the precision it computed in, how
-    many modules and forward hooks it has, how many batches its prompts were planned in (a model moved to another
+def structure(changes: int, strategy: str, compute: str | None, batches: int | None = None) -> tuple:
+    """What a defect of the probe's paths depends on: which forward it is (``changes``: the probe's
+    :class:`Memory` counts each change of :func:`~.model_info.forward_signature`: a module, hook, adapter or
+    wrapper), the precision it computed in, how many batches its prompts were planned in (a model moved to another
     device is batched anew), and the strategy (weights change over training; this does not)."""
-    modules = list(model.modules())
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
-    return (class_name(model), compute, len(modules), hooks, batches, strategy)
+    return (changes, compute, batches, strategy)
 
 
 def check_cost(encoded, batches, strategy: str, plan, idx: list[int], replayed: bool) -> float:
@@ -289,19 +294,34 @@ def probe_cost(encoded, batches, strategy: str, plan) -> float:
 
 
 # ---- the checked scoring loop ---------------------------------------------------------------------
-_START: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the safest strategy it needed so far
+@dataclass
+class Memory:
+    """What a probe's scoring carries from one probe to the next, held by the probe (a
+    :class:`~tinymcf_callback.probe.Probe`'s ``memory``; the looks of a probe with a precision target share their
+    candidates'), never by the process.
 
+    ``forward``: the :func:`~.model_info.forward_signature` of the model scored last; ``changes``: how often it has
+    changed (the first model counts), which starts a new cycle of the :class:`Rotation`; ``needed``: the safest
+    strategy (an index into :data:`~.engine.STRATEGIES`) that forward has needed so far, where its next probe
+    starts; ``say``: the warnings said, once per model and cause.
+    """
 
-def _remembered(model) -> int:
-    try:
-        return _START.get(model, 0)
-    except TypeError:
-        return 0
+    forward: tuple | None = None
+    changes: int = 0
+    needed: int = 0
+    say: LogOnce = field(default_factory=LogOnce)
 
-
-def _remember(model, level: int) -> None:
-    with contextlib.suppress(TypeError):  # a model that cannot be weakly referenced starts from the rules each time
-        _START[model] = max(level, _START.get(model, 0))
+    def meet(self, model, ranks: Ranks, ignore=()) -> bool:
+        """Is ``model``'s forward another than the one scored last (on any rank)? Then it starts again from the rules'
+        first strategy, and its check from the riskiest prompts. ``ignore``: the probe's own hook ids."""
+        try:
+            signature = forward_signature(model, ignore)
+        except Exception:  # noqa: BLE001 - a model it cannot read counts as changed at every probe: checked, no crash
+            signature = None
+        changed = any(ranks.gather(signature is None or signature != self.forward))
+        if changed:
+            self.forward, self.changes, self.needed = signature, self.changes + 1, 0
+        return changed
 
 
 def describe(error: BaseException) -> str:
@@ -323,12 +343,13 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
     strategy's own error when every strategy raised. ``check=False`` scores with the first strategy
     and compares nothing (``res.check`` is None).
     """
-    ranks = ranks or Ranks()
+    ranks, memory = ranks or Ranks(), job.memory
     encoded, batches, plan = job.encoded, job.batches, job.prefix_plan
+    memory.meet(model, ranks, precision.hooks if precision is not None else ())
     start, reason = first_strategy(model, encoded, plan)
-    level = max(STRATEGIES.index(start), _remembered(model))
+    level = max(STRATEGIES.index(start), memory.needed)
     if level == STRATEGIES.index(start):
-        explain_start(model, start, reason)
+        explain_start(model, start, reason, memory.say)
     name = class_name(model)
     fallbacks: list[str] = []
     pad_id = pad_token_id(model, job.tok)
@@ -359,7 +380,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
                     raise error
                 raise RuntimeError(f"moral probe: {STRATEGY_WORDS[strategy]} failed on another process: {failed}")
             why = f"{STRATEGY_WORDS[strategy]} failed ({failed})"
-            level = _fall_back(model, name, strategy, why, fallbacks, level)
+            level = _fall_back(memory, model, name, strategy, why, fallbacks, level)
             continue
         if ranks.num > 1:
             res = merge_shards(ranks.gather(to_shard(share, [i for b in mine for i in b])), len(encoded))
@@ -382,7 +403,7 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
                 f"wrong number. Something in the model changes a prompt's answer with the batch it is in (a hook or "
                 f"a layer that reads other rows); if this is floating-point noise of a large model, raise the "
                 f"tolerance (self_check_tolerance) above {largest:.1e}")
-        level = _fall_back(model, name, strategy, why, fallbacks, level)
+        level = _fall_back(memory, model, name, strategy, why, fallbacks, level)
 
 
 def _disagreement(found: SelfCheck, strategy: str) -> str:
@@ -400,12 +421,13 @@ def _disagreement(found: SelfCheck, strategy: str) -> str:
             f"{found.precision}-precision tolerance {found.scored_tolerance:.0e}")
 
 
-def _fall_back(model, name: str, strategy: str, why: str, fallbacks: list[str], level: int) -> int:
-    """Record and log (once per model and strategy) why ``strategy`` is left; the next level."""
+def _fall_back(memory: Memory, model, name: str, strategy: str, why: str, fallbacks: list[str], level: int) -> int:
+    """Record and log (once per model and strategy) why ``strategy`` is left; the next level, where this forward's
+    next probe starts."""
     fallbacks.append(why)
     nxt = STRATEGIES[level + 1]
-    log_once(model, f"{name}: {why}; scoring {STRATEGY_WORDS[nxt]} instead", key=("fallback", strategy))
-    _remember(model, level + 1)
+    memory.say(model, f"{name}: {why}; scoring {STRATEGY_WORDS[nxt]} instead", key=("fallback", strategy))
+    memory.needed = max(memory.needed, level + 1)
     return level + 1
 
 
@@ -446,7 +468,7 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
 def _picked(job, model, strategy: str, plan, ranks: Ranks, compute: str | None) -> list[int]:
     """This probe's checked prompts: the rotation's next ones, as many as the budget allows; rank 0's on every rank."""
     rotation = job.rotation
-    rotation.start(ranks.gather(structure(model, strategy, compute, len(job.batches)))[0])
+    rotation.start(ranks.gather(structure(job.memory.changes, strategy, compute, len(job.batches)))[0])
     order = rotation.order(job.encoded, job.batches, strategy, plan)
     first = order[:1]
     estimate = rotation.budget * probe_cost(job.encoded, job.batches, strategy, plan) / max(
