@@ -26,9 +26,10 @@ from tinymcf_callback.results.rows import ROW_COLUMNS, vignette_rows, vignette_t
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.bands import band_rows
 from tinymcf_callback.trackers.mlflow import public_uri
-from tinymcf_callback.trackers.open import open_trackers, tracker_names
+from tinymcf_callback.trackers.open import open_trackers
 from tinymcf_callback.trackers.sinks import Sink, Trackers
-from tinymcf_callback.trackers.tensorboard import margin_layout, probe_folder, tensorboard_folder, tensorboard_sink
+from tinymcf_callback.trackers.table import resolve
+from tinymcf_callback.trackers.tensorboard import TensorBoardTracker, margin_layout, probe_folder, tensorboard_folder
 
 STEPS = (0, 3, 6)
 
@@ -62,10 +63,13 @@ def rows_of(probe, report, step):
     return vignette_rows(report, step, vignette_texts(probe.vignettes))
 
 
-def run_folder(tmp_path: Path, **record) -> Path:
+def run_folder(tmp_path: Path, report_to=(), **trackers) -> Path:
+    """``<tmp>/out`` with a record naming ``trackers`` (name -> the run it has open) and ``report_to``."""
     out = tmp_path / "out"
     out.mkdir(parents=True, exist_ok=True)
-    RunRecord(output_dir=str(out), **record).write(out)
+    if "tensorboard" in trackers:
+        trackers["tensorboard"] = {"dir": trackers["tensorboard"], "output_dir": str(out)}
+    RunRecord(report_to=list(report_to), trackers=trackers).write(out)
     return out
 
 
@@ -97,7 +101,7 @@ def test_a_live_tensorboard_keeps_following_the_training_while_the_probe_writes(
     logdir = tmp_path / "out" / "runs"
     training_dir = logdir / "Dec01_12-00-00_host"
     training = SummaryWriter(str(training_dir))  # the Trainer's own writer
-    out = run_folder(tmp_path, tensorboard_dir=str(training_dir), report_to=["tensorboard"])
+    out = run_folder(tmp_path, report_to=["tensorboard"], tensorboard=str(training_dir))
     trackers = open_trackers(out, ["auto"], "scifi", figure=lambda curve: probe_figure(curve, out / "h.jsonl"))
     reload = live_tensorboard(logdir)
     line_list, report = lines
@@ -152,8 +156,8 @@ def test_the_margin_layout_and_the_figure_are_read_back_by_tensorboard(tmp_path,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
-    out = run_folder(tmp_path, tensorboard_dir=str(tmp_path / "out" / "runs" / "x"))
-    trackers = Trackers([tensorboard_sink(out, RunRecord.read(out), "scifi")],
+    out = run_folder(tmp_path, tensorboard=str(tmp_path / "out" / "runs" / "x"))
+    trackers = Trackers([TensorBoardTracker.reopen(out, RunRecord.read(out).trackers["tensorboard"], None, "scifi")],
                         figure=lambda curve: probe_figure(curve, out / "h.jsonl"))
     line_list, report = lines
     for line in line_list:
@@ -191,15 +195,16 @@ def test_a_layout_without_intervals_draws_plain_charts():
 
 def test_a_copied_run_folder_writes_into_its_own_logging_folder(tmp_path):
     original = tmp_path / "original"
-    record = RunRecord(tensorboard_dir=str(original / "runs" / "May01_host"), output_dir=str(original))
+    record = {"dir": str(original / "runs" / "May01_host"), "output_dir": str(original)}
     copy = tmp_path / "copy"
     (copy / "runs" / "May01_host").mkdir(parents=True)
     folder, why = tensorboard_folder(copy, record)
     assert folder == copy.resolve() / "runs" / "May01_host" and "copy" in why and str(original) in why
-    elsewhere = RunRecord(tensorboard_dir=str(tmp_path / "shared_tb" / "run1"), output_dir=str(original))
+    elsewhere = {"dir": str(tmp_path / "shared_tb" / "run1"), "output_dir": str(original)}
     folder, why = tensorboard_folder(copy, elsewhere)
     assert folder == tmp_path / "shared_tb" / "run1" and "outside the run folder" in why  # said, where it goes
-    old = RunRecord(tensorboard_dir=str(original / "runs" / "May01_host"))  # a record written before output_dir
+    assert "it is not there: created" in why  # a recorded folder that is gone is said
+    old = {"dir": str(original / "runs" / "May01_host")}  # a record that does not say which run folder it was in
     assert tensorboard_folder(copy, old)[0] == copy.resolve() / "runs" / "May01_host"
 
 
@@ -358,18 +363,18 @@ def test_the_sweeps_trackers_write_into_the_trainings_trackio_run(tmp_path, line
 # ---- what is asked for --------------------------------------------------------------------------------------------
 def test_unknown_trackers_are_refused_and_auto_takes_the_trainers():
     with pytest.raises(ConfigError, match="unknown tracker.*neptune"):
-        tracker_names(["neptune"], None)
-    record = RunRecord(report_to=["tensorboard", "mlflow", "trackio"])
-    assert tracker_names(["auto", "wandb"], record) == ["wandb", "tensorboard", "mlflow", "trackio"]
-    assert tracker_names(["auto"], None) == []
+        resolve(["neptune"], None)
+    recorded = ["tensorboard", "mlflow", "codecarbon", "trackio"]  # codecarbon: the Trainer's, not a tracker here
+    assert resolve(["auto", "wandb"], recorded) == ["wandb", "tensorboard", "mlflow", "trackio"]
+    assert resolve("auto,none", None) == [] and resolve("tensorboard, wandb,tensorboard", None) == [
+        "tensorboard", "wandb"]
 
 
 def test_a_trackio_run_must_be_named(tmp_path):
     with pytest.raises(SweepError, match="--trackio-run PROJECT/RUN"):
         open_trackers(run_folder(tmp_path), ["trackio"], "scifi")
     with pytest.raises(SweepError, match="takes PROJECT/RUN"):
-        open_trackers(run_folder(tmp_path), ["trackio"], "scifi",
-                      where=__import__("tinymcf_callback.trackers.open", fromlist=["x"]).Destinations(trackio_run="x"))
+        open_trackers(run_folder(tmp_path), ["trackio"], "scifi", runs={"trackio": "x"})
 
 
 # ---- the callback in the training process ---------------------------------------------------------------------
@@ -391,15 +396,16 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     trainer.train()
     from trackio.sqlite_storage import SQLiteStorage
 
-    logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackio["name"])
+    logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackers["trackio"]["name"])
     figures = [log["train/global_step"] for log in logs if "eval/moral_scifi/figure" in log]
     assert figures == [0, 2, 4]  # beside the Trainer's own rows (TrackioCallback: the numbers)
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score_hi" in log) == [0, 2, 4]
     assert all(len(log["eval/moral_scifi/vignette_rows"]["_value"]) == 3 for log in logs
                if "eval/moral_scifi/vignette_rows" in log)
     record = RunRecord.read(tmp_path / "out")
-    assert record.mlflow["tracking_uri"] == uri and record.output_dir == str(tmp_path / "out")
-    run_id = record.mlflow["run_id"]
+    assert record.trackers["mlflow"]["tracking_uri"] == uri
+    assert record.trackers["tensorboard"]["output_dir"] == str(tmp_path / "out")
+    run_id = record.trackers["mlflow"]["run_id"]
     client = MlflowClient(uri)
     assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/care/align_other_hi")} == {0, 2, 4}
     images = {p.path.split("+step+")[1].split("+")[0] for p in client.list_artifacts(run_id, "images")}
@@ -528,23 +534,23 @@ def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path
 
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [r.info.run_id for r in runs] == [record.mlflow["run_id"]]  # the training's run, no other
-    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "loss")) == list(range(1, 7))
-    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "eval_moral_scifi/score")) == \
-        list(range(7))
-    assert client.get_run(record.mlflow["run_id"]).info.status == "FINISHED"  # ended by the training, once
+    run_id = record.trackers["mlflow"]["run_id"]
+    assert [r.info.run_id for r in runs] == [run_id]  # the training's run, no other
+    assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(range(1, 7))
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/score")) == list(range(7))
+    assert client.get_run(run_id).info.status == "FINISHED"  # ended by the training, once
 
     monkeypatch.setattr("trackio.sqlite_storage.TRACKIO_DIR", tmp_path / "trackio")  # read where they wrote
     from trackio.sqlite_storage import SQLiteStorage
 
-    assert record.trackio["dir"] == str(tmp_path / "trackio")
-    assert SQLiteStorage.get_runs("watched") == [record.trackio["name"]]
-    logs = SQLiteStorage.get_logs("watched", record.trackio["name"])
+    assert record.trackers["trackio"]["dir"] == str(tmp_path / "trackio")
+    assert SQLiteStorage.get_runs("watched") == [record.trackers["trackio"]["name"]]
+    logs = SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score" in log) == list(range(7))
     assert sorted(log["train/global_step"] for log in logs if "train/loss" in log) == list(range(1, 7))
 
     tb = reload()
-    training_run = Path(record.tensorboard_dir).name
+    training_run = Path(record.trackers["tensorboard"]["dir"]).name
     assert steps_seen(tb, training_run, "train/loss") == list(range(1, 7))
     assert steps_seen(tb, f"{training_run}/moral_probe_scifi", "eval/moral_scifi/score") == list(range(7))
 
