@@ -34,21 +34,6 @@ from tinymcf_callback.trackers.tensorboard import TensorBoardTracker, margin_lay
 STEPS = (0, 3, 6)
 
 
-@pytest.fixture
-def trackio_home(tmp_path, monkeypatch) -> Path:
-    """trackio's folder in ``tmp_path``: trackio reads ``TRACKIO_DIR`` once, at import, into its modules' globals."""
-    import importlib
-
-    home = tmp_path / "trackio"
-    monkeypatch.setenv("TRACKIO_DIR", str(home))
-    for name in ("utils", "sqlite_storage", "run", "table", "media.media", "__init__"):
-        module = importlib.import_module("trackio" if name == "__init__" else f"trackio.{name}")
-        for attr, value in (("TRACKIO_DIR", home), ("MEDIA_DIR", home / "media")):
-            if hasattr(module, attr):
-                monkeypatch.setattr(module, attr, value)
-    return home
-
-
 @pytest.fixture(scope="module")
 def probe(qwen_tok):
     return Probe(qwen_tok, "scifi", per_foundation=2, n_resamples=200)

@@ -18,9 +18,9 @@ Trainer's ``TrackioCallback`` logs each row without one, so a row's step is how 
 training's step (a 6-step run's step-6 rows are rows 11-14). The callback's own rows come right after the Trainer's
 row of the same step, so they sit beside it. A follower logs each point with an explicit step
 (``Run.log(..., step=)``, the one way trackio lets a logger place a row): the row of the Trainer's own at the same
-``train/global_step`` (the first of them), else the last before it, read from trackio's local store
-(:meth:`TrackioTracker.anchor`). Its points thus sit where the callback's would, whatever the axis; a run synced to a
-Space or a server, whose rows are not in the local store, gets trackio's next row instead.
+``train/global_step`` (the first of them), else the last before it (the step-0 baseline: the first), read from
+trackio's local store (:meth:`TrackioTracker.anchor`). Its points thus sit where the callback's would, on either
+axis; a run synced to a Space or a server, whose rows are not in the local store, gets trackio's next row instead.
 
 trackio reports its own failures as warnings (its writer is a background thread): a point it could not store is
 said by trackio, not counted here. A follower started again sends only the points the run's rows do not hold yet
@@ -162,18 +162,23 @@ class TrackioTracker(Tracker):
 
     def anchor(self, point: Point) -> int | None:
         """The trackio step of the point at ``train/global_step`` ``point.step``: the first row the Trainer logged at
-        that step, else the last it logged before it (the probe's own rows left out, a misplaced one of an earlier
-        version among them); None (trackio's next row) when the local store holds no row of the Trainer's."""
-        before, at = None, None
+        that step, else the last it logged before it, else its first row (0 before it logged any: the step-0
+        baseline sits at the start); the probe's own rows are left out (a misplaced one of an earlier version among
+        them). None (trackio's next row) for a run whose rows are not in the local store (a Space, a server)."""
+        if self.run_is_remote():
+            return None
+        before, at, after = None, None, None
         for row in self._rows():
             if any(k.startswith("eval/moral_") for k in row) or not _number(row.get("train/global_step")):
                 continue
-            global_step = row["train/global_step"]
+            global_step, step = row["train/global_step"], row["step"]
             if global_step == point.step:
-                at = row["step"] if at is None else min(at, row["step"])
+                at = step if at is None else min(at, step)
             elif global_step < point.step:
-                before = row["step"] if before is None else max(before, row["step"])
-        return at if at is not None else before
+                before = step if before is None else max(before, step)
+            else:
+                after = step if after is None else min(after, step)
+        return next((s for s in (at, before, after) if s is not None), 0)
 
     def held(self, name: str) -> dict[int, list[float]] | None:
         """The values of ``name`` the run's rows hold, by ``train/global_step`` (local store only: None for a run
