@@ -310,6 +310,29 @@ def test_an_mlflow_run_that_is_not_there_is_one_error_line(tmp_path, capsys, mon
     one_error_line(rc, capsys.readouterr().err, "the MLflow run 0123abc cannot be read", "MLFLOW_TRACKING_URI")
 
 
+def test_a_tracking_store_or_folder_that_is_not_there_is_refused_and_nothing_is_made(tmp_path, capsys, monkeypatch):
+    from helpers.ports import free_port
+
+    monkeypatch.chdir(tmp_path)
+    out = run_folder(tmp_path)
+    (out / "checkpoint-1").mkdir()
+    (out / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    sweep = ["sweep", str(out), "--limit", "1", "--no-progress"]
+    typo = f"sqlite:///{tmp_path}/mlfow/mlflow.db"  # a typo of the training's store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", typo)
+    rc = main([*sweep, "--report-to", "mlflow", "--mlflow-run", "0123abc"])
+    one_error_line(rc, capsys.readouterr().err, f"the MLflow store {typo} does not exist", "MLFLOW_TRACKING_URI")
+    server = f"http://127.0.0.1:{free_port()}/a/long/path/to/the/tracking/server/that/nobody/listens/on"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    rc = main([*sweep, "--report-to", "mlflow", "--mlflow-run", "0123abc"])
+    one_error_line(rc, capsys.readouterr().err, f"no MLflow tracking server answers at {server} (", "start it")
+    rc = main([*sweep, "--report-to", "tensorboard", "--tensorboard-dir", str(tmp_path / "runs" / "typo")])
+    one_error_line(rc, capsys.readouterr().err, f"--tensorboard-dir {tmp_path / 'runs' / 'typo'}: no such folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store, no folder, no mlruns made
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "moral_probe_run.json"]
+
+
 def test_credentials_never_reach_the_record():
     assert public_uri("https://alice:s3cret@mlflow.example.com/path") == "https://mlflow.example.com/path"
     assert public_uri("sqlite:///mlflow.db") == f"sqlite:///{Path('mlflow.db').resolve()}"  # a follower elsewhere
@@ -384,6 +407,11 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackers["trackio"]["name"])
     figures = [log["train/global_step"] for log in logs if "eval/moral_scifi/figure" in log]
     assert figures == [0, 2, 4]  # beside the Trainer's own rows (TrackioCallback: the numbers)
+    by_step = {log["step"]: log for log in logs}  # trackio's own step (its default x axis) -> the row
+    for log in logs:
+        if "eval/moral_scifi/figure" in log:  # the row right before it: the Trainer's, with the probe's numbers
+            before = by_step[log["step"] - 1]
+            assert "eval/moral_scifi/score" in before and before["train/global_step"] == log["train/global_step"]
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score_hi" in log) == [0, 2, 4]
     assert all(len(log["eval/moral_scifi/vignette_rows"]["_value"]) == 3 for log in logs
                if "eval/moral_scifi/vignette_rows" in log)
@@ -534,10 +562,36 @@ def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score" in log) == list(range(7))
     assert sorted(log["train/global_step"] for log in logs if "train/loss" in log) == list(range(1, 7))
 
+    # on trackio's default x axis (its own row counter) each point sits on the Trainer's first row of its step
+    trainer_rows = {}
+    for log in logs:
+        if "train/loss" in log:
+            trainer_rows.setdefault(log["train/global_step"], []).append(log["step"])
+    placed = {log["train/global_step"]: log["step"] for log in logs if "eval/moral_scifi/score" in log}
+    print(f"trackio steps: the Trainer's rows {trainer_rows}, the watcher's points {placed}")
+    assert placed == {0: 0, **{s: min(trainer_rows[s]) for s in range(1, 7)}}, (placed, trainer_rows)
+    assert all(log["eval/moral_scifi/figure"]["caption"] == f"train/global_step {log['train/global_step']}"
+               for log in logs if "eval/moral_scifi/figure" in log)
+
     tb = reload()
     training_run = Path(record.trackers["tensorboard"]["dir"]).name
     assert steps_seen(tb, training_run, "train/loss") == list(range(1, 7))
     assert steps_seen(tb, f"{training_run}/moral_probe_scifi", "eval/moral_scifi/score") == list(range(7))
+
+    # the watcher started again on the ended run: every tracker holds every point, none gets one twice
+    counts = (len(client.get_metric_history(run_id, "eval_moral_scifi/score")),
+              len([log for log in SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
+                   if "eval/moral_scifi/score" in log]))
+    again = subprocess.run(watcher.args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "7 line(s) an earlier sweep or watch wrote: every tracker holds them already" in again.stderr
+    after = (len(client.get_metric_history(run_id, "eval_moral_scifi/score")),
+             len([log for log in SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
+                  if "eval/moral_scifi/score" in log]))
+    print(f"a restarted watcher: MLflow history entries and trackio rows of the score {counts} -> {after}")
+    assert counts == after == (7, 7)
+    assert steps_seen(live_tensorboard(run / "runs")(), f"{training_run}/moral_probe_scifi",
+                      "eval/moral_scifi/score") == list(range(7))
 
 
 @pytest.mark.slow

@@ -314,3 +314,41 @@ def test_the_figure_is_titled_by_its_probe_key_and_never_clips_a_label(lines, mo
     assert inked(fixed, 0) > 0  # the fixed margins clip the y label at the figure's left edge
     assert inked(fitted, 0) == inked(fitted, 1) == 0 and fitted.shape == fixed.shape  # fitted: nothing at the edge
     assert np.asarray(fitted).std() > 10
+
+
+@pytest.mark.slow
+def test_a_restarted_follower_sends_an_offline_wandb_run_only_what_its_files_do_not_hold(tmp_path, lines,
+                                                                                          monkeypatch):
+    """wandb offline (the only kind here): what the run holds is read from its files, the training's and each
+    follower's, by wandb's own record type."""
+    import time
+
+    import wandb
+    from helpers.trackers import read_wandb_records
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    try:
+        training = wandb.init(project="p", id="trainrun1", dir=str(tmp_path))
+        for step in range(1, 7):
+            training.log({"train/loss": 1.0, "train/global_step": step})
+        training.finish()
+        facts = {"id": "trainrun1", "project": "p", "entity": None, "mode": "offline", "dir": str(tmp_path)}
+        resent = []
+        for kept in (lines[:2], lines[:2], lines):  # a watcher, the same restarted, and again after one more line
+            time.sleep(1.1)  # an offline run's folder is named after the second it starts in
+            followed = open_run_trackers(watched(tmp_path, kept, wandb=facts))
+            followed.close()
+            resent.append(sum(followed.resent.values()))
+    finally:
+        wandb.teardown()
+    assert resent == [2, 0, 1]
+    steps = []  # read back by the tests' own reader of the files (helpers.trackers), not the package's
+    for path in sorted((tmp_path / "wandb").glob("offline-run-*-trainrun1/*.wandb")):
+        for record in read_wandb_records(path):
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
+            if record.WhichOneof("record_type") == "history" and "eval/moral_scifi/score" in items:
+                steps.append(json.loads(items["train/global_step"]))
+    assert sorted(steps) == [0, 3, 6]  # each point once, in the three followers' files together

@@ -35,6 +35,7 @@ import io
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import SweepError
@@ -44,6 +45,7 @@ from .sinks import Point, line_metrics, line_probe_key
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
+SETTLE_S = 1.0  # twice trackio's batch interval (0.5 s): a row the training logged has reached its store by then
 
 
 class TrackioWriter:
@@ -164,21 +166,32 @@ class TrackioTracker(Tracker):
         """The trackio step of the point at ``train/global_step`` ``point.step``: the first row the Trainer logged at
         that step, else the last it logged before it, else its first row (0 before it logged any: the step-0
         baseline sits at the start); the probe's own rows are left out (a misplaced one of an earlier version among
-        them). None (trackio's next row) for a run whose rows are not in the local store (a Space, a server)."""
+        them). Past the Trainer's newest row the store is read again after :data:`SETTLE_S` (the row of the step
+        just saved may still be in the training's writer queue). None (trackio's next row) for a run whose rows are
+        not in the local store (a Space, a server)."""
         if self.run_is_remote():
             return None
-        before, at, after = None, None, None
+        at, before, after = self._around(point.step)
+        if at is None and after is None and before is not None:
+            time.sleep(SETTLE_S)  # at the training's newest step: its row may still be in its writer's queue
+            at, before, after = self._around(point.step)
+        return next((s for s in (at, before, after) if s is not None), 0)
+
+    def _around(self, global_step: int) -> tuple[int | None, int | None, int | None]:
+        """The trackio steps of the Trainer's rows (the probe's own left out): the first at ``global_step``, the last
+        before it, the first after it."""
+        at, before, after = None, None, None
         for row in self._rows():
             if any(k.startswith("eval/moral_") for k in row) or not _number(row.get("train/global_step")):
                 continue
-            global_step, step = row["train/global_step"], row["step"]
-            if global_step == point.step:
+            step = row["step"]
+            if row["train/global_step"] == global_step:
                 at = step if at is None else min(at, step)
-            elif global_step < point.step:
+            elif row["train/global_step"] < global_step:
                 before = step if before is None else max(before, step)
             else:
                 after = step if after is None else min(after, step)
-        return next((s for s in (at, before, after) if s is not None), 0)
+        return at, before, after
 
     def held(self, name: str) -> dict[int, list[float]] | None:
         """The values of ``name`` the run's rows hold, by ``train/global_step`` (local store only: None for a run
