@@ -75,6 +75,7 @@ def test_a_checkpoint_cut_short_is_one_line_never_sent_and_the_next_is_scored_ex
     assert tinymcf(["sweep", str(local), *PROBE]) == 0
     cut_checkpoint(run, 2)
     caplog.set_level(logging.INFO, logger="tinymcf_callback")
+    caplog.clear()  # the local sweep's lines
     with FakeServed(tiny_qwen3(seed=0), qwen_tok, kind="vllm", dev=True) as server:
         where = ["--endpoint", server.url, "--reload", "vllm"] if served else []
         rc = tinymcf(["sweep", str(run), *where, "--retries", "2", "--backoff", "30", *PROBE])
