@@ -33,6 +33,7 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 BIN = Path(sys.executable).parent
 PROJECT = "followed"
 STEPS = list(range(7))  # the starting model and the six checkpoints
+FILTER = "moral_scifi/score$|train/loss"  # trackio's metric filter (a regular expression) of the docs' link
 
 
 @pytest.fixture(scope="module")
@@ -125,15 +126,25 @@ def test_mlflows_run_page_shows_the_probes_charts_and_its_figure_without_setup(f
         figures = get(f"{url}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=moral_probe_scifi")["files"]
         assert "moral_probe_scifi/figure.png" in [f["path"] for f in figures]
 
+        # the Model metrics tab: a page as tall as its charts, so that each is drawn (MLflow draws a chart once it is
+        # in view); the image card is there with the figure of step 0 under its step slider, without a click
         page = f"{url}/#/experiments/{experiment}/runs/{run_id}/model-metrics"
-        dom = chromium(page, picture=tmp_path / "metrics.png", size="1500,2000", wait_ms=60000)
-        assert "eval_moral_scifi/figure" in dom  # the image chart, made by MLflow without a click
-        assert dom.count("get-artifact?path=images") >= 1 or "images%2F" in dom, "no figure drawn in the chart"
+        dom = chromium(page, picture=tmp_path / "metrics.png", size="1500,6000", wait_ms=120000)
+        assert 'title="eval_moral_scifi/figure"' in dom  # the image card, made by MLflow
+        assert "get-artifact?path=images%2Feval_moral_scifi~figure%2Bstep%2B0%2B" in dom  # its image, step 0
         for chart in ("score", "score_hi", "social_norms"):
-            assert f">{chart}<" in dom, chart  # the probe's own charts, in its section
+            assert f'title="{chart}"' in dom or f">{chart}<" in dom, chart  # the probe's charts, in its section
+        # the card lists the run's parameters above the image: a Trainer run logs some 150 (its TrainingArguments)
+        assert "save_on_each_node=" in dom[dom.index('title="eval_moral_scifi/figure"'):]
+        # the Artifacts tab: the newest figure, previewed
         artifact = f"{url}/#/experiments/{experiment}/runs/{run_id}/artifacts/moral_probe_scifi/figure.png"
-        chromium(artifact, picture=tmp_path / "artifact.png")
-        keep(tmp_path / "metrics.png", "mlflow_model_metrics.png")
+        assert '<img alt="moral_probe_scifi/figure.png" src="blob:' in chromium(artifact,
+                                                                                 picture=tmp_path / "artifact.png")
+        if KEPT:
+            from PIL import Image
+
+            Image.open(tmp_path / "metrics.png").crop((0, 0, 1500, 1500)).save(tmp_path / "metrics_top.png")
+        keep(tmp_path / "metrics_top.png", "mlflow_model_metrics.png")
         keep(tmp_path / "artifact.png", "mlflow_artifact_figure.png")
     finally:
         stop(server)
@@ -162,8 +173,11 @@ def test_trackios_dashboard_puts_the_followed_probe_on_the_trainers_steps(follow
         assert [row["eval/moral_scifi/figure"]["caption"] for row in figures] == [
             f"train/global_step {row['train/global_step']}" for row in figures]
 
-        dom = chromium(f"{url}/?project={PROJECT}", picture=tmp_path / "metrics.png", size="1500,1300")
-        assert "eval/moral_scifi/score" in dom and "train/loss" in dom  # the probe's charts beside the loss
+        dom = chromium(f"{url}/?project={PROJECT}")  # as it opens: every chart, smoothed (trackio's default: 10)
+        assert ">score<" in dom and ">loss<" in dom  # the probe's charts and the loss (x axis: trackio's step)
+        shown = f"{url}/?project={PROJECT}&metric_filter={urllib.request.quote(FILTER)}&smoothing=0"  # the docs' link
+        dom = chromium(shown, picture=tmp_path / "metrics.png", size="1500,900")
+        assert ">score<" in dom and ">loss<" in dom and ">align_other<" not in dom  # the two charts, side by side
         media = chromium(f"{url}/media?project={PROJECT}", picture=tmp_path / "media.png", size="1500,1100")
         assert "train/global_step 6" in media  # the newest figure, captioned with the Trainer's step
         keep(tmp_path / "metrics.png", "trackio_metrics.png")
