@@ -68,6 +68,7 @@ BAND_SPEC = {
     },
 }
 RECORD_BLOCK = 32768  # a wandb run file's block size (a leveldb-style log)
+RUN_FILE = "wandb"  # a wandb run file's suffix
 _presets: dict[str, bool] = {}  # entity -> whether its band-chart preset is there (asked once per process)
 
 
@@ -285,7 +286,7 @@ def _held_in_files(run, tag: str) -> dict[int, list[float]] | None:
     """What every local file of the run (``<dir>/wandb/*-<id>/run-<id>.wandb``: the training's, each follower's)
     holds of ``tag``; None when none is found (the run's files are on another machine)."""
     root = Path(getattr(getattr(run, "settings", None), "root_dir", None) or ".")
-    files = sorted(root.glob(f"wandb/*-{run.id}/run-{run.id}.wandb"))
+    files = sorted(root.glob(f"wandb/*-{run.id}/run-{run.id}.{RUN_FILE}"))
     if not files:
         return None
     held: dict[int, list[float]] = {}
