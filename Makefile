@@ -3,7 +3,8 @@
 #   make test   - set up everything, then run the tests (all of them: CI's command)
 # and for development: make test-fast (the quick tier, ~2 min), make lint, make docs, make bench,
 # make test-servers (the served backend against real vLLM and llama.cpp servers; installs them first),
-# make test-dashboards (TensorBoard's own server screenshot by headless Chromium; installs Debian's chromium first)
+# make test-dashboards (TensorBoard's, MLflow's and trackio's own servers screenshot by headless Chromium; installs
+# Debian's chromium first)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

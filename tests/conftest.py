@@ -166,3 +166,18 @@ def clifford_source(request, generated_clifford):
     if request.param == "generated":
         return CliffordSource("generated", generated_clifford.path, generated_clifford)
     return CliffordSource("real", request.getfixturevalue("clifford_csv"))
+
+
+@pytest.fixture
+def trackio_home(tmp_path, monkeypatch) -> Path:
+    """trackio's folder in ``tmp_path``: trackio reads ``TRACKIO_DIR`` once, at import, into its modules' globals."""
+    import importlib
+
+    home = tmp_path / "trackio"
+    monkeypatch.setenv("TRACKIO_DIR", str(home))
+    for name in ("utils", "sqlite_storage", "run", "table", "media.media", "__init__"):
+        module = importlib.import_module("trackio" if name == "__init__" else f"trackio.{name}")
+        for attr, value in (("TRACKIO_DIR", home), ("MEDIA_DIR", home / "media")):
+            if hasattr(module, attr):
+                monkeypatch.setattr(module, attr, value)
+    return home

@@ -26,26 +26,12 @@ from tinymcf_callback.results.rows import ROW_COLUMNS, vignette_rows, vignette_t
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.bands import band_rows
 from tinymcf_callback.trackers.mlflow import public_uri
-from tinymcf_callback.trackers.open import open_trackers, tracker_names
+from tinymcf_callback.trackers.open import open_trackers
 from tinymcf_callback.trackers.sinks import Sink, Trackers
-from tinymcf_callback.trackers.tensorboard import margin_layout, probe_folder, tensorboard_folder, tensorboard_sink
+from tinymcf_callback.trackers.table import resolve
+from tinymcf_callback.trackers.tensorboard import TensorBoardTracker, margin_layout, probe_folder, tensorboard_folder
 
 STEPS = (0, 3, 6)
-
-
-@pytest.fixture
-def trackio_home(tmp_path, monkeypatch) -> Path:
-    """trackio's folder in ``tmp_path``: trackio reads ``TRACKIO_DIR`` once, at import, into its modules' globals."""
-    import importlib
-
-    home = tmp_path / "trackio"
-    monkeypatch.setenv("TRACKIO_DIR", str(home))
-    for name in ("utils", "sqlite_storage", "run", "table", "media.media", "__init__"):
-        module = importlib.import_module("trackio" if name == "__init__" else f"trackio.{name}")
-        for attr, value in (("TRACKIO_DIR", home), ("MEDIA_DIR", home / "media")):
-            if hasattr(module, attr):
-                monkeypatch.setattr(module, attr, value)
-    return home
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +48,13 @@ def rows_of(probe, report, step):
     return vignette_rows(report, step, vignette_texts(probe.vignettes))
 
 
-def run_folder(tmp_path: Path, **record) -> Path:
+def run_folder(tmp_path: Path, report_to=(), **trackers) -> Path:
+    """``<tmp>/out`` with a record naming ``trackers`` (name -> the run it has open) and ``report_to``."""
     out = tmp_path / "out"
     out.mkdir(parents=True, exist_ok=True)
-    RunRecord(output_dir=str(out), **record).write(out)
+    if "tensorboard" in trackers:
+        trackers["tensorboard"] = {"dir": trackers["tensorboard"], "output_dir": str(out)}
+    RunRecord(report_to=list(report_to), trackers=trackers).write(out)
     return out
 
 
@@ -97,7 +86,7 @@ def test_a_live_tensorboard_keeps_following_the_training_while_the_probe_writes(
     logdir = tmp_path / "out" / "runs"
     training_dir = logdir / "Dec01_12-00-00_host"
     training = SummaryWriter(str(training_dir))  # the Trainer's own writer
-    out = run_folder(tmp_path, tensorboard_dir=str(training_dir), report_to=["tensorboard"])
+    out = run_folder(tmp_path, report_to=["tensorboard"], tensorboard=str(training_dir))
     trackers = open_trackers(out, ["auto"], "scifi", figure=lambda curve: probe_figure(curve, out / "h.jsonl"))
     reload = live_tensorboard(logdir)
     line_list, report = lines
@@ -152,8 +141,8 @@ def test_the_margin_layout_and_the_figure_are_read_back_by_tensorboard(tmp_path,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
-    out = run_folder(tmp_path, tensorboard_dir=str(tmp_path / "out" / "runs" / "x"))
-    trackers = Trackers([tensorboard_sink(out, RunRecord.read(out), "scifi")],
+    out = run_folder(tmp_path, tensorboard=str(tmp_path / "out" / "runs" / "x"))
+    trackers = Trackers([TensorBoardTracker.reopen(out, RunRecord.read(out).trackers["tensorboard"], None, "scifi")],
                         figure=lambda curve: probe_figure(curve, out / "h.jsonl"))
     line_list, report = lines
     for line in line_list:
@@ -191,15 +180,16 @@ def test_a_layout_without_intervals_draws_plain_charts():
 
 def test_a_copied_run_folder_writes_into_its_own_logging_folder(tmp_path):
     original = tmp_path / "original"
-    record = RunRecord(tensorboard_dir=str(original / "runs" / "May01_host"), output_dir=str(original))
+    record = {"dir": str(original / "runs" / "May01_host"), "output_dir": str(original)}
     copy = tmp_path / "copy"
     (copy / "runs" / "May01_host").mkdir(parents=True)
     folder, why = tensorboard_folder(copy, record)
     assert folder == copy.resolve() / "runs" / "May01_host" and "copy" in why and str(original) in why
-    elsewhere = RunRecord(tensorboard_dir=str(tmp_path / "shared_tb" / "run1"), output_dir=str(original))
+    elsewhere = {"dir": str(tmp_path / "shared_tb" / "run1"), "output_dir": str(original)}
     folder, why = tensorboard_folder(copy, elsewhere)
     assert folder == tmp_path / "shared_tb" / "run1" and "outside the run folder" in why  # said, where it goes
-    old = RunRecord(tensorboard_dir=str(original / "runs" / "May01_host"))  # a record written before output_dir
+    assert "it is not there: created" in why  # a recorded folder that is gone is said
+    old = {"dir": str(original / "runs" / "May01_host")}  # a record that does not say which run folder it was in
     assert tensorboard_folder(copy, old)[0] == copy.resolve() / "runs" / "May01_host"
 
 
@@ -320,6 +310,29 @@ def test_an_mlflow_run_that_is_not_there_is_one_error_line(tmp_path, capsys, mon
     one_error_line(rc, capsys.readouterr().err, "the MLflow run 0123abc cannot be read", "MLFLOW_TRACKING_URI")
 
 
+def test_a_tracking_store_or_folder_that_is_not_there_is_refused_and_nothing_is_made(tmp_path, capsys, monkeypatch):
+    from helpers.ports import free_port
+
+    monkeypatch.chdir(tmp_path)
+    out = run_folder(tmp_path)
+    (out / "checkpoint-1").mkdir()
+    (out / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    sweep = ["sweep", str(out), "--limit", "1", "--no-progress"]
+    typo = f"sqlite:///{tmp_path}/mlfow/mlflow.db"  # a typo of the training's store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", typo)
+    rc = main([*sweep, "--report-to", "mlflow", "--mlflow-run", "0123abc"])
+    one_error_line(rc, capsys.readouterr().err, f"the MLflow store {typo} does not exist", "MLFLOW_TRACKING_URI")
+    server = f"http://127.0.0.1:{free_port()}/a/long/path/to/the/tracking/server/that/nobody/listens/on"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    rc = main([*sweep, "--report-to", "mlflow", "--mlflow-run", "0123abc"])
+    one_error_line(rc, capsys.readouterr().err, f"no MLflow tracking server answers at {server} (", "start it")
+    rc = main([*sweep, "--report-to", "tensorboard", "--tensorboard-dir", str(tmp_path / "runs" / "typo")])
+    one_error_line(rc, capsys.readouterr().err, f"--tensorboard-dir {tmp_path / 'runs' / 'typo'}: no such folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store, no folder, no mlruns made
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "moral_probe_run.json"]
+
+
 def test_credentials_never_reach_the_record():
     assert public_uri("https://alice:s3cret@mlflow.example.com/path") == "https://mlflow.example.com/path"
     assert public_uri("sqlite:///mlflow.db") == f"sqlite:///{Path('mlflow.db').resolve()}"  # a follower elsewhere
@@ -358,18 +371,18 @@ def test_the_sweeps_trackers_write_into_the_trainings_trackio_run(tmp_path, line
 # ---- what is asked for --------------------------------------------------------------------------------------------
 def test_unknown_trackers_are_refused_and_auto_takes_the_trainers():
     with pytest.raises(ConfigError, match="unknown tracker.*neptune"):
-        tracker_names(["neptune"], None)
-    record = RunRecord(report_to=["tensorboard", "mlflow", "trackio"])
-    assert tracker_names(["auto", "wandb"], record) == ["wandb", "tensorboard", "mlflow", "trackio"]
-    assert tracker_names(["auto"], None) == []
+        resolve(["neptune"], None)
+    recorded = ["tensorboard", "mlflow", "codecarbon", "trackio"]  # codecarbon: the Trainer's, not a tracker here
+    assert resolve(["auto", "wandb"], recorded) == ["wandb", "tensorboard", "mlflow", "trackio"]
+    assert resolve("auto,none", None) == [] and resolve("tensorboard, wandb,tensorboard", None) == [
+        "tensorboard", "wandb"]
 
 
 def test_a_trackio_run_must_be_named(tmp_path):
     with pytest.raises(SweepError, match="--trackio-run PROJECT/RUN"):
         open_trackers(run_folder(tmp_path), ["trackio"], "scifi")
     with pytest.raises(SweepError, match="takes PROJECT/RUN"):
-        open_trackers(run_folder(tmp_path), ["trackio"], "scifi",
-                      where=__import__("tinymcf_callback.trackers.open", fromlist=["x"]).Destinations(trackio_run="x"))
+        open_trackers(run_folder(tmp_path), ["trackio"], "scifi", runs={"trackio": "x"})
 
 
 # ---- the callback in the training process ---------------------------------------------------------------------
@@ -391,15 +404,21 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     trainer.train()
     from trackio.sqlite_storage import SQLiteStorage
 
-    logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackio["name"])
+    logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackers["trackio"]["name"])
     figures = [log["train/global_step"] for log in logs if "eval/moral_scifi/figure" in log]
     assert figures == [0, 2, 4]  # beside the Trainer's own rows (TrackioCallback: the numbers)
+    by_step = {log["step"]: log for log in logs}  # trackio's own step (its default x axis) -> the row
+    for log in logs:
+        if "eval/moral_scifi/figure" in log:  # the row right before it: the Trainer's, with the probe's numbers
+            before = by_step[log["step"] - 1]
+            assert "eval/moral_scifi/score" in before and before["train/global_step"] == log["train/global_step"]
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score_hi" in log) == [0, 2, 4]
     assert all(len(log["eval/moral_scifi/vignette_rows"]["_value"]) == 3 for log in logs
                if "eval/moral_scifi/vignette_rows" in log)
     record = RunRecord.read(tmp_path / "out")
-    assert record.mlflow["tracking_uri"] == uri and record.output_dir == str(tmp_path / "out")
-    run_id = record.mlflow["run_id"]
+    assert record.trackers["mlflow"]["tracking_uri"] == uri
+    assert record.trackers["tensorboard"]["output_dir"] == str(tmp_path / "out")
+    run_id = record.trackers["mlflow"]["run_id"]
     client = MlflowClient(uri)
     assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/care/align_other_hi")} == {0, 2, 4}
     images = {p.path.split("+step+")[1].split("+")[0] for p in client.list_artifacts(run_id, "images")}
@@ -528,25 +547,51 @@ def test_the_watcher_writes_into_the_trainings_own_runs_while_it_trains(tmp_path
 
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [r.info.run_id for r in runs] == [record.mlflow["run_id"]]  # the training's run, no other
-    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "loss")) == list(range(1, 7))
-    assert sorted(m.step for m in client.get_metric_history(record.mlflow["run_id"], "eval_moral_scifi/score")) == \
-        list(range(7))
-    assert client.get_run(record.mlflow["run_id"]).info.status == "FINISHED"  # ended by the training, once
+    run_id = record.trackers["mlflow"]["run_id"]
+    assert [r.info.run_id for r in runs] == [run_id]  # the training's run, no other
+    assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(range(1, 7))
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/score")) == list(range(7))
+    assert client.get_run(run_id).info.status == "FINISHED"  # ended by the training, once
 
     monkeypatch.setattr("trackio.sqlite_storage.TRACKIO_DIR", tmp_path / "trackio")  # read where they wrote
     from trackio.sqlite_storage import SQLiteStorage
 
-    assert record.trackio["dir"] == str(tmp_path / "trackio")
-    assert SQLiteStorage.get_runs("watched") == [record.trackio["name"]]
-    logs = SQLiteStorage.get_logs("watched", record.trackio["name"])
+    assert record.trackers["trackio"]["dir"] == str(tmp_path / "trackio")
+    assert SQLiteStorage.get_runs("watched") == [record.trackers["trackio"]["name"]]
+    logs = SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score" in log) == list(range(7))
     assert sorted(log["train/global_step"] for log in logs if "train/loss" in log) == list(range(1, 7))
 
+    # on trackio's default x axis (its own row counter) each point sits on the Trainer's first row of its step
+    trainer_rows = {}
+    for log in logs:
+        if "train/loss" in log:
+            trainer_rows.setdefault(log["train/global_step"], []).append(log["step"])
+    placed = {log["train/global_step"]: log["step"] for log in logs if "eval/moral_scifi/score" in log}
+    print(f"trackio steps: the Trainer's rows {trainer_rows}, the watcher's points {placed}")
+    assert placed == {0: 0, **{s: min(trainer_rows[s]) for s in range(1, 7)}}, (placed, trainer_rows)
+    assert all(log["eval/moral_scifi/figure"]["caption"] == f"train/global_step {log['train/global_step']}"
+               for log in logs if "eval/moral_scifi/figure" in log)
+
     tb = reload()
-    training_run = Path(record.tensorboard_dir).name
+    training_run = Path(record.trackers["tensorboard"]["dir"]).name
     assert steps_seen(tb, training_run, "train/loss") == list(range(1, 7))
     assert steps_seen(tb, f"{training_run}/moral_probe_scifi", "eval/moral_scifi/score") == list(range(7))
+
+    # the watcher started again on the ended run: every tracker holds every point, none gets one twice
+    counts = (len(client.get_metric_history(run_id, "eval_moral_scifi/score")),
+              len([log for log in SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
+                   if "eval/moral_scifi/score" in log]))
+    again = subprocess.run(watcher.args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "7 line(s) an earlier sweep or watch wrote: every tracker holds them already" in again.stderr
+    after = (len(client.get_metric_history(run_id, "eval_moral_scifi/score")),
+             len([log for log in SQLiteStorage.get_logs("watched", record.trackers["trackio"]["name"])
+                  if "eval/moral_scifi/score" in log]))
+    print(f"a restarted watcher: MLflow history entries and trackio rows of the score {counts} -> {after}")
+    assert counts == after == (7, 7)
+    assert steps_seen(live_tensorboard(run / "runs")(), f"{training_run}/moral_probe_scifi",
+                      "eval/moral_scifi/score") == list(range(7))
 
 
 @pytest.mark.slow

@@ -431,8 +431,11 @@ def test_points_a_full_tensorboard_disk_lost_are_listed_and_the_status_says_so(t
     assert [line["step"] for line in history(run)] == list(range(7))  # the history is whole
     # with room again, the advice run as printed: the same command sends the history's lines again
     capsys.readouterr()
+    (tmp_path / "roomy").mkdir()  # a folder of its own (one that is not there is refused: a typo creates nothing)
     assert watch(run, "--report-to", "tensorboard", "--tensorboard-dir", str(tmp_path / "roomy")) == 0
-    assert "7 line(s) an earlier sweep or watch wrote sent to the dashboards again" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "7 line(s) an earlier sweep or watch wrote: sent to the dashboards again where they were missing (7 to " \
+        "TensorBoard" in said, said
     [events] = list((tmp_path / "roomy" / "moral_probe_scifi").glob("events.out.tfevents*"))
     acc = EventAccumulator(str(events))
     acc.Reload()

@@ -120,7 +120,7 @@ def test_a_watched_run_gives_the_callbacks_lines_survives_a_restart_and_reaches_
     info = json.loads((run / "moral_probe_run.json").read_text())
     assert info["saves"] == list(range(1, 7)) and info["ended"] is True
     # TensorBoard: the probe's curve in the Trainer's own logging folder, beside the loss, at the Trainer's steps
-    tb = Path(info["tensorboard_dir"])
+    tb = Path(info["trackers"]["tensorboard"]["dir"])
     assert tb.parent == run / "runs"
     points = tensorboard_points(tb / "moral_probe_scifi", "eval/moral_scifi/score")  # the probe's own folder
     assert list(points) == ["tinymcf"] and sorted(points["tinymcf"]) == list(range(7))
@@ -128,11 +128,12 @@ def test_a_watched_run_gives_the_callbacks_lines_survives_a_restart_and_reaches_
     assert tensorboard_points(tb, "train/loss")  # the Trainer's own file, alone in its folder
     assert not tensorboard_points(tb, "eval/moral_scifi/score")  # a second file there would freeze a live TensorBoard
     # wandb (offline): the watcher's writer carries the training run's id; its rows sit on the Trainer's step axis
-    runs = [r for r in glob.glob(str(tmp_path / "wandb" / "offline-run-*")) if r.endswith("-" + info["wandb"]["id"])]
+    wandb_id = info["trackers"]["wandb"]["id"]
+    runs = [r for r in glob.glob(str(tmp_path / "wandb" / "offline-run-*")) if r.endswith("-" + wandb_id)]
     assert len(runs) == 3  # the training's, and the two watchers' (the reference run has an id of its own)
     mine = [r for r in runs if any("eval/moral_scifi/score" in row for row in _rows(r))]
     assert 1 <= len(mine) <= 2  # the training process logged no probe (hand_off); a killed watcher may lose its rows
-    assert "sent to the dashboards again" in out  # ... so the second one sends what the first wrote again
+    assert "line(s) an earlier sweep or watch wrote:" in out  # ... so the second one sends what the first's lost
     logged = {json.loads(row["train/global_step"]) for r in mine for row in _rows(r) if "eval/moral_scifi/score" in row}
     assert logged == set(range(7))
     assert any(m.step_metric == "train/global_step" and m.glob_name == "eval/moral_scifi/*"
@@ -263,14 +264,15 @@ def test_a_sweep_after_the_fact_logs_into_the_runs_own_dashboards(tmp_path, hand
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     info = json.loads((run / "moral_probe_run.json").read_text())
-    assert "logging each line to TensorBoard" in p.stderr and f"wandb run {info['wandb']['id']}" in p.stderr
+    assert "logging each line to TensorBoard" in p.stderr and f"wandb run {info['trackers']['wandb']['id']}" in \
+        p.stderr
     # the sweep plans the run as the watcher does: the recorded starting model is step 0, the queue keeps 1-4
     assert f"step 0: the starting weights {init} (named by the run's moral_probe_run.json)" in p.stderr
     lines = history(run)
     assert [line["step"] for line in lines] == list(range(7)) and {line["by"] for line in lines} == {"sweep"}
     assert not (run / ".moral_probe_queue").exists() or not list((run / ".moral_probe_queue").glob("checkpoint-*"))
     # the run folder is a copy (clone): its own logging folder gets the points, not the one the record names
-    recorded = Path(info["tensorboard_dir"])
+    recorded = Path(info["trackers"]["tensorboard"]["dir"])
     assert recorded.parent.parent == handed_off_run and "this folder is a copy of that run" in p.stderr
     assert not (recorded / "moral_probe_scifi").exists()
     points = tensorboard_points(run / "runs" / recorded.name / "moral_probe_scifi", "eval/moral_scifi/score_change")
@@ -285,11 +287,11 @@ assert os.environ.get("WANDB_SERVICE")  # what a child of this process inherits:
 child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1]], env=os.environ, capture_output=True, text=True)
 print(child.stdout + child.stderr)
 from pathlib import Path
-from tinymcf_callback.trackers.open import Destinations, open_trackers
-inside = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="trainrun1"))  # in it
+from tinymcf_callback.trackers.open import open_trackers
+inside = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", runs={"wandb": "trainrun1"})  # in it
 print("inside:", inside.names, inside.sinks and wandb.run is run)
 inside.close()
-other = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="otherrun1"))  # another
+other = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", runs={"wandb": "otherrun1"})  # another
 other.close()
 print("still live:", wandb.run is run and not run._is_finished)
 run.finish()
@@ -297,8 +299,8 @@ run.finish()
 _CHILD = """
 import sys
 from pathlib import Path
-from tinymcf_callback.trackers.open import Destinations, open_trackers
-dashboards = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", where=Destinations(wandb_run="trainrun1"))
+from tinymcf_callback.trackers.open import open_trackers
+dashboards = open_trackers(Path(sys.argv[1]), ["wandb"], "scifi", runs={"wandb": "trainrun1"})
 print("child:", dashboards.names)
 dashboards.close()
 """

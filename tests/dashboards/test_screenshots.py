@@ -28,9 +28,8 @@ from helpers.reports import made_up_lines
 
 from tinymcf_callback.figures.tracked import probe_figure
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.sinks import Trackers
-from tinymcf_callback.trackers.tensorboard import tensorboard_sink
+from tinymcf_callback.trackers.tensorboard import TensorBoardTracker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.dashboards,
@@ -49,8 +48,8 @@ def logging_folder(tmp_path: Path, probe: Probe, name: str) -> Path:
     for step in range(0, 301, 10):
         training.add_scalar("train/loss", 3.0 * np.exp(-step / 150) + 0.5, step)
     training.close()
-    record = RunRecord(tensorboard_dir=str(training_dir), output_dir=str(out))
-    trackers = Trackers([tensorboard_sink(out, record, "scifi")],
+    recorded = {"dir": str(training_dir), "output_dir": str(out)}  # as the run's record keeps it
+    trackers = Trackers([TensorBoardTracker.reopen(out, recorded, None, "scifi")],
                         figure=lambda curve: probe_figure(curve, out / "moral_probe_scifi.jsonl"))
     for line in made_up_lines(probe, STEPS)[0]:
         trackers.send(line, rows=[])

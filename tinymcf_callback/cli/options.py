@@ -25,6 +25,7 @@ from dataclasses import MISSING, fields
 from ..config import ProbeConfig
 from ..data.home import HOME_VAR, using_home
 from ..errors import ConfigError, TinymcfError
+from ..trackers.table import TRACKERS
 
 EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
 # a sweep's and a watcher's outcome (tinymcf sweep / watch): 0 only when every saved step is scored
@@ -198,29 +199,30 @@ def _given(args: argparse.Namespace, option: str) -> bool:
 
 
 def add_dashboards(parser, *, default: str) -> None:
-    """``--report-to`` and the runs it logs into when the run's record does not name them; ``--no-figure``."""
+    """``--report-to`` (the table of trackers' names), for each tracker the option naming its run when the run's record
+    does not, and ``--no-figure``."""
     parser.add_argument("--report-to", default=default, metavar="NAMES",
-                        help="log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
-                             "report_to, as the run's moral_probe_run.json records it), tensorboard, wandb, mlflow, "
-                             "trackio, or another tracker accelerate knows (comet_ml, aim, clearml, dvclive, swanlab), "
+                        help=f"log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
+                             f"report_to, as the run's moral_probe_run.json records it), {', '.join(TRACKERS)}, "
                              f"comma-separated, or none (default: {default})")
-    parser.add_argument("--wandb-run", default=None, metavar="ID",
-                        help="the wandb run to log into (default: the one moral_probe_run.json records)")
-    parser.add_argument("--tensorboard-dir", default=None, metavar="DIR",
-                        help="the TensorBoard logging folder the probe's own folder goes in (default: the Trainer's, "
-                             "as the run records it, else the newest RUN_DIR/runs/*)")
-    parser.add_argument("--mlflow-run", default=None, metavar="RUN_ID",
-                        help="the MLflow run to log into, at MLFLOW_TRACKING_URI (default: the one "
-                             "moral_probe_run.json records)")
-    parser.add_argument("--trackio-run", default=None, metavar="PROJECT/RUN",
-                        help="the trackio run to log into (default: the one moral_probe_run.json records)")
+    for tracker in TRACKERS.values():
+        if tracker.option is not None:
+            option, metavar, text = tracker.option
+            parser.add_argument(option, default=None, metavar=metavar, help=text)
     parser.add_argument("--no-figure", action="store_true",
                         help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s "
                              "a line)")
 
 
-def report_to(value: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in value.split(",") if n.strip() and n.strip() != "none")
+def named_runs(args: argparse.Namespace) -> dict[str, str]:
+    """The runs the trackers' options name (tracker name -> the option's value), for the run's settings."""
+    runs = {}
+    for name, tracker in TRACKERS.items():
+        if tracker.option is not None:
+            value = getattr(args, tracker.option[0].lstrip("-").replace("-", "_"), None)
+            if value:
+                runs[name] = value
+    return runs
 
 
 def add_progress(parser) -> None:

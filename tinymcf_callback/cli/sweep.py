@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..trackers.table import requested
 from .options import (
     EXIT_GAPS,
     EXIT_TRAINING_GONE,
@@ -22,8 +23,8 @@ from .options import (
     add_probe_options,
     add_progress,
     add_served,
+    named_runs,
     probe_config,
-    report_to,
     served_config,
 )
 
@@ -87,9 +88,8 @@ def settings_of(args):
     return RunSettings(Path(args.run_dir), config, base_model=args.base_model,
                        force_base_model=args.force_base_model, tokenizer=args.tokenizer, device=args.device,
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
-                       baseline=not args.no_baseline, report_to=report_to(args.report_to), wandb_run=args.wandb_run,
-                       tensorboard_dir=args.tensorboard_dir, mlflow_run=args.mlflow_run, trackio_run=args.trackio_run,
-                       figure=not args.no_figure, restart=args.restart,
+                       baseline=not args.no_baseline, report_to=tuple(requested(args.report_to)),
+                       runs=named_runs(args), figure=not args.no_figure, restart=args.restart,
                        served=served_config(args, config, run=True), settle=args.settle)
 
 

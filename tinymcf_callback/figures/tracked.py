@@ -8,8 +8,10 @@ with the same series, colours and bands as ``tinymcf plot`` (:mod:`.drawing`).
 It is drawn once per probe for all the trackers of a run, and kept small on purpose: a probe's figure is paid at
 every probe, inside the training when the callback probes in-process. Two axes, no constrained layout (the layout
 engine alone costs more than drawing), 80 dpi: drawn in about 0.12 s on this project's 2-core machine, 0.2 s with
-four trackers encoding and writing it (``benchmarks/figure_cost.py`` measures it against a probe). ``figure=False``
-(callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
+four trackers encoding and writing it (``benchmarks/figure_cost.py`` measures it against a probe). The margins are
+fixed, and widened only when a label would not fit them (wide tick labels: :func:`_fit`), so that no label is ever
+clipped. The title names the probe by its key (``scifi``, ``scifi_json``: what its metric names carry) and the
+training step. ``figure=False`` (callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import numpy as np
 
 from ..data.sets import CONTROL
 from ..results.curves import History, history_of
+from ..results.metrics import probe_key
 from .drawing import RUN_COLOURS, RUN_MARKERS, Style, at_least, draw_series, require_matplotlib, zero_line
 
 SIZE = (10.0, 3.6)  # inches
 DPI = 80  # 800 x 288 pixels: readable in a dashboard's media panel, cheap to draw
 SCORE, CONTROL_COLOUR = RUN_COLOURS[0], RUN_COLOURS[1]
 FOUNDATION_BAND_ALPHA = 0.07
+MARGINS = {"left": 0.06, "right": 0.83, "bottom": 0.14, "top": 0.82, "wspace": 0.22}  # fit the usual labels
+PAD = 3.0  # pixels kept between a label and the figure's edge (or the other panel)
 
 
 def probe_figure(lines: list[dict], history: Path, label: str | None = None) -> np.ndarray:
@@ -37,14 +42,45 @@ def probe_figure(lines: list[dict], history: Path, label: str | None = None) -> 
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=SIZE, dpi=DPI)
-    fig.subplots_adjust(left=0.06, right=0.83, bottom=0.14, top=0.82, wspace=0.22)
+    fig.subplots_adjust(**MARGINS)
     headline, foundations = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2, sharex=None)
     _headline(headline, h)
     _foundations(foundations, h)
-    fig.suptitle(_title(h), fontsize=10, x=0.01, ha="left")
+    title = fig.suptitle(_title(h), fontsize=10, x=0.01, ha="left")
     canvas = FigureCanvasAgg(fig)
+    _fit_title(fig, canvas.get_renderer(), title)
+    _fit(fig, canvas.get_renderer(), headline, foundations)
     canvas.draw()
     return np.array(canvas.buffer_rgba())[..., :3]
+
+
+def _fit_title(fig, renderer, title) -> None:
+    """A title wider than the figure (a long run folder name) goes on two lines, split at its middle ``·``, the
+    panels moved down to make room; the title keeps its size."""
+    if title.get_window_extent(renderer).x1 <= fig.bbox.width - PAD:
+        return
+    parts = title.get_text().split(" · ")
+    half = (len(parts) + 1) // 2
+    title.set_text(" · ".join(parts[:half]) + "\n" + " · ".join(parts[half:]))
+    fig.subplots_adjust(top=MARGINS["top"] - 0.08)
+
+
+def _fit(fig, renderer, left, right) -> None:
+    """Widen the margins (and the gap between the panels) by what the labels need beyond them: the tick labels'
+    widths depend on the values (``0.0125`` is wider than ``0.1``), and a fixed margin clips a wide one. The labels'
+    extents are measured without drawing; the usual figure needs nothing and keeps :data:`MARGINS`."""
+    width, height = fig.bbox.width, fig.bbox.height
+    a, b = left.get_tightbbox(renderer), right.get_tightbbox(renderer)
+    out_left = max(0.0, PAD - a.x0) / width  # the headline's y label and ticks past the left edge
+    out_right = max(0.0, b.x1 - (width - PAD)) / width  # the legend past the right edge
+    out_bottom = max(0.0, PAD - min(a.y0, b.y0)) / height
+    overlap = max(0.0, a.x1 + PAD - b.x0) / width  # the foundations' tick labels into the headline panel
+    if not (out_left or out_right or out_bottom or overlap):
+        return
+    params = fig.subplotpars
+    axes_width = (params.right - params.left - out_left - out_right) / (2 + params.wspace)
+    fig.subplots_adjust(left=params.left + out_left, right=params.right - out_right,
+                        bottom=params.bottom + out_bottom, wspace=params.wspace + overlap / max(axes_width, 1e-3))
 
 
 def _axes(ax, title: str) -> None:
@@ -85,5 +121,5 @@ def _title(h: History) -> str:
     if score.lo is not None and np.isfinite(score.lo[last]) and np.isfinite(score.hi[last]):
         bounds = f" [{score.lo[last]:+.3f}, {score.hi[last]:+.3f}]"
     level = f"{h.level:.0%} intervals shaded" if h.level else "no intervals (n_resamples=0)"
-    return (f"moral probe '{h.name}' · {h.label} · step {h.steps[last]:g}: score {score.est[last]:+.3f}{bounds}"
-            f" · {level}")
+    return (f"moral probe {probe_key(h.name, h.answer_format)} · {h.label} · training step {h.steps[last]:g}: score "
+            f"{score.est[last]:+.3f}{bounds} · {level}")

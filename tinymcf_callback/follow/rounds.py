@@ -12,7 +12,9 @@ The sweep calls this once per look, the watcher at each look. Here live what bot
   (:meth:`~.planner.Planner.saw`), which decides; a line whose change cannot be measured from the baseline
   (another prompt digest) says why, once;
 - a checkpoint that cannot be read while it is there is tried again, ``retries`` times with a doubling
-  wait; after that its step is a gap line with the cause (``unreadable``), and the caller hears of it;
+  wait; after that its step is a gap line with the cause (``unreadable``), and the caller hears of it. A weight file
+  cut short is a gap at once in a sweep (a complete save's file will not grow), in one line; the watcher reads it
+  again quietly (a copy may still be in progress);
 - a scored checkpoint's hand-off entry is marked as scored by this probe, and goes once every consumer
   of the run has scored it.
 """
@@ -223,22 +225,24 @@ class Rounds:
         if o.gone:
             return  # deleted while it was loaded: the next look records the gap
         tries = self.waiting[o.step].tries + 1 if o.step in self.waiting else 1
-        if tries <= self.retries and not o.final:
+        # A file cut short in a complete save will not grow: the sweep says so at once. A watcher may meet a copy in
+        # progress: it reads the headers again (never loads or sends the weights), quietly after the first word.
+        final = o.final or (o.incomplete and not self.planner.following)
+        if tries <= self.retries and not final:
             wait = self.backoff * 2 ** (tries - 1)
             self.waiting[o.step] = Retry(tries, time.monotonic() + wait, o.error)
-            # A file cut short is only read again (never loaded or sent): said once, at the end, if it stays short.
-            logger.log(logging.INFO if o.incomplete else logging.WARNING,
-                       "%s: not scored (%s); trying again in %g s (try %d of %d)", o.folder, o.error, wait,
+            level = logging.WARNING if not o.incomplete else logging.INFO if tries == 1 else logging.DEBUG
+            logger.log(level, "%s: not scored (%s); trying again in %g s (try %d of %d)", o.folder, o.error, wait,
                        tries + 1, self.retries + 1)
             return
         self.waiting.pop(o.step, None)
         self.given_up.add(o.step)
         self.result.failures.append(o)
-        after = "" if o.final else f" after {tries} tries"
+        after = "" if final else f" after {tries} tries"
         gap = "" if task.checkpoint.baseline else "; recorded as a gap in the history"
         logger.error("%s: not scored%s: %s%s", o.folder, after, o.error, gap)
         if not task.checkpoint.baseline:
-            why = o.error if o.final else f"could not be read after {tries} tries: {o.error}"
+            why = o.error if final else f"could not be read after {tries} tries: {o.error}"
             self._gap(plan, Gap(o.step, task.checkpoint.epoch, why, UNREADABLE_EVENT), said=True)
 
     def _say(self, note: str) -> None:

@@ -14,7 +14,7 @@ from ..rundir.curve import Curve
 from ..rundir.layouts import SETTLE_S
 from ..rundir.record import DEAD_AFTER_S
 from ..served.config import ServedConfig
-from ..trackers.open import Destinations, tracker_names
+from ..trackers.table import resolve
 
 DTYPE_CHOICES = ("auto", *COMPUTES)  # --dtype: auto (the run's own), or a precision (tf32: float32 weights, TF32)
 
@@ -33,11 +33,10 @@ class RunSettings:
     autocast: str | None = None  # score under torch.autocast in this dtype (as a bf16 Trainer's callback did)
     progress: bool = True
     baseline: bool = True  # score the starting weights as step 0 and log the change since them
-    report_to: tuple[str, ...] = ()  # the run's dashboards to log each line into (trackers.open)
-    wandb_run: str | None = None  # the wandb run id (default: the one moral_probe_run.json records)
-    tensorboard_dir: str | None = None  # the TensorBoard folder (default: the Trainer's, as the run records it)
-    mlflow_run: str | None = None  # the MLflow run id (default: the one moral_probe_run.json records)
-    trackio_run: str | None = None  # PROJECT/RUN of trackio (default: the one moral_probe_run.json records)
+    report_to: tuple[str, ...] = ()  # the run's dashboards to log each line into (trackers.table's names, auto)
+    # tracker name -> the run it logs into, named on the command line (--mlflow-run RUN_ID, --tensorboard-dir DIR,
+    # ...) for a run whose moral_probe_run.json does not name it
+    runs: dict[str, str] = field(default_factory=dict)
     figure: bool = True  # a figure of the curve so far into each dashboard at every line (--no-figure: none)
     restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
     served: ServedConfig | None = None  # score through a server (--endpoint, --reload) instead of loading each
@@ -50,7 +49,7 @@ class RunSettings:
             raise ConfigError(f"--autocast must be one of {', '.join(AUTOCASTS)}, got {self.autocast!r}")
         if not isinstance(self.settle, (int, float)) or self.settle < 0:
             raise ConfigError(f"--settle must be a number of seconds >= 0, got {self.settle!r}")
-        tracker_names(self.report_to, None)  # an unknown tracker is refused before anything is looked at
+        resolve(self.report_to, None)  # an unknown tracker is refused before anything is looked at
         if self.autocast is not None and self.dtype not in ("auto", "float32"):
             raise ConfigError(f"--autocast runs float32 weights under autocast: pass --dtype float32 (or leave it "
                               f"out) with --autocast {self.autocast}, not --dtype {self.dtype}")
@@ -71,11 +70,6 @@ class RunSettings:
     def curve(self) -> Curve:
         """The run's curve of this probe: its history and baseline report, written through one writer."""
         return Curve(self.run_dir, self.probe.name, self.probe.answer_format)
-
-    @property
-    def destinations(self) -> Destinations:
-        """The runs named on the command line, for a run whose record does not name them."""
-        return Destinations(self.wandb_run, self.tensorboard_dir, self.mlflow_run, self.trackio_run)
 
     @property
     def requested(self) -> Precision | None:

@@ -72,25 +72,37 @@ def run_sweep(settings: RunSettings, *, retries: int = 4, backoff: float = 2.0) 
 
 def open_run_trackers(settings: RunSettings) -> Trackers:
     """The trackers ``--report-to`` names, opened on the main process, with the lines an earlier sweep or watch wrote
-    sent to them again first: a follower killed after writing a line may not have got it to its trackers (they
-    write from buffers), a tracker that failed then (a full disk) gets its points now, and the same point sent twice
-    draws one point. The history's lines start the curve each figure draws."""
+    sent to each that does not hold them yet first: a follower killed after writing a line may not have got it to its
+    trackers (they write from buffers), and a tracker that failed then (a full disk) gets its points now; a point a
+    tracker holds is not sent again (it would be drawn twice). The history's lines start the curve each figure
+    draws."""
     if not settings.report_to:
         return Trackers()
     history = settings.history
-    trackers = open_trackers(settings.run_dir, settings.report_to, settings.consumer,
-                             where=settings.destinations, figure=tracker_figure(history) if settings.figure else None)
+    trackers = open_trackers(settings.run_dir, settings.report_to, settings.consumer, runs=settings.runs,
+                             figure=tracker_figure(history) if settings.figure else None)
     if not trackers:
         return trackers
     logger.info("logging each line to %s", "; ".join(trackers.names))
     lines = settings.curve().read().lines
     again = [line for line in lines if line.get("by") in ("sweep", "watch") and line.get("metrics")]
-    took = sum(trackers.send(line, again=True) for line in again)
+    for line in again:
+        trackers.send(line, again=True)
     trackers.seed(lines)  # the figures draw the whole curve, the callback's lines included
     if again:
-        missed = f"; {len(again) - took} of them did not reach every tracker (said above)" if took < len(again) else ""
-        logger.info("%d line(s) an earlier sweep or watch wrote sent to the dashboards again%s", took, missed)
+        logger.info("%d line(s) an earlier sweep or watch wrote: %s", len(again), sent_again(trackers))
     return trackers
+
+
+def sent_again(trackers: Trackers) -> str:
+    """What each tracker got again of the lines an earlier sweep or watch wrote, in a phrase."""
+    resent = {what: n for what, n in trackers.resent.items() if n}
+    if not resent:
+        return "every tracker holds them already"
+    said = "; ".join(f"{n} to {what}" for what, n in resent.items())
+    missed = f"; {sum(map(len, trackers.missed.values()))} did not reach a tracker (said above)" if trackers.missed \
+        else ""
+    return f"sent to the dashboards again where they were missing ({said}){missed}"
 
 
 def tracker_figure(history: Path):

@@ -4,11 +4,12 @@
 lock, so that a reader never sees half of it and two callbacks of one run, one per answer format, never
 undo each other's update):
 
-- where the Trainer's own dashboards are: the TensorBoard logging folder, the wandb run (id, project,
-  entity, offline or online, its folder), the MLflow run (id, experiment, tracking URI without credentials), the
-  trackio run (project, name, its folder, Space or server without a token), and the run folder itself
-  (``output_dir``: a copy of the folder writes to its own TensorBoard folder), so that ``tinymcf watch`` and
-  ``tinymcf sweep --report-to`` log into the same runs;
+- the Trainer's reporters (``report_to``) and, keyed by tracker name (``trackers``), the run each has open, as its
+  tracker records it (:meth:`~tinymcf_callback.trackers.tracker.Tracker.recorded`): the TensorBoard logging folder
+  (and the run folder it was in: a copy of the folder writes to its own), the wandb run (id, project, entity,
+  offline or online, its folder), the MLflow run (id, experiment, tracking URI without credentials), the trackio
+  run (project, name, its folder, Space or server without a token), so that ``tinymcf watch`` and
+  ``tinymcf sweep --report-to auto`` log into the same runs;
 - the model the run started from (``base_model``: the folder or Hub id it was loaded from), scored as the
   step-0 baseline when the callback hands it off, and what the run trains in (``dtype``);
 - ``max_steps``, ``save_steps``, every step saved so far (``saves``), and ``ended`` once ``on_train_end`` ran:
@@ -101,11 +102,7 @@ class RunRecord:
     save_steps: float | None = None
     base_model: str | None = None
     dtype: str | None = None  # what the run trains in (its weights' dtype)
-    tensorboard_dir: str | None = None
-    wandb: dict | None = None  # id, project, entity, mode, dir
-    mlflow: dict | None = None  # run_id, experiment_id, run_name, tracking_uri (without credentials)
-    trackio: dict | None = None  # project, name, id, dir, space_id, server_url (without a token)
-    output_dir: str | None = None  # where the run was when recorded: a copied run folder's own dashboards move with it
+    trackers: dict[str, dict] = field(default_factory=dict)  # tracker name -> the run it has open (Tracker.recorded)
     saves: list[int] = field(default_factory=list)
     ended: bool = False
     global_step: int | None = None  # where it ended
@@ -218,15 +215,15 @@ def _is_int(value) -> bool:
 
 def _fits(value, default, name: str) -> bool:
     if value is None:
-        return True
+        return default is None  # "not known" only where the field may not be known
     if name in ("max_steps", "global_step"):
         return _is_int(value)
     if name in ("save_steps", "heartbeat_every"):
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if name in ("base_model", "dtype", "tensorboard_dir", "output_dir"):
+    if name in ("base_model", "dtype"):
         return isinstance(value, str)
-    if name in ("wandb", "mlflow", "trackio"):
-        return isinstance(value, dict)
+    if name == "trackers":
+        return isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())
     if name == "report_to":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     return isinstance(value, type(default))

@@ -1,17 +1,23 @@
 """The probe in the training's own MLflow run: its metrics with their bounds, its figure and its tables at each step.
 
 The callback records the run the Trainer's ``MLflowCallback`` opened (its id, experiment and tracking URI) in
-``moral_probe_run.json``; the sweep and the watcher write into that run through an ``MlflowClient`` of that URI
-(a tracking server, or the sqlite store the training writes to: each write is one transaction of MLflow's own, with
-the store's busy timeout), never starting a run and never ending one. What a point gives the run, at the
-Trainer's global step:
+``moral_probe_run.json``, looked up once at train begin; the sweep and the watcher write into that run through an
+``MlflowClient`` of that URI (a tracking server, or the sqlite store the training writes to: each write is one
+transaction of MLflow's own, with the store's busy timeout), never starting a run and never ending one. What a point
+gives the run, at the Trainer's global step:
 
 - the metrics under the names ``MLflowCallback`` gives the callback's (``eval_moral_<name>/score``; MLflow keeps a
   name as logged): each value beside its ``_lo`` and ``_hi``;
-- the figure of the curve so far, ``mlflow.log_image`` with the step (the run's image panels, with a step slider);
+- the figure of the curve so far, twice: ``mlflow.log_image`` with the step (``eval_moral_<name>/figure``: an image
+  chart with a step slider among the probe's charts of the run's *Model metrics* tab, MLflow 2.12 and later), and
+  the newest as the artifact ``moral_probe_<name>/figure.png`` (the *Artifacts* tab shows it, in every version);
 - the per-foundation rows and the per-vignette rows, each one table with a ``step`` column
   (``moral_probe_<name>/foundations.json``, ``/vignettes.json``: ``log_table`` appends, so every probe's rows are
   kept; the run's Artifacts and Evaluation views show them).
+
+Before anything is written the store is checked: a sqlite file or a folder that is not there (a typo would make a
+new, empty store) and a server that does not answer are refused in one line naming the whole URI. A follower started
+again sends only the points the run's metric history does not hold yet (:meth:`MlflowTracker.held`).
 
 A tracking URI is recorded without the credentials it may carry (``https://user:token@host``): the follower takes
 them from its own environment (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``/``_TOKEN``), as MLflow does.
@@ -23,19 +29,20 @@ import logging
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import pandas as pd
-
 from ..errors import SweepError
 from ..extras import require
-from ..rundir.record import RunRecord
-from .sinks import Point, Sink, line_probe_key
+from .sinks import Point, line_probe_key
+from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
 
 NAMED_STORES = ("databricks", "databricks-uc", "uc")  # tracking URIs MLflow takes by name, not as a path
+SERVER_TIMEOUT_S = 10.0  # how long a tracking server has to answer before it is said not to
 
 
 def mlflow_name(key: str) -> str:
@@ -53,10 +60,11 @@ class MlflowWriter:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     def send(self, point: Point) -> None:
+        import pandas as pd
         from mlflow.entities import Metric
 
         line, step = point.line, point.step
-        key = line_probe_key(line)
+        key = line_probe_key(line) or "probe"
         now = int(time.time() * 1000)
         if self.metrics:
             values = [Metric(mlflow_name(k), float(v), now, step) for k, v in (line.get("metrics") or {}).items()]
@@ -64,6 +72,7 @@ class MlflowWriter:
                 self.client.log_batch(self.run_id, metrics=values[start:start + 1000])
         if point.figure is not None:
             self.client.log_image(self.run_id, point.figure, key=f"eval_moral_{key}/figure", step=step, timestamp=now)
+            self.client.log_image(self.run_id, point.figure, artifact_file=f"moral_probe_{key}/figure.png")
         if point.fresh and line.get("table"):
             table = pd.DataFrame([{"step": step, **row} for row in line["table"]])
             self.client.log_table(self.run_id, table, f"moral_probe_{key}/foundations.json")
@@ -86,6 +95,34 @@ def public_uri(uri: str) -> str:
     return uri
 
 
+def check_store(uri: str) -> None:
+    """Refuse, in one :class:`SweepError` line naming the whole URI, a tracking store that is not there: a sqlite
+    file or a folder that does not exist (MLflow would make a new, empty one, and then not find the run in it), or a
+    server that does not answer (MLflow would retry for minutes). Nothing is created; a server that answers anything,
+    an error included, is there."""
+    shown = public_uri(uri)
+    fix = "set MLFLOW_TRACKING_URI to the store the training logs to (moral_probe_run.json records it)"
+    if uri.startswith("sqlite:"):
+        path = Path(uri.split("sqlite:///", 1)[-1].split("?", 1)[0])
+        if not path.is_file():
+            raise SweepError(f"the MLflow store {shown} does not exist (no file {path}): {fix}")
+        return
+    parts = urlsplit(uri)
+    if uri in NAMED_STORES or parts.scheme not in ("", "file", "http", "https"):
+        return  # a store MLflow reaches its own way (databricks, a plugin's): its client says what is wrong
+    if parts.scheme in ("", "file"):
+        if not Path(parts.path or ".").is_dir():
+            raise SweepError(f"the MLflow store {shown} does not exist (no folder {parts.path}): {fix}")
+        return
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=SERVER_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        raise SweepError(f"no MLflow tracking server answers at {shown} ({why}): start it, or {fix}") from None
+
+
 def active_run_facts() -> dict | None:
     """The MLflow run open in this process (the Trainer's ``MLflowCallback`` opens it at train begin): its id,
     experiment, name and tracking URI (without credentials); None when none is open."""
@@ -97,45 +134,68 @@ def active_run_facts() -> dict | None:
             "tracking_uri": public_uri(mlflow.get_tracking_uri())}
 
 
-def mlflow_sink(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Sink:
-    """The training's MLflow run (``given``: a run id, with ``MLFLOW_TRACKING_URI``; else the one the run's record
-    names), written to through a client: never a new run."""
-    mlflow = require("mlflow")
-    from mlflow.tracking import MlflowClient
+class MlflowTracker(Tracker):
+    """The training's MLflow run (see the module). The record keeps its ``run_id``, ``experiment_id``, ``run_name``
+    and ``tracking_uri`` (without credentials)."""
 
-    recorded = record.mlflow if record and record.mlflow else {}
-    run_id = given or recorded.get("run_id")
-    if not run_id:
-        raise SweepError(f"no MLflow run to log into: {run_dir} has no moral_probe_run.json naming one (the callback "
-                         f"writes it when the Trainer reports to mlflow); pass --mlflow-run RUN_ID (and "
-                         f"MLFLOW_TRACKING_URI)")
-    uri = (recorded.get("tracking_uri") if not given else None) or mlflow.get_tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        run = client.get_run(run_id)
-    except Exception as e:  # noqa: BLE001 - a run that is not there: the user's setup, said in one line
-        raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]}); pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI of "
-                         f"the store the training logs to") from None
-    if run.info.lifecycle_stage != "active":
-        raise SweepError(f"the MLflow run {run_id} at {public_uri(uri)} is deleted: restore it (mlflow runs restore) "
-                         f"or pass --mlflow-run RUN_ID of another")
-    return Sink(f"MLflow run {run_id} ({public_uri(uri)})", MlflowWriter(client, run_id).send, figure=True)
+    name = "mlflow"
+    option = ("--mlflow-run", "RUN_ID", "the MLflow run to log into, at MLFLOW_TRACKING_URI (default: the one "
+              "moral_probe_run.json records)")
 
+    def __init__(self, client, run_id: str, where: str, *, metrics: bool = True):
+        super().__init__(f"MLflow run {run_id} ({where})")
+        self.client, self.run_id = client, run_id
+        self.writer = MlflowWriter(client, run_id, metrics=metrics)
 
-def mlflow_extras() -> Sink:
-    """For the callback in the training process, whose metrics reach the run through ``Trainer.log``
-    (``MLflowCallback``): the figure and the tables, into the run open in the process (none open: nothing)."""
-    writers: dict[str, MlflowWriter] = {}
+    # ---- the training process ------------------------------------------------------------------------------
+    @classmethod
+    def recorded(cls, trainer) -> dict | None:
+        return active_run_facts()
 
-    def send(point: Point) -> None:
+    @classmethod
+    def in_training(cls, trainer, key: str, run: dict | None) -> MlflowTracker | None:
+        """The figure and the tables into the run ``MLflowCallback`` opened (looked up once, at train begin: ``run``),
+        through a client of this process's tracking URI; its metrics went through ``Trainer.log``."""
+        if not run:
+            return None
         mlflow = require("mlflow")
-        run = mlflow.active_run()
-        if run is None:
-            return
-        run_id = run.info.run_id
-        if run_id not in writers:
-            writers[run_id] = MlflowWriter(mlflow.tracking.MlflowClient(), run_id, metrics=False)
-        writers[run_id].send(point)
+        return cls(mlflow.tracking.MlflowClient(), run["run_id"], "the training's", metrics=False)
 
-    return Sink("the training's MLflow run", send, figure=True)
+    # ---- another process -----------------------------------------------------------------------------------
+    @classmethod
+    def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> MlflowTracker:
+        """The training's run (``given``: a run id, with ``MLFLOW_TRACKING_URI``; else the one the record names),
+        written to through a client once its store is checked: never a new run, never a new store."""
+        mlflow = require("mlflow")
+        from mlflow.tracking import MlflowClient
+
+        recorded = recorded or {}
+        run_id = given or recorded.get("run_id")
+        if not run_id:
+            raise SweepError(f"no MLflow run to log into: {run_dir} has no moral_probe_run.json naming one (the "
+                             f"callback writes it when the Trainer reports to mlflow); pass --mlflow-run RUN_ID (and "
+                             f"MLFLOW_TRACKING_URI)")
+        uri = (recorded.get("tracking_uri") if not given else None) or mlflow.get_tracking_uri()
+        check_store(uri)
+        client = MlflowClient(tracking_uri=uri)
+        try:
+            run = client.get_run(run_id)
+        except Exception as e:  # noqa: BLE001 - a run that is not there: the user's setup, said in one line
+            raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}); pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI "
+                             f"of the store the training logs to") from None
+        if run.info.lifecycle_stage != "active":
+            raise SweepError(f"the MLflow run {run_id} at {public_uri(uri)} is deleted: restore it (mlflow runs "
+                             f"restore) or pass --mlflow-run RUN_ID of another")
+        return cls(client, run_id, public_uri(uri))
+
+    # ---- points --------------------------------------------------------------------------------------------
+    def send(self, point: Point) -> None:
+        self.writer.send(point)
+
+    def held(self, name: str) -> dict[int, list[float]]:
+        """The run's metric history of ``name``, by step."""
+        held: dict[int, list[float]] = {}
+        for metric in self.client.get_metric_history(self.run_id, mlflow_name(name)):
+            held.setdefault(metric.step, []).append(metric.value)
+        return held

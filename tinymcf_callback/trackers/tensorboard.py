@@ -23,9 +23,11 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..extras import require
-from ..rundir.record import RunRecord
-from .sinks import Point, Sink, line_metrics, line_probe_key
+from ..results.metrics import dashboard_names
+from .sinks import Point, line_metrics, line_probe_key
+from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -98,15 +100,20 @@ def tensorboard_sender(writer):
     return TensorBoardWriter(writer).send
 
 
-def tensorboard_folder(run_dir: Path, record: RunRecord | None, given: str | None = None) -> tuple[Path, str]:
-    """Where the Trainer's TensorBoard events are, and how that was decided (said when the trackers open): given;
-    recorded by the callback (moved along with a run folder that was copied: the recorded folder inside the recorded
-    output folder is taken inside ``run_dir``); ``TENSORBOARD_LOGGING_DIR``; the newest ``<run>/runs/*``; or a new
-    ``<run>/runs/tinymcf``."""
+def tensorboard_folder(run_dir: Path, recorded: dict | None, given: str | None = None) -> tuple[Path, str]:
+    """Where the Trainer's TensorBoard events are, and how that was decided (said when the trackers open): given (a
+    folder that is not there is refused: a typo creates nothing); recorded by the callback (moved along with a run
+    folder that was copied: the recorded folder inside the recorded output folder is taken inside ``run_dir``);
+    ``TENSORBOARD_LOGGING_DIR``; the newest ``<run>/runs/*``; or a new ``<run>/runs/tinymcf``."""
     if given:
+        if not Path(given).is_dir():
+            raise ConfigError(f"--tensorboard-dir {given}: no such folder (give the Trainer's logging folder, "
+                              f"RUN_DIR/runs/<time>_<host>, or leave the option out; mkdir -p {given} if a new one "
+                              f"is meant)")
         return Path(given), "--tensorboard-dir"
-    if record is not None and record.tensorboard_dir:
-        return _recorded(run_dir, record)
+    if recorded and recorded.get("dir"):
+        folder, why = _recorded(run_dir, Path(recorded["dir"]), recorded.get("output_dir"))
+        return folder, why if folder.is_dir() else f"{why}; it is not there: created"
     if os.environ.get("TENSORBOARD_LOGGING_DIR"):
         return Path(os.environ["TENSORBOARD_LOGGING_DIR"]), "TENSORBOARD_LOGGING_DIR"
     runs = sorted((p for p in (run_dir / "runs").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
@@ -115,10 +122,9 @@ def tensorboard_folder(run_dir: Path, record: RunRecord | None, given: str | Non
     return run_dir / "runs" / "tinymcf", "no logging folder found in the run: a new one"
 
 
-def _recorded(run_dir: Path, record: RunRecord) -> tuple[Path, str]:
-    recorded = Path(record.tensorboard_dir)
+def _recorded(run_dir: Path, recorded: Path, output_dir: str | None) -> tuple[Path, str]:
     here = run_dir.resolve()
-    origin = Path(record.output_dir).resolve() if record.output_dir else None
+    origin = Path(output_dir).resolve() if output_dir else None
     if origin is not None and origin != here and recorded.resolve().is_relative_to(origin):
         moved = here / recorded.resolve().relative_to(origin)
         return moved, (f"the run's record names {recorded}, in {origin}; this folder is a copy of that run, so its "
@@ -131,34 +137,84 @@ def _recorded(run_dir: Path, record: RunRecord) -> tuple[Path, str]:
     return recorded, "the run's record names it"
 
 
-def tensorboard_sink(run_dir: Path, record: RunRecord | None, key: str, given: str | None = None) -> Sink:
-    """A writer of probe ``key``'s points in its own folder inside the run's TensorBoard logging folder."""
-    require("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
-
-    folder, why = tensorboard_folder(run_dir, record, given)
-    writer = SummaryWriter(log_dir=str(probe_folder(folder, key)), filename_suffix=".tinymcf")
-    return Sink(f"TensorBoard ({writer.log_dir}; {why})", TensorBoardWriter(writer).send, writer.close, figure=True)
+def tensorboard_logging_dir(trainer) -> str | None:
+    """The folder the Trainer's ``TensorBoardCallback`` writes to (set at its ``on_train_begin``), or None."""
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
+            return os.path.abspath(cb.logging_dir)
+    return None
 
 
-def tensorboard_extras(logging_dir: str, key: str) -> Sink:
-    """For the callback in the training process, whose metrics reach the Trainer's own writer through
-    ``Trainer.log``: the layout and the figure, in the probe's own folder (never a second file in the Trainer's)."""
-    require("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
+class TensorBoardTracker(Tracker):
+    """The probe's events in its own folder inside the Trainer's TensorBoard logging folder (see the module).
 
-    folder = probe_folder(logging_dir, key)
-    opened: list[TensorBoardWriter] = []  # the writer, made at the first probe (no folder for a run never probed)
+    The record keeps ``{"dir": the Trainer's logging folder, "output_dir": the run folder}`` (a copied run folder
+    writes into its own). The writer is made at the first point (no folder for a run never probed)."""
 
-    def send(point: Point) -> None:
-        if not opened:
-            opened.append(TensorBoardWriter(SummaryWriter(log_dir=str(folder), filename_suffix=".tinymcf"),
-                                            metrics=False))
-        opened[0].send(point)
+    name = "tensorboard"
+    option = ("--tensorboard-dir", "DIR", "the TensorBoard logging folder the probe's own folder goes in (default: "
+              "the Trainer's, as the run records it, else the newest RUN_DIR/runs/*); it must exist")
 
-    def close() -> None:
-        for writer in opened:
-            writer.writer.close()
+    def __init__(self, folder: Path, why: str | None = None, *, metrics: bool = True):
+        super().__init__(f"TensorBoard ({folder}{'; ' + why if why else ''})")
+        self.folder, self.metrics = Path(folder), metrics
+        self._writer: TensorBoardWriter | None = None
 
-    return Sink(f"TensorBoard ({folder})", send, close, figure=True)
+    # ---- the training process ------------------------------------------------------------------------------
+    @classmethod
+    def recorded(cls, trainer) -> dict | None:
+        folder = tensorboard_logging_dir(trainer)
+        output_dir = getattr(getattr(trainer, "args", None), "output_dir", None)
+        return None if folder is None else {"dir": folder, "output_dir": os.path.abspath(output_dir or ".")}
 
+    @classmethod
+    def in_training(cls, trainer, key: str, run: dict | None) -> TensorBoardTracker | None:
+        """The layout and the figure, in the probe's own folder (never a second file in the Trainer's), whose metrics
+        reach the Trainer's own writer through ``Trainer.log``."""
+        require("tensorboard")
+        if not run:
+            logger.warning("moral probe: the Trainer reports to tensorboard but no TensorBoardCallback with a logging "
+                           "folder was found: its dashboard gets the numbers, not the margin charts or the figure")
+            return None
+        return cls(probe_folder(run["dir"], key), metrics=False)
+
+    # ---- another process -----------------------------------------------------------------------------------
+    @classmethod
+    def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> TensorBoardTracker:
+        require("tensorboard")
+        folder, why = tensorboard_folder(run_dir, recorded, given)
+        tracker = cls(probe_folder(folder, key), why)
+        tracker._open()
+        return tracker
+
+    # ---- points --------------------------------------------------------------------------------------------
+    def send(self, point: Point) -> None:
+        self._open().send(point)
+
+    def held(self, name: str) -> dict[int, list[float]] | None:
+        """The values of ``name`` in the probe's own folder, read by TensorBoard's reader (float32, as it stores
+        them)."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        if not self.folder.is_dir():
+            return {}
+        tag = next(iter(dashboard_names({name: 0.0})))
+        events = EventAccumulator(str(self.folder), size_guidance={"scalars": 0, "images": 1, "tensors": 1})
+        events.Reload()
+        held: dict[int, list[float]] = {}
+        if tag in events.Tags()["scalars"]:
+            for event in events.Scalars(tag):
+                held.setdefault(event.step, []).append(event.value)
+        return held
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            self._writer.writer.close()
+
+    def _open(self) -> TensorBoardWriter:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=str(self.folder), filename_suffix=".tinymcf")
+            self._writer = TensorBoardWriter(writer, metrics=self.metrics)
+        return self._writer

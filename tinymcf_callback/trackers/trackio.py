@@ -4,18 +4,28 @@ The callback records the run the Trainer's ``TrackioCallback`` opened (project, 
 trackio writes to, a Space or a self-hosted server) in ``moral_probe_run.json``; the sweep and the watcher open
 that run again (``trackio.init(..., resume="must")``: never a new one) and log into it beside the training, which
 trackio allows: its local store takes each write under a lock of its own (``<project>.lock``), so two processes
-writing one project's database wait for each other. A point gives the run, with ``train/global_step`` (the x axis
-the Trainer's own rows carry, as the callback's rows do):
+writing one project's database wait for each other. A point gives the run, with ``train/global_step``:
 
 - the metrics under the dashboard names (``eval/moral_<name>/score``, ``_lo``, ``_hi``, ...), as
   ``TrackioCallback`` logs the callback's;
-- ``eval/moral_<name>/figure`` (a ``trackio.Image``), the curve so far with its bands;
+- ``eval/moral_<name>/figure`` (a ``trackio.Image`` captioned with its ``train/global_step``), the curve so far with
+  its bands;
 - ``eval/moral_<name>/table`` and ``eval/moral_<name>/vignette_rows`` (``trackio.Table``), the per-foundation and the
   per-vignette rows of the probe, each with its ``step`` column (trackio keeps a table per logged step).
 
+**Where a point sits on trackio's default x axis.** trackio plots against its own ``step``, a row counter: the
+Trainer's ``TrackioCallback`` logs each row without one, so a row's step is how many rows came before it, not the
+training's step (a 6-step run's step-6 rows are rows 11-14). The callback's own rows come right after the Trainer's
+row of the same step, so they sit beside it. A follower logs each point with an explicit step
+(``Run.log(..., step=)``, the one way trackio lets a logger place a row): the row of the Trainer's own at the same
+``train/global_step`` (the first of them), else the last before it (the step-0 baseline: the first), read from
+trackio's local store (:meth:`TrackioTracker.anchor`). Its points thus sit where the callback's would, on either
+axis; a run synced to a Space or a server, whose rows are not in the local store, gets trackio's next row instead.
+
 trackio reports its own failures as warnings (its writer is a background thread): a point it could not store is
-said by trackio, not counted here. A write token of a self-hosted server is never recorded: the follower takes it
-from ``TRACKIO_WRITE_TOKEN``, as trackio does.
+said by trackio, not counted here. A follower started again sends only the points the run's rows do not hold yet
+(:meth:`TrackioTracker.held`, local store only). A write token of a self-hosted server is never recorded: the
+follower takes it from ``TRACKIO_WRITE_TOKEN``, as trackio does.
 """
 
 from __future__ import annotations
@@ -25,37 +35,42 @@ import io
 import logging
 import os
 import sys
+import time
 from pathlib import Path
-
-import pandas as pd
 
 from ..errors import SweepError
 from ..extras import require
-from ..rundir.record import RunRecord
-from .sinks import Point, Sink, line_metrics, line_probe_key
+from ..results.metrics import dashboard_names
+from .sinks import Point, line_metrics, line_probe_key
+from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
+SETTLE_S = 1.0  # twice trackio's batch interval (0.5 s): a row the training logged has reached its store by then
 
 
 class TrackioWriter:
-    """Points into one trackio run (``metrics=False``: they went through ``Trainer.log``)."""
+    """Points into one trackio run (``metrics=False``: they went through ``Trainer.log``), each at ``step(point)``:
+    a trackio step, or None for trackio's next row."""
 
-    def __init__(self, run, *, metrics: bool = True):
-        self.run, self.metrics = run, metrics
+    def __init__(self, run, *, metrics: bool = True, step=lambda point: None):
+        self.run, self.metrics, self.step = run, metrics, step
 
     def send(self, point: Point) -> None:
+        import pandas as pd
+
         trackio = require("trackio")
-        line, key = point.line, line_probe_key(point.line)
+        line, key = point.line, line_probe_key(point.line) or "probe"
         payload = line_metrics(line) if self.metrics else {}
         if point.figure is not None:
-            payload[f"eval/moral_{key}/figure"] = trackio.Image(point.figure, caption=f"step {point.step}")
+            payload[f"eval/moral_{key}/figure"] = trackio.Image(point.figure,
+                                                                caption=f"train/global_step {point.step}")
         if point.fresh and line.get("table"):
             rows = pd.DataFrame([{"step": point.step, **row} for row in line["table"]])
             payload[f"eval/moral_{key}/table"] = trackio.Table(dataframe=rows)
         if point.rows:
             payload[f"eval/moral_{key}/vignette_rows"] = trackio.Table(dataframe=pd.DataFrame(point.rows))
         if payload:
-            self.run.log({**payload, "train/global_step": point.step})
+            self.run.log({**payload, "train/global_step": point.step}, step=self.step(point))
 
 
 def active_run_facts() -> dict | None:
@@ -77,48 +92,141 @@ def _trackio_dir() -> Path:
     return Path(TRACKIO_DIR)
 
 
-def trackio_sink(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Sink:
-    """The training's trackio run (``given``: ``PROJECT/RUN``; else the one the run's record names), opened again
-    in this process: never a new run."""
-    recorded = record.trackio if record and record.trackio else {}
-    _use_recorded_dir(recorded.get("dir"))
-    trackio = require("trackio")
-    if given:
-        project, sep, name = given.rpartition("/")
-        if not sep or not project or not name:
-            raise SweepError(f"--trackio-run takes PROJECT/RUN (the trackio project and run name), got {given!r}")
-        recorded = {"project": project, "name": name}
-    if not recorded.get("project") or not recorded.get("name"):
-        raise SweepError(f"no trackio run to log into: {run_dir} has no moral_probe_run.json naming one (the callback "
-                         f"writes it when the Trainer reports to trackio); pass --trackio-run PROJECT/RUN")
-    live = trackio.context_vars.current_run.get()
-    if live is not None:
-        if (live.project, live.name) == (recorded["project"], recorded["name"]):
-            return Sink(f"trackio run {live.name} of {live.project}", TrackioWriter(live).send, figure=True)
-        raise SweepError(f"this process has the trackio run {live.name} of {live.project} open: logging into "
-                         f"{recorded['name']} of {recorded['project']} would finish it (trackio keeps one run per "
-                         f"process); run tinymcf sweep or watch in a process of its own")
-    where = recorded.get("dir") or str(_trackio_dir())
-    if recorded.get("dir") and Path(recorded["dir"]) != _trackio_dir():
-        raise SweepError(f"the trackio run {recorded['name']} of {recorded['project']} is in {recorded['dir']}, but "
-                         f"this process's trackio writes to {_trackio_dir()}: set TRACKIO_DIR={recorded['dir']}")
-    try:
-        with _quiet():  # trackio prints where it logs and how to open the dashboard: said once here instead
-            run = trackio.init(project=recorded["project"], name=recorded["name"], resume="must",
-                               space_id=recorded.get("space_id"), server_url=recorded.get("server_url"),
-                               embed=False, auto_log_cpu=False, auto_log_gpu=False)
-    except ValueError as e:
-        raise SweepError(f"the trackio run {recorded['name']} of project {recorded['project']} cannot be resumed "
-                         f"({e}; trackio's folder: {where}): pass --trackio-run PROJECT/RUN of the training's run, "
-                         f"with the TRACKIO_DIR it logs to") from None
+class TrackioTracker(Tracker):
+    """The training's trackio run (see the module). The record keeps its ``project``, ``name``, ``id``, ``dir`` (the
+    local folder) and ``space_id`` or ``server_url`` (never a token)."""
 
-    def close() -> None:
+    name = "trackio"
+    option = ("--trackio-run", "PROJECT/RUN", "the trackio run to log into (default: the one moral_probe_run.json "
+              "records)")
+
+    def __init__(self, run, where: str, *, follower: bool = True, owned: bool = False):
+        super().__init__(f"trackio run {run.name} of {run.project}{' (' + where + ')' if where else ''}")
+        self.run, self._owned = run, owned
+        # in the training its rows (figure, tables) come right after the Trainer's own row of the probe's metrics; a
+        # follower sends the metrics too, each point placed beside the Trainer's rows of its step
+        self.writer = TrackioWriter(run, metrics=follower, step=self.anchor if follower else (lambda point: None))
+
+    # ---- the training process ------------------------------------------------------------------------------
+    @classmethod
+    def recorded(cls, trainer) -> dict | None:
+        return active_run_facts()
+
+    @classmethod
+    def in_training(cls, trainer, key: str, run: dict | None) -> TrackioTracker | None:
+        """The figure and the tables into the run ``TrackioCallback`` opened (its metrics went through
+        ``Trainer.log``): the next rows, beside the Trainer's row of the probe's step."""
+        live = require("trackio").context_vars.current_run.get()
+        return None if live is None else cls(live, "the training's", follower=False)
+
+    # ---- another process -----------------------------------------------------------------------------------
+    @classmethod
+    def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> TrackioTracker:
+        """The training's run (``given``: ``PROJECT/RUN``; else the one the record names), opened again in this
+        process: never a new run."""
+        recorded = recorded or {}
+        _use_recorded_dir(recorded.get("dir"))
+        trackio = require("trackio")
+        if given:
+            project, sep, name = given.rpartition("/")
+            if not sep or not project or not name:
+                raise SweepError(f"--trackio-run takes PROJECT/RUN (the trackio project and run name), got {given!r}")
+            recorded = {"project": project, "name": name}
+        if not recorded.get("project") or not recorded.get("name"):
+            raise SweepError(f"no trackio run to log into: {run_dir} has no moral_probe_run.json naming one (the "
+                             f"callback writes it when the Trainer reports to trackio); pass --trackio-run PROJECT/RUN")
+        live = trackio.context_vars.current_run.get()
+        if live is not None:
+            if (live.project, live.name) == (recorded["project"], recorded["name"]):
+                return cls(live, "")
+            raise SweepError(f"this process has the trackio run {live.name} of {live.project} open: logging into "
+                             f"{recorded['name']} of {recorded['project']} would finish it (trackio keeps one run per "
+                             f"process); run tinymcf sweep or watch in a process of its own")
+        where = recorded.get("dir") or str(_trackio_dir())
+        if recorded.get("dir") and Path(recorded["dir"]) != _trackio_dir():
+            raise SweepError(f"the trackio run {recorded['name']} of {recorded['project']} is in {recorded['dir']}, "
+                             f"but this process's trackio writes to {_trackio_dir()}: set TRACKIO_DIR="
+                             f"{recorded['dir']}")
+        try:
+            with _quiet():  # trackio prints where it logs and how to open the dashboard: said once here instead
+                run = trackio.init(project=recorded["project"], name=recorded["name"], resume="must",
+                                   space_id=recorded.get("space_id"), server_url=recorded.get("server_url"),
+                                   embed=False, auto_log_cpu=False, auto_log_gpu=False)
+        except ValueError as e:
+            raise SweepError(f"the trackio run {recorded['name']} of project {recorded['project']} cannot be resumed "
+                             f"({e}; trackio's folder: {where}): pass --trackio-run PROJECT/RUN of the training's "
+                             f"run, with the TRACKIO_DIR it logs to") from None
+        return cls(run, where, owned=True)
+
+    # ---- points --------------------------------------------------------------------------------------------
+    def send(self, point: Point) -> None:
+        self.writer.send(point)
+
+    def anchor(self, point: Point) -> int | None:
+        """The trackio step of the point at ``train/global_step`` ``point.step``: the first row the Trainer logged at
+        that step, else the last it logged before it, else its first row (0 before it logged any: the step-0
+        baseline sits at the start); the probe's own rows are left out (a misplaced one of an earlier version among
+        them). Past the Trainer's newest row the store is read again after :data:`SETTLE_S` (the row of the step
+        just saved may still be in the training's writer queue). None (trackio's next row) for a run whose rows are
+        not in the local store (a Space, a server)."""
+        if self.run_is_remote():
+            return None
+        at, before, after = self._around(point.step)
+        if at is None and after is None and before is not None:
+            time.sleep(SETTLE_S)  # at the training's newest step: its row may still be in its writer's queue
+            at, before, after = self._around(point.step)
+        return next((s for s in (at, before, after) if s is not None), 0)
+
+    def _around(self, global_step: int) -> tuple[int | None, int | None, int | None]:
+        """The trackio steps of the Trainer's rows (the probe's own left out): the first at ``global_step``, the last
+        before it, the first after it."""
+        at, before, after = None, None, None
+        for row in self._rows():
+            if any(k.startswith("eval/moral_") for k in row) or not _number(row.get("train/global_step")):
+                continue
+            step = row["step"]
+            if row["train/global_step"] == global_step:
+                at = step if at is None else min(at, step)
+            elif row["train/global_step"] < global_step:
+                before = step if before is None else max(before, step)
+            else:
+                after = step if after is None else min(after, step)
+        return at, before, after
+
+    def held(self, name: str) -> dict[int, list[float]] | None:
+        """The values of ``name`` the run's rows hold, by ``train/global_step`` (local store only: None for a run
+        synced to a Space or a server)."""
+        if self.run_is_remote():
+            return None
+        tag = next(iter(dashboard_names({name: 0.0})))
+        held: dict[int, list[float]] = {}
+        for row in self._rows():
+            if _number(row.get(tag)) and _number(row.get("train/global_step")):
+                held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
+        return held
+
+    def run_is_remote(self) -> bool:
+        trackio = require("trackio")
+        return bool(trackio.context_vars.current_space_id.get() or trackio.context_vars.current_server.get())
+
+    def finish(self) -> None:
+        if not self._owned:
+            return  # the training's own run: the training finishes it
+        trackio = require("trackio")
         with _quiet():
-            run.finish()
-        if trackio.context_vars.current_run.get() is run:
+            self.run.finish()
+        if trackio.context_vars.current_run.get() is self.run:
             trackio.context_vars.current_run.set(None)
 
-    return Sink(f"trackio run {run.name} of {run.project} ({where})", TrackioWriter(run).send, close, figure=True)
+    def _rows(self) -> list[dict]:
+        """The run's rows in trackio's local store, numbers only (with trackio's ``step``)."""
+        from trackio.sqlite_storage import SQLiteStorage
+
+        return SQLiteStorage.get_logs(self.run.project, self.run.name, run_id=self.run.id, scalar_only=True)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _use_recorded_dir(recorded: str | None) -> None:
@@ -138,18 +246,3 @@ def _quiet():
     finally:
         for text in buffer.getvalue().splitlines():
             logger.debug("trackio: %s", text)
-
-
-def trackio_extras() -> Sink:
-    """For the callback in the training process, whose metrics reach the run through ``Trainer.log``
-    (``TrackioCallback``): the figure and the tables, into the run open in the process (none open: nothing)."""
-    writers: dict[str, TrackioWriter] = {}
-
-    def send(point: Point) -> None:
-        run = require("trackio").context_vars.current_run.get()
-        if run is None:
-            return
-        writer = writers.setdefault(run.id, TrackioWriter(run, metrics=False))
-        writer.send(point)
-
-    return Sink("the training's trackio run", send, figure=True)

@@ -14,23 +14,27 @@ probe, at the Trainer's step:
 - ``eval/moral_<name>/intervals``, a custom chart of each value with its interval as a band, faceted by metric:
   W&B draws a band only across grouped runs, never from a run's own lo/hi. The chart's Vega-Lite spec is a preset
   of the run's entity (:data:`BAND_CHART`), created by the first online run that logs it; an offline run (or one
-  whose entity cannot create presets) logs everything else and says once why the chart is left out.
+  whose entity cannot create presets) logs everything else and warns once why the chart is left out (a warning, so
+  that a Trainer script shows it).
+
+A follower started again sends only the points the run does not hold yet (:meth:`WandbTracker.held`): asked of
+W&B's server for an online run, read from the run's own files for an offline one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
-from ..errors import SweepError
+from ..errors import ConfigError, MissingExtraError, SweepError
 from ..extras import require
-from ..results.metrics import probe_key
+from ..results.metrics import dashboard_names
 from ..results.rows import ROW_COLUMNS
-from ..rundir.record import RunRecord
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .bands import band_rows
-from .sinks import Point, Sink, line_metrics
+from .sinks import Point, line_metrics, line_probe_key
+from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,8 @@ BAND_SPEC = {
         ],
     },
 }
+RECORD_BLOCK = 32768  # a wandb run file's block size (a leveldb-style log)
+RUN_FILE = "wandb"  # a wandb run file's suffix
 _presets: dict[str, bool] = {}  # entity -> whether its band-chart preset is there (asked once per process)
 
 
@@ -70,8 +76,8 @@ class WandbWriter:
     """One probe (set and answer format) in wandb runs: its metric definitions and config once per run, its tables
     kept whole across probes (one incremental table per key and run)."""
 
-    def __init__(self, name: str, answer_format: str = DEFAULT_ANSWER_FORMAT):
-        self.key = f"moral_{probe_key(name, answer_format)}"
+    def __init__(self, key: str):
+        self.key = f"moral_{key}"
         self._defined: str | None = None  # the run whose metrics are defined
         self._recorded: str | None = None  # the run whose config holds the precision
         self._tables: dict[str, object] = {}  # table key -> its incremental wandb.Table (of the run in _defined)
@@ -99,7 +105,7 @@ class WandbWriter:
             if self._add(vignettes, point.rows or []):
                 payload[f"eval/{self.key}/vignette_rows"] = vignettes
         if point.figure is not None:
-            payload[f"eval/{self.key}/figure"] = wandb.Image(point.figure, caption=f"step {point.step}")
+            payload[f"eval/{self.key}/figure"] = wandb.Image(point.figure, caption=f"train/global_step {point.step}")
         if point.fresh and point.curve:
             chart = self._band_chart(wandb, run, point)
             if chart is not None:
@@ -139,7 +145,7 @@ class WandbWriter:
         if why is not None:
             if "chart" not in self._said:
                 self._said.add("chart")
-                logger.info("moral probe: the W&B interval chart (eval/%s/intervals) is left out: %s; the figure "
+                logger.warning("moral probe: the W&B interval chart (eval/%s/intervals) is left out: %s; the figure "
                             "(eval/%s/figure) shows every band", self.key, why, self.key)
             return None
         columns = list(BAND_FIELDS.values())
@@ -169,8 +175,6 @@ def _preset(entity: str) -> bool:
     """Whether the entity has the band chart's preset: created here once per process (an error saying it exists is
     taken for yes)."""
     if entity not in _presets:
-        import json
-
         wandb = require("wandb")
         try:
             wandb.Api().create_custom_chart(entity=entity, name=BAND_CHART, display_name="tinymcf: value with its "
@@ -189,12 +193,11 @@ def _preset(entity: str) -> bool:
 
 def wandb_sender(run):
     """``send(point)`` into ``run``: one :class:`WandbWriter` per probe (set and answer format)."""
-    writers: dict[tuple[str, str], WandbWriter] = {}
+    writers: dict[str, WandbWriter] = {}
 
     def send(point: Point) -> None:
-        line = point.line
-        probe = (line["name"], line.get("answer_format") or DEFAULT_ANSWER_FORMAT)
-        writers.setdefault(probe, WandbWriter(*probe)).write(run, point)
+        key = line_probe_key(point.line) or "probe"
+        writers.setdefault(key, WandbWriter(key)).write(run, point)
 
     return send
 
@@ -205,26 +208,127 @@ def active_wandb_run():
     return getattr(require("wandb"), "run", None)
 
 
-def wandb_sink(run_dir: Path, record: RunRecord | None, given: str | None = None) -> Sink:
-    """The training's wandb run, resumed as a second writer (see :func:`open_run`)."""
-    run, opened_here = open_run(run_dir, record, given)
-    return Sink(f"wandb run {run.id}", wandb_sender(run), run.finish if opened_here else None, figure=True)
+class WandbTracker(Tracker):
+    """The training's wandb run (see the module). The record keeps its ``id``, ``project``, ``entity``, ``mode``
+    (offline or online) and ``dir`` (the folder its files are in)."""
 
+    name = "wandb"
+    option = ("--wandb-run", "ID", "the wandb run to log into (default: the one moral_probe_run.json records)")
 
-def wandb_extras(name: str, answer_format: str) -> Sink:
-    """For the callback in the training process, whose metrics reach the run through ``Trainer.log``: the tables,
-    the figure and the band chart, into the run open in the process (none open: nothing)."""
-    writer = WandbWriter(name, answer_format)
+    def __init__(self, run, *, metrics: bool = True, finish: bool = False):
+        super().__init__(f"wandb run {run.id}")
+        self.run, self.metrics, self._owned = run, metrics, finish
+        self._writers: dict[str, WandbWriter] = {}
 
-    def send(point: Point) -> None:
+    # ---- the training process ------------------------------------------------------------------------------
+    @classmethod
+    def recorded(cls, trainer) -> dict | None:
         run = active_wandb_run()
-        if run is not None:
-            writer.write(run, point, metrics=False)
+        if run is None:
+            return None
+        settings = getattr(run, "settings", None)
+        return {"id": run.id, "project": run.project, "entity": getattr(run, "entity", None),
+                "mode": getattr(settings, "mode", None), "dir": getattr(settings, "root_dir", None)}
 
-    return Sink("the training's wandb run", send, figure=True)
+    @classmethod
+    def in_training(cls, trainer, key: str, run: dict | None) -> WandbTracker | None:
+        """The tables, the figure and the band chart, into the run the Trainer's ``WandbCallback`` opened (its
+        metrics went through ``Trainer.log``)."""
+        live = active_wandb_run()
+        return None if live is None else cls(live, metrics=False)
+
+    # ---- another process -----------------------------------------------------------------------------------
+    @classmethod
+    def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> WandbTracker | None:
+        """The training's run resumed as a second writer (:func:`open_run`); a wandb service that does not answer is
+        a warning (None): the other trackers and the history go on."""
+        try:
+            run, opened_here = open_run(run_dir, recorded, given)
+        except (SweepError, ConfigError, MissingExtraError):
+            raise  # nothing names a run, or wandb is not installed: the user's setup, said in one line
+        except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
+            logger.warning("moral probe: the wandb run could not be opened (%s: %s); lines go to the history and the "
+                           "other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
+            return None
+        return cls(run, finish=opened_here)
+
+    # ---- points --------------------------------------------------------------------------------------------
+    def send(self, point: Point) -> None:
+        key = line_probe_key(point.line) or "probe"
+        self._writers.setdefault(key, WandbWriter(key)).write(self.run, point, metrics=self.metrics)
+
+    def held(self, name: str) -> dict[int, list[float]] | None:
+        """The values of ``name`` the run holds, by ``train/global_step``: asked of W&B's server for an online run
+        (its public API), read from the run's files here for an offline one (or when the server cannot be asked)."""
+        tag = next(iter(dashboard_names({name: 0.0})))
+        if not _offline(self.run):
+            try:
+                return _held_online(self.run, tag)
+            except Exception as e:  # noqa: BLE001 - the files of this machine may still say
+                logger.debug("wandb's API could not say what run %s holds: %s", self.run.id, e)
+        return _held_in_files(self.run, tag)
+
+    def finish(self) -> None:
+        if self._owned:
+            self.run.finish()
 
 
-def open_run(run_dir: Path, record: RunRecord | None, given: str | None):
+def _held_online(run, tag: str) -> dict[int, list[float]]:
+    api = require("wandb").Api()
+    path = "/".join(p for p in (_entity(run), run.project, run.id) if p)
+    held: dict[int, list[float]] = {}
+    for row in api.run(path).scan_history(keys=[tag, "train/global_step"], page_size=1000):
+        held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
+    return held
+
+
+def _held_in_files(run, tag: str) -> dict[int, list[float]] | None:
+    """What every local file of the run (``<dir>/wandb/*-<id>/run-<id>.wandb``: the training's, each follower's)
+    holds of ``tag``; None when none is found (the run's files are on another machine)."""
+    root = Path(getattr(getattr(run, "settings", None), "root_dir", None) or ".")
+    files = sorted(root.glob(f"wandb/*-{run.id}/run-{run.id}.{RUN_FILE}"))
+    if not files:
+        return None
+    held: dict[int, list[float]] = {}
+    for path in files:
+        for row in history_rows(path):
+            if tag in row and "train/global_step" in row:
+                held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
+    return held
+
+
+def history_rows(path: Path) -> list[dict]:
+    """The logged rows of a wandb run file (``{key: value}``), read by wandb's own record type: the file is a log of
+    32 KiB blocks, each record in chunks with a 7-byte header (checksum, length, kind). A torn last record (a run
+    still writing) ends the reading."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    rows, pos, buffer = [], 7, b""  # 7: the file's own header (":W&B", version)
+    while pos + 7 <= len(data):
+        left = RECORD_BLOCK - pos % RECORD_BLOCK
+        if left < 7:  # a block's padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        buffer = chunk if kind in (1, 2) else buffer + chunk  # FULL and FIRST start a record, MIDDLE and LAST add
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            try:
+                record.ParseFromString(buffer)
+            except Exception:  # noqa: BLE001 - a torn record: what came before it is all there is
+                break
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def open_run(run_dir: Path, recorded: dict | None, given: str | None):
     """The training's wandb run by its id, and whether it was opened here (else it is the training's own, open in
     this process, which the training finishes).
 
@@ -232,7 +336,7 @@ def open_run(run_dir: Path, record: RunRecord | None, given: str | None):
     same id in the same folder (``wandb sync`` puts both into the run).
     """
     wandb = require("wandb")
-    recorded = record.wandb if record and record.wandb else {}
+    recorded = recorded or {}
     run_id = given or recorded.get("id")
     if not run_id:
         raise SweepError(f"no wandb run to log into: {run_dir} has no moral_probe_run.json naming one (the callback "

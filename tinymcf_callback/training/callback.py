@@ -41,7 +41,7 @@ from ..rundir.checkpoints import fingerprint
 from ..scoring.model_info import check_causal_lm
 from .keeper import RunKeeper, run_facts
 from .logger import ProbeLogger
-from .reporters import reporter_sinks
+from .reporters import reported_runs, reporter_sinks
 from .state import record_counters, stored_counters
 from .writers import write_checkpoint
 
@@ -145,6 +145,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
         self.probe: Probe | None = None  # the set tokenised once: at construction with tokenizer=, else at train begin
         self.logger: ProbeLogger | None = None  # the run's history, baseline and change: one per run (its output_dir)
+        self.runs: dict[str, dict | None] | None = None  # the reporters' open runs, looked up once per train begin
         self.names = metric_names(self.name, self.answer_format)
         self.last_metrics: dict[str, float] = {}
         self.last_report: dict | None = None
@@ -192,9 +193,10 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
         if self.trainer is None:
             self.trainer = trainer_holding(self)
+        self.runs = reported_runs(args, self.trainer) if state.is_world_process_zero else {}
         if state.is_world_process_zero and args.should_save:
             self.keeper = RunKeeper(self.name, probe_key(self.name, self.answer_format), args.output_dir,
-                                    run_facts(args, state, self.trainer, kwargs.get("model")), hand_off=self.hand_off,
+                                    run_facts(args, state, kwargs.get("model"), self.runs), hand_off=self.hand_off,
                                     from_step=state.global_step, options=self.config.command_options())
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
@@ -313,7 +315,10 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
         callback's state), never read back from the output folder."""
         publishes = self._is_main(args) and not self.hand_off  # with the hand-off the watcher logs every probe
-        extras = reporter_sinks(args, self.trainer, self.name, self.answer_format) if publishes else []
+        if publishes and self.runs is None:  # an evaluation outside trainer.train(): the reporters' runs now
+            self.runs = reported_runs(args, self.trainer)
+        key = probe_key(self.name, self.answer_format)
+        extras = reporter_sinks(self.runs, self.trainer, key) if publishes else []
         self.logger = ProbeLogger(self.probe, args.output_dir, to=extras, baseline=self.baseline, resume=False,
                                   strict=self.strict, verbose=self.verbose, figure=self.figure)
         if self.baseline_record is not None:

@@ -13,16 +13,12 @@ watcher gives the checkpoint its real cause.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from ..rundir.queue import HandOffQueue
 from ..rundir.record import RUN_INFO, Attempt, RunRecord, updating
 from ..scoring.model_info import weights_dtype
-from ..trackers.mlflow import active_run_facts as mlflow_run
-from ..trackers.trackio import active_run_facts as trackio_run
-from ..trackers.wandb import active_wandb_run
-from .reporters import reports_to, tensorboard_logging_dir
+from ..trackers.table import requested
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +38,7 @@ class RunKeeper:
         self.queue = HandOffQueue(output_dir)
 
         def start(record: RunRecord) -> None:
-            for field in ("report_to", "max_steps", "save_steps", "base_model", "dtype", "tensorboard_dir", "wandb",
-                          "mlflow", "trackio", "output_dir"):
+            for field in ("report_to", "max_steps", "save_steps", "base_model", "dtype", "trackers"):
                 setattr(record, field, getattr(facts, field))
             record.hand_off = record.hand_off or hand_off  # a second callback without the hand-off leaves it on
             record.ended, record.global_step = False, None
@@ -130,30 +125,14 @@ class RunKeeper:
             logger.warning("moral probe [%s]: could not write %s: %s", self.name, RUN_INFO, e)
 
 
-def run_facts(args, state, trainer, model) -> RunRecord:
-    """What the Trainer run tells a follower: its dashboards, its starting model, its length."""
-    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+def run_facts(args, state, model, runs: dict[str, dict | None]) -> RunRecord:
+    """What the Trainer run tells a follower: its reporters and the run each has open (``runs``, looked up once:
+    :func:`~.reporters.reported_runs`), its starting model, its length."""
     save_steps = getattr(args, "save_steps", None)
-    report_to = [r for r in report_to if r and r != "none"]
-    return RunRecord(report_to=report_to, max_steps=state.max_steps,
+    return RunRecord(report_to=requested(args.report_to), max_steps=state.max_steps,
                      save_steps=save_steps if isinstance(save_steps, (int, float)) else None,
                      base_model=_model_source(model), dtype=_dtype_name(model),
-                     tensorboard_dir=tensorboard_logging_dir(trainer),
-                     wandb=_wandb_facts() if reports_to(args, "wandb") else None,
-                     mlflow=_facts("mlflow", mlflow_run) if "mlflow" in report_to else None,
-                     trackio=_facts("trackio", trackio_run) if "trackio" in report_to else None,
-                     output_dir=os.path.abspath(args.output_dir))
-
-
-def _facts(tracker: str, read) -> dict | None:
-    """The run ``read()`` finds open (the Trainer's reporter opened it at train begin), or None, warned: a follower
-    then needs it named (``--mlflow-run``, ``--trackio-run``)."""
-    try:
-        return read()
-    except Exception as e:  # noqa: BLE001 - a run that cannot be read costs the follower's default, not the training
-        logger.warning("moral probe: the %s run the Trainer reports to could not be read (%s: %s); a tinymcf watch or "
-                       "sweep of this run must be told which it is", tracker, type(e).__name__, e)
-        return None
+                     trackers={name: run for name, run in runs.items() if run})
 
 
 def _model_source(model) -> str | None:
@@ -166,12 +145,3 @@ def _dtype_name(model) -> str | None:
     """What the model trains in (its weights' dtype): what a watcher scores every model of the run in."""
     dtype = weights_dtype(model) if model is not None else None
     return str(dtype).removeprefix("torch.") if dtype is not None else None
-
-
-def _wandb_facts() -> dict | None:
-    run = active_wandb_run()
-    if run is None:
-        return None
-    settings = getattr(run, "settings", None)
-    return {"id": run.id, "project": run.project, "entity": getattr(run, "entity", None),
-            "mode": getattr(settings, "mode", None), "dir": getattr(settings, "root_dir", None)}

@@ -1,72 +1,55 @@
-"""What the Trainer's reporters get from the callback besides its numbers (main process).
+"""The Trainer's reporters, as the callback meets them (main process, once at train begin).
 
 The callback's metrics reach every reporter in ``report_to`` through ``Trainer.log``, under the Trainer's names and
-at its global step. What a reporter shows besides scalars comes here, into the run that reporter has open, and only
-for a reporter the user asked for (an active wandb run alone is not consent):
+at its global step. For each reporter the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and
+only for one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once:
 
-- ``tensorboard``: the custom-scalars layout (margin charts: each value with its band) and the figure, in the
-  probe's own folder inside the Trainer's logging folder (:mod:`~tinymcf_callback.trackers.tensorboard`: a second
-  event file in the Trainer's own folder would stop a live TensorBoard);
-- ``wandb``: the per-foundation and per-vignette tables (kept across probes), the figure and the band chart;
-- ``mlflow``: the figure (with the step) and the two tables (with a step column);
-- ``trackio``: the figure and the two tables.
+- which run the reporter has open (:meth:`~tinymcf_callback.trackers.tracker.Tracker.recorded`), what the run's
+  record keeps for a follower (:func:`reported_runs`);
+- what the probe shows there besides its numbers (:meth:`~tinymcf_callback.trackers.tracker.Tracker.in_training`,
+  :func:`reporter_sinks`): TensorBoard's margin charts and figure (in the probe's own folder inside the Trainer's
+  logging folder), wandb's tables, figure and band chart, MLflow's figure and tables, trackio's figure and tables.
 
-A reporter whose package is missing, or whose writer cannot be made, is a warning: the training goes on.
+A reporter whose package is missing, whose run cannot be read, or whose writer cannot be made, is a warning: the
+training goes on.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
-from ..results.metrics import probe_key
-from ..trackers.mlflow import mlflow_extras
-from ..trackers.sinks import Sink
-from ..trackers.tensorboard import tensorboard_extras
-from ..trackers.trackio import trackio_extras
-from ..trackers.wandb import wandb_extras
+from ..trackers.table import TRACKERS, requested
+from ..trackers.tracker import Tracker
 
 logger = logging.getLogger("tinymcf_callback")
 
 
-def reports_to(args, reporter: str) -> bool:
-    """Did the user ask the Trainer for ``reporter`` (``report_to``)?"""
-    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-    return reporter in report_to
-
-
-def tensorboard_logging_dir(trainer) -> str | None:
-    """The folder the Trainer's ``TensorBoardCallback`` writes to (set at its ``on_train_begin``), or None."""
-    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
-        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
-            return os.path.abspath(cb.logging_dir)
-    return None
-
-
-def reporter_sinks(args, trainer, name: str, answer_format: str) -> list[Sink]:
-    """A sink per reporter of ``args.report_to`` that shows more than numbers (see the module)."""
-    key = probe_key(name, answer_format)
-    makers = {"tensorboard": lambda: _tensorboard(trainer, key), "wandb": lambda: wandb_extras(name, answer_format),
-              "mlflow": mlflow_extras, "trackio": trackio_extras}
-    sinks = []
-    for reporter, make in makers.items():
-        if not reports_to(args, reporter):
+def reported_runs(args, trainer) -> dict[str, dict | None]:
+    """The run each tracker of ``args.report_to`` has open in this process, by tracker name (None: none, or it could
+    not be read, warned: a follower then needs it named, ``--mlflow-run`` say)."""
+    runs = {}
+    for name in requested(args.report_to):
+        if name not in TRACKERS:
             continue
         try:
-            sink = make()
+            runs[name] = TRACKERS[name].recorded(trainer)
+        except Exception as e:  # noqa: BLE001 - a run that cannot be read costs the follower's default, not the training
+            logger.warning("moral probe: the %s run the Trainer reports to could not be read (%s: %s); a tinymcf watch "
+                           "or sweep of this run must be told which it is", name, type(e).__name__, e)
+            runs[name] = None
+    return runs
+
+
+def reporter_sinks(runs: dict[str, dict | None], trainer, key: str) -> list[Tracker]:
+    """What probe ``key`` gives each reporter of ``runs`` (:func:`reported_runs`) besides its numbers."""
+    sinks = []
+    for name, run in runs.items():
+        try:
+            sink = TRACKERS[name].in_training(trainer, key, run)
         except Exception as e:  # noqa: BLE001 - a dashboard's extras must never stop the training
-            logger.warning("moral probe [%s]: %s gets the probe's numbers only (%s: %s)", name, reporter,
-                           type(e).__name__, e)
+            logger.warning("moral probe [%s]: %s gets the probe's numbers only (%s: %s)", key, name, type(e).__name__,
+                           e)
             continue
         if sink is not None:
             sinks.append(sink)
     return sinks
-
-
-def _tensorboard(trainer, key: str) -> Sink | None:
-    folder = tensorboard_logging_dir(trainer)
-    if folder is None:
-        logger.warning("moral probe: the Trainer reports to tensorboard but no TensorBoardCallback with a logging "
-                       "folder was found: its dashboard gets the numbers, not the margin charts or the figure")
-        return None
-    return tensorboard_extras(folder, key)
