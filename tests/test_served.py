@@ -424,7 +424,7 @@ def test_llama_cpp_asks_the_whole_vocabulary_when_an_answer_token_is_below_the_t
 
 
 def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_path):
-    from tinymcf_callback.served.reload import reload_into
+    from tinymcf_callback.served.reload import Reloader
 
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.02) as server:
         loose = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check_tolerance=0.5)
@@ -434,9 +434,9 @@ def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_pa
             ServedModel(server.url, "served-model"))
         assert unchecked["info"]["self_check"] is None
     with pytest.raises(ServedError, match=r"--reload exited 3 for step 7 \(no such checkpoint\)"):
-        reload_into("echo no such checkpoint >&2; exit 3", str(tmp_path), 7)
+        Reloader("echo no such checkpoint >&2; exit 3").load(str(tmp_path), 7)
     marker = tmp_path / "loaded"
-    reload_into(f"printf '%s|' {{checkpoint}} {{step}} > {marker}", str(tmp_path / "a b"), 4)
+    Reloader(f"printf '%s|' {{checkpoint}} {{step}} > {marker}").load(str(tmp_path / "a b"), 4)
     assert marker.read_text() == f"{tmp_path / 'a b'}|4|"  # one argument, however the folder is named
 
 
