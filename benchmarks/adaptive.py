@@ -39,9 +39,9 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   whole set in the same run.
 
     python examples/validity.py                      # once: the runs (~30 min on 2 idle cores)
-    python benchmarks/adaptive.py                    # rows + simulations + timings (~8 min on 2 idle cores)
-    python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
-    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (~10 / 3 / 2 min:
+    python -m benchmarks.adaptive                    # rows + simulations + timings (~8 min on 2 idle cores)
+    python -m benchmarks.adaptive --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
+    python -m benchmarks.adaptive --from-rows --only coverage   # one section, the others kept (~10 / 3 / 2 min:
                                                                 # coverage, remedies, verdicts)
 """
 
@@ -62,8 +62,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 

@@ -20,14 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.ports import free_port
 
 from tinymcf_callback import Probe
 from tinymcf_callback.errors import ServedError
 from tinymcf_callback.served import ServedModel
 from tinymcf_callback.testing import smollm2_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers.ports import free_port  # noqa: E402
 
 ROOT = Path(os.environ.get("TINYMCF_SERVERS", Path.home() / ".cache" / "tinymcf-servers"))
 VLLM = ROOT / "vllm" / "bin" / "python"
