@@ -56,7 +56,7 @@ from .server import server_setup
 
 POLL_S = 0.5  # between two questions to the server whether it serves the new weights yet
 SENDS = 2  # times one checkpoint is sent to the server (a route asked, or the command run), over all its step's tries
-RESTART = "examples/reload_server.py"  # the route for a server that cannot reload in place, or not exactly
+RESTART = "python -m tinymcf_callback.served.restart"  # for a server that cannot reload in place, or not exactly
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Reloader:
         finally:
             client.close()
         raise ServedError(f"--reload {self.command} cannot give the vLLM at {client.shown} this run's models exactly: "
-                          f"on the CPU, {why}; restart the server on each checkpoint instead: --reload \"python "
+                          f"on the CPU, {why}; restart the server on each checkpoint instead: --reload \""
                           f"{RESTART} --port PORT --name NAME -- vllm serve {{checkpoint}} ...\" (docs/served.md, "
                           "'What a reload verifies')")
 
