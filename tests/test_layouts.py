@@ -123,8 +123,8 @@ def test_a_sweep_says_which_layout_it_found_and_the_saves_it_leaves_for_later(tm
     rl_folders.plain_save(tmp_path, 3, model, tok)  # just written: not steady for the default 5 s
     rc = tinymcf(["sweep", str(tmp_path), *PROBE, "--no-baseline"])
     err = capsys.readouterr().err
-    assert rc == 0 and "holds save_pretrained folders named by their step" in err
-    assert "not complete yet, so not scored now (a later sweep scores them): step_3" in err
+    assert rc == 0 and layouts.LAYOUTS[layouts.PLAIN].described in err
+    assert "step_3" in err  # left for a later sweep, named
     assert not (tmp_path / "moral_probe_scifi.jsonl").exists()
 
 
