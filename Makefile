@@ -77,12 +77,12 @@ docs: install
 # The benchmark times the real lm-evaluation-harness too: a benchmark-only dependency, installed here (not by CI).
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
-	$(BIN)/python benchmarks/bench_scoring.py
-	$(BIN)/python benchmarks/self_check_cost.py
-	$(BIN)/python benchmarks/follow_layouts.py
-	$(BIN)/python benchmarks/figure_cost.py
-	$(BIN)/python benchmarks/adaptive.py $(if $(wildcard runs/validity/shuffled/reports/step-50.json),,--from-rows)  # the validity runs' rows when present
-	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python benchmarks/served_cost.py  # says so and skips without make servers
+	$(BIN)/python -m benchmarks.bench_scoring
+	$(BIN)/python -m benchmarks.self_check_cost
+	$(BIN)/python -m benchmarks.follow_layouts
+	$(BIN)/python -m benchmarks.figure_cost
+	$(BIN)/python -m benchmarks.adaptive $(if $(wildcard runs/validity/shuffled/reports/step-50.json),,--from-rows)  # the validity runs' rows when present
+	TINYMCF_SERVERS=$(SERVERS) $(BIN)/python -m benchmarks.served_cost  # says so and skips without make servers
 
 clean:
 	rm -rf $(VENV) dist build site

@@ -50,9 +50,9 @@ the moments, the interval, the stop), so what is measured is what a probe would 
   whole set in the same run.
 
     python examples/validity.py                      # once: the runs (~30 min on 2 idle cores)
-    python benchmarks/adaptive.py                    # rows + simulations + timings (~8 min on 2 idle cores)
-    python benchmarks/adaptive.py --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
-    python benchmarks/adaptive.py --from-rows --only coverage   # one section, the others kept (1 core: coverage
+    python -m benchmarks.adaptive                    # rows + simulations + timings (~8 min on 2 idle cores)
+    python -m benchmarks.adaptive --from-rows        # the simulations only, from adaptive_rows.json (~25 min)
+    python -m benchmarks.adaptive --from-rows --only coverage  # one section, the others kept (1 core: coverage
                         # ~10 min, remedies ~3, verdicts ~3, steps ~1, nulls ~7, candidates ~12, floor ~1)
 """
 
@@ -74,8 +74,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 

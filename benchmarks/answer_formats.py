@@ -23,9 +23,9 @@ cost only: its answer figures mean nothing). ``clifford`` is prepared into a tem
 the CSV at ``$TINYMCF_CLIFFORD_CSV`` (default ``../shared/data/clifford/vignettes.csv``) unless the
 current home already holds it; without the CSV it is skipped, with a message.
 
-    python benchmarks/answer_formats.py                        # both models, scifi and clifford
-    python benchmarks/answer_formats.py --models smollm2 --sets clifford --repeats 3
-    python benchmarks/answer_formats.py --limit 4 --repeats 1  # smoke run
+    python -m benchmarks.answer_formats                        # both models, scifi and clifford
+    python -m benchmarks.answer_formats --models smollm2 --sets clifford --repeats 3
+    python -m benchmarks.answer_formats --limit 4 --repeats 1  # smoke run
 
 The answer figures are deterministic; the timings depend on the machine's load (the script
 prints the load average before and after).
@@ -43,9 +43,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "examples"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -31,10 +31,10 @@ Memory is ``ru_maxrss`` at the end minus ``ru_maxrss`` after the load, and
 a forward hook records the largest logits tensor the model hands back. Only ratios
 between methods of the same run are meant to be compared; nothing is hard-coded.
 
-    python benchmarks/bench_scoring.py                  # every model, ~15 min on 2 idle cores
-    python benchmarks/bench_scoring.py --quick          # smoke run, fewer prompts
-    python benchmarks/bench_scoring.py --models tiny-qwen3 --out /tmp/bench.json
-    python benchmarks/bench_scoring.py --baseline-ref 8f888ee   # also time the engine of an older commit
+    python -m benchmarks.bench_scoring                  # every model, ~15 min on 2 idle cores
+    python -m benchmarks.bench_scoring --quick          # smoke run, fewer prompts
+    python -m benchmarks.bench_scoring --models tiny-qwen3 --out /tmp/bench.json
+    python -m benchmarks.bench_scoring --baseline-ref 8f888ee   # also time the engine of an older commit
 
 ``--baseline-ref REF`` exports that commit of this repository (``git archive``) to a
 temporary folder and runs *its* ``tinymcf`` worker beside today's, in the same run, as
@@ -57,9 +57,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "examples"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -353,10 +350,11 @@ def run_worker(model_key: str, method: str, args, tmp: Path, script: Path | None
     limit = QUICK_VIGNETTES if args.quick else (args.vignettes or None)
     n_single = QUICK_SINGLE if args.quick else args.single_prompts
     worker_method = method.split("@", 1)[0]
-    cmd = [sys.executable, str(script or Path(__file__).resolve()), "--_worker", model_key, worker_method,
+    cmd = [sys.executable, "-m", "benchmarks.bench_scoring", "--_worker", model_key, worker_method,
            "--_limit", str(limit or 0), "--_single", str(n_single), "--runs", "1", "--_result", str(out)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    root = (script or Path(__file__).resolve()).parents[1]  # its checkout: the package it imports
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
         raise SystemExit(f"worker {model_key}/{method} failed (exit {proc.returncode})")

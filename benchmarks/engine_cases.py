@@ -8,8 +8,8 @@ largest |P(Yes) - P(Yes) alone| of each, the strategy the probe ended on and why
 faster ones. Nothing is hard-coded; tiny random models use ``initializer_range`` 0.125 so that a
 wrong position or mask shows.
 
-    python benchmarks/engine_cases.py                 # tiny cases + SmolLM2 steering and precision (~2 min)
-    python benchmarks/engine_cases.py --flex          # also flex_attention on CPU (compiles: ~2 more min)
+    python -m benchmarks.engine_cases                 # tiny cases + SmolLM2 steering and precision (~2 min)
+    python -m benchmarks.engine_cases --flex          # also flex_attention on CPU (compiles: ~2 more min)
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "examples"):
-    sys.path.insert(0, str(_p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

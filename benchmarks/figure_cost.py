@@ -14,10 +14,10 @@ It prints the medians and each figure cost as a share of the probe measured in t
 of at most 5%, and writes ``benchmarks/figure_cost.json``. Also the first figure of a process (matplotlib's import
 and font cache), paid once.
 
-    python benchmarks/figure_cost.py            # 3 rounds (~6 min on 2 CPU cores)
-    python benchmarks/figure_cost.py --rounds 1 --quick   # per_foundation=2 only
+    python -m benchmarks.figure_cost            # 3 rounds (~6 min on 2 CPU cores)
+    python -m benchmarks.figure_cost --rounds 1 --quick   # per_foundation=2 only
 
-Run it on an otherwise idle machine (``flock /work/.cpu.lock python benchmarks/figure_cost.py`` where machines are
+Run it on an otherwise idle machine (``flock /work/.cpu.lock python -m benchmarks.figure_cost`` where machines are
 shared): the ratios compare runs of one process, but other jobs change how much each part suffers.
 """
 

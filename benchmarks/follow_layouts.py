@@ -15,24 +15,21 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent))
 
 PROBE = ["--per-foundation", "2", "--n-resamples", "0", "--no-progress", "--device", "cpu"]
 
 
 def main() -> None:
     import torch
-    from helpers import rl_folders
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.helpers import rl_folders
     from tinymcf_callback.cli.main import main as tinymcf
     from tinymcf_callback.testing import smollm2_dir
 

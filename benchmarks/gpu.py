@@ -25,8 +25,8 @@ CPU's (kernel launches; GPU time by kind: matrix products, attention, copies and
 self-check's first probe in bfloat16 and in float16 (no false alarm). Last, the callback inside a bfloat16 Trainer
 on the 0.6B shape (its probes against the training's steps). One JSON (``--out``), the issue's targets judged.
 
-    python benchmarks/gpu.py --out gpu.json                  # one H200: about 3 minutes
-    python benchmarks/gpu.py --small --out /tmp/gpu.json     # a dry run on the CPU: tiny models, a few prompts
+    python -m benchmarks.gpu --out gpu.json                  # one H200: about 3 minutes
+    python -m benchmarks.gpu --small --out /tmp/gpu.json     # a dry run on the CPU: tiny models, a few prompts
 
 On a machine without the packages it needs (the lent H200's image has torch and transformers, not lm_eval, the
 tokenizer asset or platformdirs), bring them as wheels (``benchmarks/gpu_wheels.sh``). ``clifford`` is prepared
@@ -51,9 +51,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -301,7 +298,7 @@ def peer_method(run, model, device: str, runs: int) -> dict:
 def lm_eval_peer(model, tok):
     """The harness around ``model``, or the reason it cannot be had (lm_eval not installed or not importable)."""
     try:
-        from bench_scoring import harness_for
+        from benchmarks.bench_scoring import harness_for
         return harness_for(model, tok), None
     except (ImportError, SystemExit, Exception) as e:  # noqa: BLE001 - a missing peer is recorded, not fatal
         return None, f"{type(e).__name__}: {e}"
@@ -333,8 +330,7 @@ def agreement(p, ref) -> float:
 
 def score_set(model, tok, name: str, args, device: str, rate: float, n_params: int) -> dict:
     """Every method on one set: the row of the issue's table, and each method's own record."""
-    from bench_scoring import lm_eval_harness, naive_full_logits
-
+    from benchmarks.bench_scoring import lm_eval_harness, naive_full_logits
     from tinymcf_callback.scoring.prompts import answer_token_ids
 
     limit = SMALL_LIMIT if args.small else None

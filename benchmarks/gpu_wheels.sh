@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_wheels.sh
 #   # device run, carry [".whl"], command:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
-#     export PYTHONPATH=/tmp/site:$PWD && python3 benchmarks/gpu.py --out $OUT/gpu.json --clifford-csv .whl/clifford.csv
+#     export PYTHONPATH=/tmp/site:$PWD && python3 -m benchmarks.gpu --out $OUT/gpu.json --clifford-csv .whl/clifford.csv
 #
 # The Clifford CSV (../shared/data/clifford/vignettes.csv, which does not travel by itself) is copied there too: never
 # into a tracked folder, since the project does not commit the scenario texts.

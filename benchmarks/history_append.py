@@ -9,7 +9,7 @@ when the step's newest line already records the same weights), every line a made
 
 It writes ``benchmarks/history_append.json`` and prints the table.
 
-    python benchmarks/history_append.py            # ~1 min on 2 cores (every append is fsync'd)
+    python -m benchmarks.history_append            # ~1 min on 2 cores (every append is fsync'd)
 """
 
 from __future__ import annotations

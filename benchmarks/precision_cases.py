@@ -12,8 +12,8 @@ alone (the reference), then by the shared-prefix path forced with the self-check
   bfloat16), **after**: the verdict of the check as it is now (a float32 replay of the checked prompts), with the
   strategy the probe ends on. "caught" means the shared path was left.
 
-    python benchmarks/precision_cases.py                        # tiny Llama + SmolLM2 (~20 min on 2 cores)
-    python benchmarks/precision_cases.py --models tiny-llama    # ~1 min
+    python -m benchmarks.precision_cases                        # tiny Llama + SmolLM2 (~20 min on 2 cores)
+    python -m benchmarks.precision_cases --models tiny-llama    # ~1 min
 
 Nothing is hard-coded. bfloat16 and float16 are slow on CPUs, which is why SmolLM2 gets one vignette per
 foundation (56 prompts) and the two defects of the issue's table.
@@ -28,16 +28,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests"):
-    sys.path.insert(0, str(_p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers as T  # noqa: E402
-from helpers.defects import HELD_OUT, TABLE  # noqa: E402
 
+from tests.helpers.defects import HELD_OUT, TABLE  # noqa: E402
 from tinymcf_callback import testing as offline_assets  # noqa: E402
 from tinymcf_callback.probe import Probe  # noqa: E402
 from tinymcf_callback.scoring import selfcheck  # noqa: E402

@@ -12,8 +12,8 @@ makes it for Qwen3-0.6B (:func:`~tinymcf_callback.scoring.batching.batch_size_fo
 ``--ref REF`` the package of that commit is scored instead (``git archive``, run in a subprocess), for a before and
 after of the engine under the same counting:
 
-    python benchmarks/probe_ops.py --set clifford --sizes 8192x64,131072x1024,gpu
-    python benchmarks/probe_ops.py --set clifford --sizes 8192x64,131072x1024 --ref main
+    python -m benchmarks.probe_ops --set clifford --sizes 8192x64,131072x1024,gpu
+    python -m benchmarks.probe_ops --set clifford --sizes 8192x64,131072x1024 --ref main
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ H200_FREE = 137 * 2**30
 def count(name: str, sizes: list[str]) -> list[dict]:
     """Each batch size's probe (unchecked, warm) under the profiler: forward calls, launches, the busiest ops."""
     import torch
-    from gpu import QWEN3, profiled
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
+    from benchmarks.gpu import QWEN3, profiled
     from tinymcf_callback import testing
     from tinymcf_callback.probe import Probe
 
@@ -89,7 +89,7 @@ def at_ref(ref: str, name: str, sizes: list[str]) -> list[dict]:
                                   "configs", "cache"], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         out = Path(tmp) / "out.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(ROOT / "benchmarks")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(ROOT)])}  # that package, these benchmarks
         subprocess.run([sys.executable, __file__, "--set", name, "--sizes", ",".join(sizes), "--out", str(out),
                         "--_here"], env=env, check=True, cwd=tmp)
         return json.loads(out.read_text())["counts"]
@@ -103,12 +103,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="a JSON file for the counts")
     ap.add_argument("--_here", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args._here:  # the exported package, imported before gpu.py puts this checkout on the path
+    if args._here:  # the exported package (first on PYTHONPATH), said so
         import tinymcf_callback
 
         print(f"[ops] the package of {tinymcf_callback.__file__}", flush=True)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    sys.path.insert(0, str(ROOT))
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     if args.ref and "gpu" in sizes:
         ap.error("--ref counts given sizes only (an older package has no GPU plan)")

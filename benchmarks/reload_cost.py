@@ -15,8 +15,8 @@ prepared):
 It writes ``benchmarks/reload_cost.json`` and prints the table docs/served.md shows. Without the servers it says so
 and exits 0.
 
-    python benchmarks/reload_cost.py            # ~25 min on 2 cores
-    python benchmarks/reload_cost.py --price    # 3. only (~8 min), the rest kept from the last full run
+    python -m benchmarks.reload_cost            # ~25 min on 2 cores
+    python -m benchmarks.reload_cost --price    # 3. only (~8 min), the rest kept from the last full run
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 SERVERS = Path(os.environ.get("TINYMCF_SERVERS", Path.home() / ".cache" / "tinymcf-servers"))
 VLLM = SERVERS / "vllm" / "bin" / "python"
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -108,9 +107,9 @@ def main() -> int:
     if not (SERVERS / "vllm" / ".installed").exists():
         print(f"vLLM is not installed in {SERVERS / 'vllm'}: make servers (skipped)")
         return 0
-    from helpers.ports import free_port
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.helpers.ports import free_port
     from tinymcf_callback import Probe
     from tinymcf_callback.cli.main import main as tinymcf
     from tinymcf_callback.served import ServedModel
@@ -181,7 +180,7 @@ def main() -> int:
 
 def price(out: dict, work: Path, tinymcf, smollm2_untied) -> None:
     """3. the check's price, against the probe it checks (the whole scifi set), on a model it can follow exactly."""
-    from helpers.ports import free_port
+    from tests.helpers.ports import free_port
 
     base = smollm2_untied(work / "untied" / "init")
     run = work / "untied" / "run"

@@ -19,9 +19,9 @@ an unchecked probe's forward calls (``torch.utils.flop_counter``) at the rate of
 product on this machine, and where the rest of the time goes (matrix products, attention, the other
 tensor operations, and the time outside them: Python, the prefix plan, scoring), from the profiler.
 
-    python benchmarks/self_check_cost.py             # both precisions, both sizes, 1 + 4 rounds (~20 min, 2 cores)
-    python benchmarks/self_check_cost.py --quick     # per_foundation=2 only, 2 rounds
-    python benchmarks/self_check_cost.py --device cuda  # the same on a GPU (memory read from torch.cuda)
+    python -m benchmarks.self_check_cost             # both precisions, both sizes, 1 + 4 rounds (~20 min, 2 cores)
+    python -m benchmarks.self_check_cost --quick     # per_foundation=2 only, 2 rounds
+    python -m benchmarks.self_check_cost --device cuda  # the same on a GPU (memory read from torch.cuda)
 
 Run it on an otherwise idle machine: the ratios compare runs of one process, but other jobs
 change how much a probe and its check each suffer.

@@ -14,7 +14,7 @@ It prints, per precision: the requests each made (vLLM's own ``vllm:request_succ
 time, the ratio, and how far apart their P(Yes) are, and both against transformers in float32. The
 servers come from ``make servers`` (``$TINYMCF_SERVERS``); without them it says so and exits 0.
 
-    python benchmarks/served_cost.py            # ~4 min on 2 cores
+    python -m benchmarks.served_cost            # ~4 min on 2 cores
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -30,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 SERVERS = Path(os.environ.get("TINYMCF_SERVERS", Path.home() / ".cache" / "tinymcf-servers"))
 VLLM = SERVERS / "vllm" / "bin" / "python"
 CONCURRENCY = 8
@@ -86,9 +84,9 @@ def main() -> int:
         print(f"[served_cost] vLLM is not installed in {SERVERS / 'vllm'}: run `make servers` first; skipped")
         return 0
     import torch
-    from helpers.ports import free_port
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.helpers.ports import free_port
     from tinymcf_callback import Probe
     from tinymcf_callback.scoring.prompts import answer_token_ids
     from tinymcf_callback.served import ServedModel

@@ -8,8 +8,8 @@ wall time of a probe (best of ``--runs``, after a warm-up), and the widths of th
 intervals of the score, the control and score - control, which say how large a change the probe
 can see. Ratios are against the whole set in the same run.
 
-    python benchmarks/subset_intervals.py            # ~3 min on 2 idle cores
-    python benchmarks/subset_intervals.py --quick    # the tiny random Qwen3: mechanics only
+    python -m benchmarks.subset_intervals            # ~3 min on 2 idle cores
+    python -m benchmarks.subset_intervals --quick    # the tiny random Qwen3: mechanics only
 """
 
 from __future__ import annotations

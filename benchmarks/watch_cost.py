@@ -14,8 +14,8 @@ seconds from a checkpoint's ``trainer_state.json`` being written to its line in 
 after the training ended the watcher had the last one. The variants run in ``--rounds`` interleaved
 rounds, each keeping its best time. Only ratios within one run of the script are meant to be compared.
 
-    python benchmarks/watch_cost.py                     # ~6 min on 2 idle cores
-    python benchmarks/watch_cost.py --steps 12 --rounds 1
+    python -m benchmarks.watch_cost                     # ~6 min on 2 idle cores
+    python -m benchmarks.watch_cost --steps 12 --rounds 1
 """
 
 from __future__ import annotations

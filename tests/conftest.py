@@ -25,6 +25,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
+# every process a test starts (torchrun, the CLI as a program, a helper script) imports this tree's package and the
+# helpers, as the test process does (pyproject's pythonpath)
+os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+    [str(ROOT), str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
 from helpers.clifford_like import GeneratedClifford  # noqa: E402
 

@@ -58,9 +58,9 @@ def test_json_prompts_ask_for_json_and_end_in_the_prefilled_key(qwen_tok):
                              + PREFILL[row.frame])
         assert yn.endswith(FRAMES[row.frame] + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:")
     assert JSON_FRAMES == QUESTIONS
-    with pytest.raises(ValueError, match="applies to answer_format='yesno' only"):
+    with pytest.raises(ValueError, match="answer_format='yesno'"):
         format_prompts(qwen_tok, vignettes, "Answer:", answer_format="json")
-    with pytest.raises(ValueError, match="answer_format must be one of 'yesno', 'json'"):
+    with pytest.raises(ValueError, match="'yesno', 'json'"):  # the choices
         format_prompts(qwen_tok, vignettes, answer_format="JSON")
 
 
@@ -90,9 +90,9 @@ def word_tokenizer(words: list[str]):
 def test_a_tokenizer_without_true_or_false_is_refused_for_json_only():
     tok = word_tokenizer(["[UNK]", "[PAD]", "Yes", "No", "true", "truth", "falsely"])
     assert answer_token_ids(tok) == ([2], [3])
-    with pytest.raises(ValueError, match="no single token for false.*answer_format='json'.*'yesno' may work"):
+    with pytest.raises(ValueError, match="false.*answer_format='json'.*'yesno'"):  # the token, the format, the other
         answer_token_ids(tok, "json")
-    with pytest.raises(ValueError, match="no single token for false"):
+    with pytest.raises(ValueError, match="false"):
         Probe(tok, "scifi", 1, answer_format="json")  # refused when built, not at the first checkpoint
 
 
@@ -184,7 +184,7 @@ def test_reports_metrics_and_history_lines_name_their_format(probes, tmp_path):
 
 def test_compare_refuses_two_formats_naming_both(probes, tmp_path, capsys):
     yn, js = (probes[f].report(made_up(probes[f]), elapsed=1.0) for f in ("yesno", "json"))
-    with pytest.raises(CompareError, match="answer format 'yesno' and B with 'json'.*--answer-format"):
+    with pytest.raises(CompareError, match="'yesno'.*'json'.*--answer-format"):
         compare(yn, js)
     old = {k: v for k, v in report_to_json(yn).items() if k != "answer_format"}  # a report from before formats
     with pytest.raises(CompareError, match="'json' and B with 'yesno'"):
@@ -213,12 +213,12 @@ def test_plot_refuses_two_formats_in_one_history_or_one_figure(probes, tmp_path)
         return path
 
     mixed = write(tmp_path / "mixed" / "moral_probe_scifi.jsonl", "yesno", "json")
-    with pytest.raises(HistoryError, match="mixes answer formats 'json' \\(first at line 2\\) and 'yesno'"):
+    with pytest.raises(HistoryError, match="'json'.*line 2.*'yesno'"):
         load_history(mixed)
     a = write(tmp_path / "a" / "moral_probe_scifi.jsonl", "yesno", "yesno")
     b = write(tmp_path / "b" / "moral_probe_scifi_json.jsonl", "json", "json")
     assert load_history(b).answer_format == "json" and load_history(a).answer_format == "yesno"
-    with pytest.raises(HistoryError, match="different answer formats.*'yesno' answers.*'json'"):
+    with pytest.raises(HistoryError, match="'yesno'.*'json'"):
         load_histories([a, b])
 
 

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))  # the example scripts, imported as modules
+from examples import demo, validity
 
-import demo  # noqa: E402
-import validity  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _words(text: str) -> set[str]:

@@ -21,7 +21,7 @@ KEY = "eval_moral_scifi/score"
 
 
 def _run(cmd, tmp):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.mark.slow
 def test_fsdp_v1_and_v2_score_like_the_unwrapped_model(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [*torchrun(2),
            str(HERE / "helpers" / "fsdp_probe_script.py"), str(tmp_path)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)

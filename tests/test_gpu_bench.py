@@ -6,15 +6,10 @@ profiles, the first self-checks in bfloat16 and float16, and the callback in a T
 """
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu  # noqa: E402
+from benchmarks import gpu
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 The parts, from the bottom up (a module may import its own part and the parts below it):
 
-    base      _io, errors, extras, _version, apiclient (no part of the package)
+    base      _io, errors, extras, _version, apiclient, registry (no part of the package)
     data      data/                                    the home, the vignette sets and their rewrites
     scoring   scoring/                                 prompts, models, batching, the engine, its self-check
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
@@ -19,7 +19,11 @@ command line uses it. ``testing.py`` (models for tests and the demo) imports no 
 
 An import is any tie a reader or a tool can follow: ``import``/``from`` statements at the top, inside
 functions or under ``TYPE_CHECKING``, and a string naming a module of the package
-(``importlib.import_module(".results.report", ...)``, a table of lazy exports).
+(``importlib.import_module(".results.report", ...)``, a table of lazy exports). A lazy entry of one of the
+package's tables (``"tinymcf_callback.follow.sharded:load_fsdp"``, a weight format's loader, resolved by
+``registry.resolve`` when the record is used) is a tie too, unless the module it names imports the one naming it:
+then it is that table's plug-in (the implementation depends on the record, never the record on it at import), the
+way lm-evaluation-harness's registry names its models. Every lazy entry must name something that is there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import tinymcf_callback
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
 LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "uses", "cli", "init")
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
+           "registry": "base",
            "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers",
            "probe": "probe", "config": "probe", "loading": "probe", "stopping": "probe",
            "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli",
@@ -80,9 +85,29 @@ def imported(module: str, path: Path) -> set[str]:
                 out.update(f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}"))
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("tinymcf_callback"))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _lazy_entry(node.value):
             out.update(_named_module(package, node.value))
     return {t for t in out if t != "tinymcf_callback"}
+
+
+def _lazy_entry(text: str) -> str | None:
+    """The module a lazy table entry ``"tinymcf_callback.x.y:attribute"`` names, or None for any other string."""
+    name, colon, attribute = text.partition(":")
+    if not colon or not name.startswith("tinymcf_callback.") or not attribute.isidentifier():
+        return None
+    return name if _is_module(name) else None
+
+
+def lazy_entries(path: Path) -> set[str]:
+    """Every lazy table entry written in the module at ``path``."""
+    return {node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _lazy_entry(node.value)}
+
+
+def lazy_ties(module: str, path: Path, static: dict[str, set[str]]) -> set[str]:
+    """The modules ``module``'s lazy entries name that are not its plug-ins (``static``: the imports' ties)."""
+    named = {_lazy_entry(entry) for entry in lazy_entries(path)}
+    return {target for target in named if module not in static.get(target, set())}
 
 
 def _named_module(package: str, text: str) -> set[str]:
@@ -109,7 +134,8 @@ def _is_module(name: str) -> bool:
 
 
 def graph() -> dict[str, set[str]]:
-    return {module: imported(module, path) for module, path in modules()}
+    static = {module: imported(module, path) for module, path in modules()}
+    return {module: static[module] | lazy_ties(module, path, static) for module, path in modules()}
 
 
 def test_imports_run_one_way():
@@ -157,6 +183,25 @@ def test_the_layering_check_sees_every_kind_of_tie(tmp_path, code, seen):
     assert part(seen) not in MAY_IMPORT["scoring"]
 
 
+def test_a_lazy_entry_is_a_tie_unless_it_names_a_plug_in(tmp_path):
+    """Guard: a lazy entry naming a higher module that does not import the one naming it is an upward tie."""
+    bad = tmp_path / "engine.py"
+    bad.write_text('LOADER = "tinymcf_callback.cli.main:main"\n')
+    assert imported("tinymcf_callback.scoring.engine", bad) == set()
+    engine, cli = "tinymcf_callback.scoring.engine", "tinymcf_callback.cli.main"
+    assert lazy_ties(engine, bad, {cli: set()}) == {cli}
+    assert lazy_ties(engine, bad, {cli: {engine}}) == set()  # cli.main imports the engine: a plug-in of its table
+
+
+def test_every_lazy_entry_names_what_is_there():
+    from tinymcf_callback.registry import resolve
+
+    entries = {entry for _, path in modules() for entry in lazy_entries(path)}
+    assert entries, "no lazy entries found: the check would pass on nothing"
+    for entry in sorted(entries):
+        assert callable(resolve(entry)), entry
+
+
 def test_the_circle_check_finds_a_circle(monkeypatch):
     fake = {"tinymcf_callback.a": {"tinymcf_callback.b"}, "tinymcf_callback.b": {"tinymcf_callback.a"}}
     monkeypatch.setattr(sys.modules[__name__], "graph", lambda: fake)
@@ -167,7 +212,7 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
 def test_the_top_level_holds_only_the_composition_and_the_base():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "_io", "_version", "apiclient", "config", "errors", "extras", "loading",
-                   "probe", "stopping", "testing"]
+                   "probe", "registry", "stopping", "testing"]
 
 
 def test_the_public_names_are_the_lazy_table_and_each_resolves():

@@ -23,6 +23,7 @@ from helpers import rl_folders
 from helpers.runs import history
 
 from tinymcf_callback.cli.main import main as tinymcf
+from tinymcf_callback.errors import RegistryError
 from tinymcf_callback.follow import sharded
 from tinymcf_callback.rundir import layouts
 from tinymcf_callback.rundir.checkpoints import FORMATS, Checkpoint, Format, fingerprint, weight_files
@@ -122,8 +123,8 @@ def test_a_sweep_says_which_layout_it_found_and_the_saves_it_leaves_for_later(tm
     rl_folders.plain_save(tmp_path, 3, model, tok)  # just written: not steady for the default 5 s
     rc = tinymcf(["sweep", str(tmp_path), *PROBE, "--no-baseline"])
     err = capsys.readouterr().err
-    assert rc == 0 and "holds save_pretrained folders named by their step" in err
-    assert "not complete yet, so not scored now (a later sweep scores them): step_3" in err
+    assert rc == 0 and layouts.LAYOUTS[layouts.PLAIN].described in err
+    assert "step_3" in err  # left for a later sweep, named
     assert not (tmp_path / "moral_probe_scifi.jsonl").exists()
 
 
@@ -244,17 +245,14 @@ def _load_toy(checkpoint: Checkpoint, base_model, *, dtype: str, device: str):
 
 @pytest.fixture
 def toy_layout():
-    """The made-up trainer's layout: one record (and, as its saves hold a format of their own, that format's loader),
-    taken out of the tables again afterwards."""
-    before = dict(layouts.LAYOUTS), dict(FORMATS), dict(sharded.LOADERS)
-    form = Format(TOY_FORMAT, lambda folder: [folder / "weights.pt"] if (folder / "weights.pt").is_file() else [])
-    layout = layouts.register_layout(layouts.Layout("toyrl", "toyrl policy_v<N> folders",
-                                                    layouts.named_saves(TOY_NAME), _read_toy, formats=(form,)))
-    sharded.loads(TOY_FORMAT)(_load_toy)
-    yield layout
-    for table, kept in zip((layouts.LAYOUTS, FORMATS, sharded.LOADERS), before, strict=True):
-        table.clear()
-        table.update(kept)
+    """The made-up trainer's layout: one record (its saves hold a format of their own, whose record brings its
+    loader), registered for the test only (the tables' own scoped registration)."""
+    form = Format(TOY_FORMAT, lambda folder: [folder / "weights.pt"] if (folder / "weights.pt").is_file() else [],
+                  _load_toy)
+    with layouts.LAYOUTS.scoped(), FORMATS.scoped():
+        yield layouts.register_layout(layouts.Layout("toyrl", "toyrl policy_v<N> folders",
+                                                     layouts.named_saves(TOY_NAME), _read_toy, formats=(form,)))
+    assert "toyrl" not in layouts.LAYOUTS and TOY_FORMAT not in FORMATS
 
 
 def test_a_registered_layout_is_found_read_and_fingerprinted_by_its_record_alone(tmp_path, small, toy_layout):
@@ -269,7 +267,7 @@ def test_a_registered_layout_is_found_read_and_fingerprinted_by_its_record_alone
     assert fingerprint(folder, TOY_FORMAT) is not None
     (folder / "SAVED").unlink()  # the trainer's last write not there yet: not complete
     assert read_save("toyrl", 5, folder, tmp_path) is None
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(RegistryError, match="'toyrl'"):
         layouts.register_layout(toy_layout)
 
 

@@ -115,8 +115,7 @@ def test_models_passed_by_mistake_get_one_clear_error_before_any_forward(make, s
     for run in (probe.score, probe.run, lambda m: evaluate(m, qwen_tok, limit=1, verbose=False)):
         with pytest.raises(UnsupportedModelError, match=says) as err:
             run(model)
-        assert "causal (decoder-only) language model with its language-model head" in str(err.value)
-        assert "AutoModelForCausalLM" in str(err.value)
+        assert "AutoModelForCausalLM" in str(err.value)  # the class that loads one the probe can read
     assert calls == []
 
 
@@ -139,7 +138,7 @@ def test_legitimate_causal_lms_are_accepted(qwen_tok):
     remote = RemoteCodeLM(T.LlamaConfig(**SMALL, auto_map={"AutoModelForCausalLM": "modeling_x.RemoteCodeLM"}))
     check_causal_lm(remote)
     remote.config.auto_map = None
-    with pytest.raises(UnsupportedModelError, match="RemoteCodeLM has no language-model head"):
+    with pytest.raises(UnsupportedModelError, match="RemoteCodeLM"):
         check_causal_lm(remote)
 
 

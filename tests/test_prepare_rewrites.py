@@ -97,7 +97,7 @@ def test_bad_user_files(tmp_path, capsys, rows, header, message):
 def test_bad_jsonl_names_the_line(tmp_path):
     src = tmp_path / "x.jsonl"
     src.write_text('{"text": "You see a.", "foundation": "Care"}\n{"text": "You see b.", "foundation": "Hope"}\n')
-    with pytest.raises(PrepareError, match=r"x\.jsonl: line 2: unknown foundation label 'Hope'"):
+    with pytest.raises(PrepareError, match=r"x\.jsonl: line 2: .*'Hope'"):
         read_user_source(src)
 
 
@@ -205,7 +205,7 @@ def test_exhausted_retries_are_reported_not_cached(tmp_path, llm, capsys):
     rc, out, err = cli(capsys, "prepare", "--name", "myset", "--source", my_csv(tmp_path), *api(llm), "--limit", "1",
                        "--concurrency", "1", "--retries", "2")
     assert rc == 1
-    assert "2 done, 1 failed" in out and "server error (500), gave up after 3 tries" in out
+    assert "2 done, 1 failed" in out and "(500)" in out and "3 tries" in out
     assert len(cache_lines(folders().cache / "myset.jsonl")) == 2
 
 
@@ -286,7 +286,7 @@ def test_backoff_doubles_up_to_its_cap(llm):
     clock = FakeClock()
     client = ChatClient(llm.base_url, KEY, timeout=5, retries=8, backoff=1.0, cancel=clock)
     llm.faults.extend(["500"] * 9)
-    with pytest.raises(ItemFailed, match="server error \\(500\\), gave up after 9 tries"):
+    with pytest.raises(ItemFailed, match="500.*9 tries"):
         client.chat("good-model", rewrite_messages(ROW, "self_violate"))
     assert llm.count(status=500) == 9
     nominal = [1, 2, 4, 8, 16, 30, 30, 30]  # uncapped, the last two would be at least 48 and 96 s

@@ -10,12 +10,14 @@ import zipfile
 
 import pytest
 import torch
+from helpers.cli_checks import names
 from helpers.fake_served import FakeServed
 from helpers.runs import assert_same_numbers, clone, history
 from helpers.served_runs import numbers, saved_run
 
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.rundir.checkpoints import cut_short, fingerprint
+from tinymcf_callback.served.reload import RESTART
 from tinymcf_callback.testing import tiny_qwen3
 
 PROBE = ["--limit", "2", "--n-resamples", "0", "--no-progress", "--report-to", "none"]
@@ -104,7 +106,7 @@ def test_a_weight_update_route_is_asked_at_most_twice_for_one_checkpoint(tmp_pat
         sent = reloads(server)
     assert rc == 1 and len(sent) == 2 and completions(server) == 0
     [line] = history(run)
-    assert line["event"] == "unreadable" and "sent 2 times without taking" in line["info"]["unreadable"]
+    assert line["event"] == "unreadable" and "2 times" in line["info"]["unreadable"]  # SENDS, then given up
 
 
 # ---- what a reload is trusted with ------------------------------------------------------------------------------
@@ -164,8 +166,8 @@ def test_a_tied_model_on_a_vllm_on_the_cpu_is_refused_before_anything_is_scored(
         asked = [route for route, _ in server.requests]
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
     assert rc == 2 and len(err) == 1, err
-    assert "--reload vllm cannot give the vLLM at" in err[0] and "this run's models exactly" in err[0]
-    assert "examples/reload_server.py" in err[0] and "tie_word_embeddings" in err[0]
+    names(err[0], "--reload vllm")
+    assert RESTART in err[0] and "tie_word_embeddings" in err[0]
     assert "/collective_rpc" not in asked and "/v1/completions" not in asked
     assert not (run / "moral_probe_scifi.jsonl").exists() or history(run) == []
 
@@ -185,8 +187,8 @@ def test_adapters_that_train_the_output_layer_on_a_vllm_on_the_cpu_are_refused(t
         err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
         assert rc == status, err
         if status:
-            assert len(err) == 1 and "--reload lora cannot give the vLLM" in err[0] and "lm_head" in err[0]
-            assert "examples/reload_server.py" in err[0] and "/v1/load_lora_adapter" not in asked
+            assert len(err) == 1 and "--reload lora" in err[0] and "lm_head" in err[0]
+            assert RESTART in err[0] and "/v1/load_lora_adapter" not in asked
         else:
             lines = history(run)
             assert [x["step"] for x in lines] == [0, 1]
@@ -214,5 +216,4 @@ def test_a_server_that_dies_after_a_reload_is_not_blamed_on_the_probe_alone(tmp_
                       "--request-retries", "0", *PROBE])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "stopped answering during the probe" in err and "it had just been given step 0" in err
-    assert "a reload that left it broken, or the probe's own requests, may have caused it" in err
+    names(err, "step 0 (", "by --reload vllm")  # the step the server had just been given, and by which route

@@ -281,11 +281,8 @@ def test_an_sd_floor_of_025_covers_a_population_with_rare_extremes_where_the_seq
     real rows at step 0 with 2 of 51 vignettes at the top of align_other's range, sets drawn from it): the stopped
     interval covers its value far less often than 95%, and with ``sd_floor=0.25`` at least 94%."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import adaptive
+    from benchmarks import adaptive
 
     rows = json.loads(adaptive.ROWS.read_text())["rows"]
     pop = adaptive.with_extremes(adaptive.as_scores(rows["smollm2/step-0"]))

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.cli_checks import names
 from helpers.fake_served import FakeServed
 from helpers.served_runs import numbers, saved_run
 
@@ -131,15 +132,16 @@ def test_processed_logprobs_at_the_pinned_settings_are_scored_exactly(probe, tin
 
 def test_a_processed_server_that_ignores_a_pinned_setting_is_refused(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", processed="ignores pins") as server:
-        with pytest.raises(ServedError, match="does not honour a pinned setting.*--logprobs-mode raw_logprobs"):
+        with pytest.raises(ServedError) as refused:
             probe.run(ServedModel(server.url, "served-model"))
+        names(refused.value, "--logprobs-mode raw_logprobs", "--form echo")  # the two fixes
         scored = [b for route, b in server.requests if route == "/v1/completions" and "logprob_token_ids" in b]
     assert len(scored) == 3  # refused after the check: nothing else was scored
 
 
 def test_an_order_dependent_server_fails_the_self_check(probe, tiny_qwen):
     with (FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.5) as server,
-          pytest.raises(ServedError, match="served self-check failed.*depend on request order, batching")):
+          pytest.raises(ServedError, match="self-check")):
         probe.run(ServedModel(server.url, "served-model", concurrency=1))
 
 
@@ -149,10 +151,9 @@ def test_a_forced_temperature_is_said_to_change_the_distribution_and_where_to_lo
     second route can; its line says the distribution is not the model's and where that comes from, and does not
     offer a looser tolerance."""
     with (FakeServed(tiny_qwen, probe.tok, kind="vllm", processed=True, forced_temperature=0.7) as server,
-          pytest.raises(ServedError, match="answers one prompt .* with two distributions.*not the model's own "
-                                           "distribution.*forced on every request by the server's defaults or by a "
-                                           "proxy.*--form echo") as err):
+          pytest.raises(ServedError) as err):
         probe.run(ServedModel(server.url, "served-model"))
+    names(err.value, "--form echo")  # a temperature the server forces: the prompt's own log-probabilities are raw
     assert "tolerance" not in str(err.value) and "\n" not in str(err.value)
 
 
@@ -189,9 +190,9 @@ def test_a_lora_server_shared_with_another_client_is_never_sent_prompt_log_proba
             stop.set()
             other.join(10)
         echoed = [b for route, b in server.requests if route == "/v1/completions" and b.get("echo")]
-        with pytest.raises(ServedError, match="--form echo asks for prompt log-probabilities, which kill a vLLM with "
-                                              "LoRA adapters .*use --form logprob_token_ids"):
+        with pytest.raises(ServedError) as refused:
             probe.run(ServedModel(server.url, "policy", form="echo"))
+        names(refused.value, "--form echo", "--form logprob_token_ids")
     assert server.died is None and echoed == []
     backend = report["info"]["backend"]
     assert backend["form"] == "logprob_token_ids" and backend["check_form"] == "top_logprobs"
@@ -243,8 +244,9 @@ def test_a_request_that_times_out_is_not_sent_again_and_the_message_names_the_ti
         server.completion_faults.extend(["ok"] * 3 + ["slow"])  # the log-probability check's three, then slow
         # "slow" never answers before the client gives up, whatever the machine's speed; the timeout is far above what
         # the check's ordinary answers take (a tiny model's forward, ~0.05 s) even on a loaded machine
-        with pytest.raises(ServedError, match=r"did not answer /v1/completions within 4 s: raise --request-timeout"):
+        with pytest.raises(ServedError) as refused:
             probe.run(ServedModel(server.url, "served-model", timeout=4, concurrency=1))
+        names(refused.value, "/v1/completions", "4 s", "--request-timeout")
         slow = [b for route, b in server.requests if route == "/v1/completions"]
     assert len(slow) == 4  # three for the check, one that timed out: never a second copy of it
 
@@ -253,12 +255,13 @@ def test_one_line_errors_and_the_key_is_never_shown(probe, tiny_qwen, monkeypatc
     secret = "sk-test-secret-123456"
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", api_key=secret) as server:
         monkeypatch.setenv("TINYMCF_API_KEY", "sk-wrong-key-999999")
-        with pytest.raises(ServedError, match=r"refused .*\(401\): the key from \$TINYMCF_API_KEY") as err:
+        with pytest.raises(ServedError, match=r"401.*\$TINYMCF_API_KEY") as err:
             probe.run(ServedModel(server.url, "served-model", retries=0))
         assert "sk-wrong-key-999999" not in str(err.value)  # the server echoed it; the message does not
         monkeypatch.setenv("TINYMCF_API_KEY", secret)
-        with pytest.raises(ServedError, match="serves 'served-model', not 'other': pass one of those with --model"):
+        with pytest.raises(ServedError) as refused:
             probe.run(ServedModel(server.url, "other"))
+        names(refused.value, "'served-model'", "'other'", "--model")
         report = probe.run(ServedModel(server.url, "served-model"))
     assert secret not in json.dumps(report["info"], default=str)
     with pytest.raises(ServedError, match="is not answering"):
@@ -269,7 +272,7 @@ def test_one_line_errors_and_the_key_is_never_shown(probe, tiny_qwen, monkeypatc
 
 def test_a_token_id_the_served_model_lacks_is_one_line(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", vocab=1000) as server, \
-            pytest.raises(ServedError, match=r"refused the request to /v1/completions \(400\): .*out of vocabulary"):
+            pytest.raises(ServedError, match=r"/v1/completions \(400\)"):
         probe.run(ServedModel(server.url, "served-model"))
 
 
@@ -424,7 +427,7 @@ def test_llama_cpp_asks_the_whole_vocabulary_when_an_answer_token_is_below_the_t
 
 
 def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_path):
-    from tinymcf_callback.served.reload import reload_into
+    from tinymcf_callback.served.reload import Reloader
 
     with FakeServed(tiny_qwen, probe.tok, kind="vllm", drift=0.02) as server:
         loose = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check_tolerance=0.5)
@@ -433,10 +436,11 @@ def test_the_probe_settings_reach_the_served_self_check(probe, tiny_qwen, tmp_pa
         unchecked = Probe(probe.tok, **TOKENIZER_SETTINGS, self_check=False).run(
             ServedModel(server.url, "served-model"))
         assert unchecked["info"]["self_check"] is None
-    with pytest.raises(ServedError, match=r"--reload exited 3 for step 7 \(no such checkpoint\)"):
-        reload_into("echo no such checkpoint >&2; exit 3", str(tmp_path), 7)
+    with pytest.raises(ServedError) as failed:
+        Reloader("echo no such checkpoint >&2; exit 3").load(str(tmp_path), 7)
+    names(failed.value, "exited 3", "step 7", "no such checkpoint")  # the status, the step, the command's last line
     marker = tmp_path / "loaded"
-    reload_into(f"printf '%s|' {{checkpoint}} {{step}} > {marker}", str(tmp_path / "a b"), 4)
+    Reloader(f"printf '%s|' {{checkpoint}} {{step}} > {marker}").load(str(tmp_path / "a b"), 4)
     assert marker.read_text() == f"{tmp_path / 'a b'}|4|"  # one argument, however the folder is named
 
 
@@ -462,9 +466,9 @@ def test_a_followed_run_asks_one_served_model_whose_checked_prompts_rotate_over_
 
 def test_llama_cpp_pythons_own_server_is_named_in_one_line_with_what_to_run_instead(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="llama-cpp-python") as server:
-        with pytest.raises(ServedError, match="is llama-cpp-python's Python server .* takes no token-id prompts: serve "
-                                              "the GGUF with llama.cpp's own server instead .*llama-server"):
+        with pytest.raises(ServedError) as refused:
             probe.run(ServedModel(server.url, "served-model"))
+        names(refused.value, "llama-cpp-python", "llama-server")
         sent = [route for route, _ in server.requests if route == "/v1/completions"]
     assert sent == []  # named before a prompt is sent, so never retried
 
@@ -475,20 +479,19 @@ def test_a_server_that_refuses_token_id_prompts_is_said_at_its_first_answer_with
 
     monkeypatch.setattr(server_module, "refuse_python_llama_cpp", lambda client: None)  # as if it did not say its name
     with FakeServed(tiny_qwen, probe.tok, kind="llama-cpp-python") as server:
-        with pytest.raises(ServedError, match="takes no token-id prompts .*Input should be a valid string.*serve the "
-                                              "model with vLLM, SGLang or llama.cpp's own llama-server") as err:
+        with pytest.raises(ServedError) as err:
             probe.run(ServedModel(server.url, "served-model"))
         sent = [route for route, _ in server.requests if route == "/v1/completions"]
+    names(err.value, "Input should be a valid string", "llama-server")  # the server's own words, the fix
     assert len(sent) == 1 and "\n" not in str(err.value)
 
 
 def test_a_server_that_goes_away_during_the_probe_is_said_to_maybe_be_the_probes_doing(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
         server.completion_faults.extend(["ok"] * 5 + ["die"])
-        with pytest.raises(ServedError, match=r"stopped answering during the probe, after answering \d+ of its "
-                                              r"requests: the probe's own requests may have caused it .*--check-form "
-                                              r"logprob_token_ids or --no-self-check.*--concurrency 1") as err:
+        with pytest.raises(ServedError) as err:
             probe.run(ServedModel(server.url, "served-model", retries=1))
+    names(err.value, "--check-form logprob_token_ids", "--no-self-check", "--concurrency 1")  # the three ways round it
     assert "\n" not in str(err.value)
 
 
@@ -535,16 +538,16 @@ def test_a_reload_that_does_not_take_leaves_the_step_unscored(tmp_path, qwen_tok
         scored = [b for route, b in server.requests if route == "/v1/completions"]
     err = capsys.readouterr().err
     assert rc == 1 and scored == []  # never scored on the old weights
-    assert "--reload vllm could not load step 1" in err and "still answers with weight version 'initial'" in err
+    names(err, "--reload vllm", "step 1", "'initial'")  # the route, the step, the version it still answers
     lines = [json.loads(x) for x in (run / "moral_probe_scifi.jsonl").read_text().splitlines()]
     assert [(x["step"], x["event"]) for x in lines] == [(1, "unreadable")]
 
 
 @pytest.mark.slow  # subprocesses
-def test_the_reload_example_restarts_a_server_on_each_checkpoint(tmp_path):
-    """examples/reload_server.py, as docs/served.md runs it: the server of the step before stops, the next one serves;
-    a port another process holds is refused (that server would answer for the checkpoint); the server goes when the
-    follower that ran the script does, or with --stop."""
+def test_the_restart_route_restarts_a_server_on_each_checkpoint(tmp_path):
+    """The restart route (python -m tinymcf_callback.served.restart), as docs/served.md runs it: the server of the step
+    before stops, the next one serves; a port another process holds is refused (that server would answer for the
+    checkpoint); the server goes when the follower that ran it does, or with --stop."""
     import urllib.request
 
     from helpers.ports import free_port
@@ -563,13 +566,13 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
 """
     (tmp_path / "server.py").write_text(server)
-    example = Path(__file__).resolve().parents[1] / "examples" / "reload_server.py"
+    example = ["-m", "tinymcf_callback.served.restart"]
     state = tmp_path / "state.pid"
     follower = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # stands in for tinymcf
     env = {**os.environ, "TINYMCF_PID": str(follower.pid)}
 
     def reload(checkpoint: str, *, on: int = port, by: dict = env) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(example), "--port", str(on), "--name", "policy", "--timeout", "30",
+        return subprocess.run([sys.executable, *example, "--port", str(on), "--name", "policy", "--timeout", "30",
                                "--state", str(state), "--", sys.executable, str(tmp_path / "server.py"), checkpoint,
                                str(on)], capture_output=True, text=True, timeout=120,
                               env={**by, "TINYMCF_CHECKPOINT": checkpoint})
@@ -592,7 +595,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
         while serving() is not None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert serving() is None
-        failed = subprocess.run([sys.executable, str(example), "--port", str(free_port()), "--name", "policy",
+        failed = subprocess.run([sys.executable, *example, "--port", str(free_port()), "--name", "policy",
                                  "--timeout", "5", "--state", str(tmp_path / "other.pid"), "--", sys.executable, "-c",
                                  "print('no such model'); raise SystemExit(1)"], capture_output=True, text=True)
         assert failed.returncode == 1 and "no such model" in failed.stderr
@@ -608,7 +611,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
         assert serving(taken) == "old-weights" and other.poll() is None
         by_hand = {k: v for k, v in env.items() if k != "TINYMCF_PID"}  # run by hand: no follower to wait for
         assert reload("checkpoint-4", by=by_hand).returncode == 0 and serving() == "checkpoint-4"
-        assert subprocess.run([sys.executable, str(example), "--port", str(port), "--state", str(state),
+        assert subprocess.run([sys.executable, *example, "--port", str(port), "--state", str(state),
                                "--stop"]).returncode == 0
         assert serving() is None and not state.exists()
     finally:
@@ -616,4 +619,4 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
         if other is not None:
             other.kill()
         if state.exists():
-            subprocess.run([sys.executable, str(example), "--port", str(port), "--state", str(state), "--stop"])
+            subprocess.run([sys.executable, *example, "--port", str(port), "--state", str(state), "--stop"])

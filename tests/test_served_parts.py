@@ -12,6 +12,7 @@ import math
 import threading
 
 import pytest
+from helpers.cli_checks import names
 
 from tinymcf_callback.errors import ServedError
 from tinymcf_callback.served import ServedConfig
@@ -68,10 +69,12 @@ def test_logprob_token_ids_asks_for_every_answer_id_of_several_prompts_in_one_re
 def test_logprob_token_ids_refuses_an_answer_without_them_and_a_wrong_number_of_choices():
     f = form(LogprobTokenIds)
     older = completion([{"logprobs": {"top_logprobs": [{"token_id:7": -0.5}]}}])  # a server that ignored them
-    with pytest.raises(ServedError, match="did not return logprob_token_ids .* use --form echo"):
+    with pytest.raises(ServedError) as refused:
         f.parse(older, [A])
-    with pytest.raises(ServedError, match="gave 1 choice\\(s\\) with logprobs .* for 2 prompt\\(s\\)"):
+    names(refused.value, "logprob_token_ids", "--form echo")
+    with pytest.raises(ServedError) as refused:
         f.parse(older, [A, B])
+    names(refused.value, "1 choice", "2 prompt")
     with pytest.raises(ServedError, match="0 choice"):
         f.parse({"choices": [{"index": 0, "logprobs": None}]}, [A])
 
@@ -96,8 +99,9 @@ def test_sglang_takes_a_batch_of_input_ids_and_answers_a_list():
     readings = f.parse([one(0.0), one(1.0)], [A, B])
     assert [r.logp[YES[0]] for r in readings] == [-1.0, -2.0] and readings[0].top[0] == (42, -0.1)
     assert f.parse(one(0.0), [A])[0].logp[NO[1]] == -1.0  # one prompt: one answer, not a list
-    with pytest.raises(ServedError, match="gave 1 answer\\(s\\) on /generate for 2 prompt"):
+    with pytest.raises(ServedError) as refused:
         f.parse([one(0.0)], [A, B])
+    names(refused.value, "1 answer", "/generate", "2 prompt")
 
 
 # ---- llama.cpp: n_probs ------------------------------------------------------------------------------------------
@@ -135,10 +139,11 @@ def test_echo_refuses_a_server_that_re_tokenized_the_prompt_or_echoed_nothing():
     f = form(Echo)
     retokenized = completion([{"logprobs": {"tokens": ["token_id:1", "token_id:2", "token_id:3", "token_id:99"],
                                             "token_logprobs": [None, -1, -1, -1]}}])
-    with pytest.raises(ServedError, match="echoed token 'token_id:99' where the answer token 9454 was sent"):
+    with pytest.raises(ServedError) as refused:
         f.parse(retokenized, [A], only=[YES[0]])
+    names(refused.value, "'token_id:99'", "9454")  # what came back, what was sent
     silent = completion([{"logprobs": {"tokens": [], "token_logprobs": [-0.3]}}])
-    with pytest.raises(ServedError, match="did not echo the prompt's log-probabilities"):
+    with pytest.raises(ServedError, match="echo"):
         f.parse(silent, [A], only=[YES[0]])
 
 

@@ -75,7 +75,7 @@ def test_lint_accepts_a_clean_rewrite():
 
 
 def test_unknown_set_lists_available_and_the_home(tinymcf_home):
-    with pytest.raises(ProbeDataError, match=r"unknown vignette set 'nope'.*available: clifford, scifi") as e:
+    with pytest.raises(ProbeDataError, match=r"'nope'.*clifford, scifi") as e:  # the name, the sets there are
         load_vignettes("nope")
     assert f"read from {tinymcf_home / 'sets'}" in str(e.value) and "--home DIR" in str(e.value)
 
@@ -105,10 +105,10 @@ def test_malformed_cache_line_names_file_and_line(tmp_path):
     with pytest.raises(ProbeDataError, match=r"c\.jsonl:2"):
         RewriteCache([tmp_path])
     (tmp_path / "c.jsonl").write_text(good + "\n" + good.replace("self_uphold", "self_destruct") + "\n")
-    with pytest.raises(ProbeDataError, match=r"c\.jsonl:2: unknown condition 'self_destruct'"):
+    with pytest.raises(ProbeDataError, match=r"c\.jsonl:2: .*'self_destruct'"):
         RewriteCache([tmp_path])
     (tmp_path / "c.jsonl").write_text(json.dumps({"source_md5": "0" * 32, "condition": "self_uphold"}) + "\n")
-    with pytest.raises(ProbeDataError, match=r"c\.jsonl:1: rewrite cache entry lacks text, producer, rules_version"):
+    with pytest.raises(ProbeDataError, match=r"c\.jsonl:1: .*text, producer, rules_version"):
         RewriteCache([tmp_path])
 
 
@@ -124,10 +124,10 @@ def test_malformed_set_line_names_file_and_line(tmp_path):
     ok = {"id": md5(text), "foundation": "Care (e)", "foundation_coarse": "Care", "text": text}
     p = tmp_path / "s.jsonl"
     p.write_text(json.dumps(ok) + "\n" + json.dumps({**ok, "id": "f" * 32}) + "\n")
-    with pytest.raises(ProbeDataError, match=r"s\.jsonl:2: id f+ is not the md5"):
+    with pytest.raises(ProbeDataError, match=r"s\.jsonl:2: .*f+.*md5"):
         read_set_file(p, "s")
     p.write_text(json.dumps({**ok, "foundation_coarse": "Purity"}) + "\n")
-    with pytest.raises(ProbeDataError, match=r"s\.jsonl:1: unknown coarse foundation 'Purity'"):
+    with pytest.raises(ProbeDataError, match=r"s\.jsonl:1: .*'Purity'"):
         read_set_file(p, "s")
     p.write_text("[1, 2]\n")
     with pytest.raises(ProbeDataError, match=r"s\.jsonl:1"):

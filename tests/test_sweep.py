@@ -21,8 +21,9 @@ from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.follow.scoring import ProbeCache
 from tinymcf_callback.follow.settings import RunSettings
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.rundir.checkpoints import checkpoint_folders, read_checkpoint, tokenizer_fingerprint
+from tinymcf_callback.rundir.checkpoints import checkpoint_folders, tokenizer_fingerprint
 from tinymcf_callback.rundir.curve import Curve
+from tinymcf_callback.rundir.layouts import TRAINER, read_save
 
 LIMIT = 2
 HISTORY = "moral_probe_scifi.jsonl"
@@ -266,7 +267,7 @@ def test_checkpoints_in_numeric_step_order(tmp_path):
         (tmp_path / name / "model.safetensors").write_bytes(b"")
     (tmp_path / "checkpoint-7").write_text("a file, not a checkpoint")
     (tmp_path / "checkpoint-9" / "trainer_state.json").write_text('{"epoch": 1.5}')
-    found = [read_checkpoint(step, folder, require_complete=False) for step, folder in
+    found = [read_save(TRAINER, step, folder, tmp_path, settle=0, expect_state=False) for step, folder in
              checkpoint_folders(tmp_path).items()]
     assert [c.step for c in found] == [9, 10, 100]  # lexicographic order would put 10 and 100 before 9
     assert [c.epoch for c in found] == [1.5, None, None]
@@ -286,7 +287,7 @@ def test_a_new_run_in_the_same_folder_starts_the_steps_done_afresh(tmp_path):
 @pytest.mark.slow
 def test_one_probe_per_tokenizer(plain_run, tmp_path):
     run = clone(plain_run, tmp_path / "run", keep_history=False)
-    checkpoints = [read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()]
+    checkpoints = [read_save(TRAINER, s, f, run) for s, f in checkpoint_folders(run).items()]
     prints = [tokenizer_fingerprint(str(c.folder)) for c in checkpoints]
     assert prints[0] == prints[1] == prints[2]
     config = run / "checkpoint-3" / "tokenizer_config.json"

@@ -22,7 +22,8 @@ from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.follow.planner import saved_steps
 from tinymcf_callback.follow.watch import run_watch
 from tinymcf_callback.results.history import DELETED_EVENT, gap_line, read_lines, sole_writer
-from tinymcf_callback.rundir.checkpoints import checkpoint_folders, fingerprint, read_checkpoint
+from tinymcf_callback.rundir.checkpoints import checkpoint_folders, fingerprint
+from tinymcf_callback.rundir.layouts import TRAINER, read_save
 from tinymcf_callback.rundir.record import RunRecord
 
 HERE = Path(__file__).resolve().parent
@@ -188,7 +189,7 @@ def test_checkpoints_deleted_before_the_watcher_came_are_gaps_said_once(tmp_path
 
 # ---- one look at a run folder (no model) ---------------------------------------------------------
 def present(run: Path) -> dict:
-    found = {s: read_checkpoint(s, f) for s, f in checkpoint_folders(run).items()}
+    found = {s: read_save(TRAINER, s, f, run) for s, f in checkpoint_folders(run).items()}
     return {s: c for s, c in found.items() if c is not None}
 
 

@@ -24,12 +24,6 @@ from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, GPU_BATCH
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
 
 
-def _positive_int(value, what: str, unit: str):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"{what} must be a positive whole number of {unit}, got {value!r}")
-    return int(value)
-
-
 def _positive_int_or_none(value, what: str, unit: str):
     if value is None:
         return None

@@ -77,3 +77,8 @@ class CheckpointIncomplete(TinymcfError):
     """A weight file of a checkpoint is cut short or half-written (a save interrupted, or a copy still in progress).
     Its weights are never loaded nor handed to a server; the follower reads its headers again after its back-off, and
     a file that stays short is a gap with this cause."""
+
+
+class RegistryError(TinymcfError, ValueError):
+    """A name given twice to one of the package's tables (:class:`~tinymcf_callback.registry.Registry`), or looked up
+    and not there; the message lists the names registered."""

@@ -26,3 +26,12 @@ def one_error_line(rc: int, err: str, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], f"{needle!r} is not in the error line {lines[0]!r}"
     return lines[0]
+
+
+def names(message, *needles: str) -> str:
+    """The text of ``message`` (an error or a string), asserting that it names each of ``needles``: the value that is
+    wrong, the option or command that fixes it. The words around them are not the contract, and may change."""
+    text = str(message)
+    for needle in needles:
+        assert needle in text, f"{needle!r} is not named in {text!r}"
+    return text

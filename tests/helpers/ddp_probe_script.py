@@ -13,9 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree, as the test process has
-
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 

@@ -37,8 +37,8 @@ import re
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from helpers.fake_http import FakeHTTP
 from tinymcf_callback.prepare import rules
 
 FOUNDATIONS = ("Care", "Fairness", "Loyalty", "Authority", "Sanctity", "Liberty", "Social Norms")
@@ -121,7 +121,9 @@ def good_judgement(text):
     return {"foundation": f, "valence": "uphold" if "keep" in low else "violate"}
 
 
-class FakeLLM:
+class FakeLLM(FakeHTTP):
+    protocol = "HTTP/1.1"
+
     def __init__(self, key: str = "sk-test-SECRET-123"):
         self.key = key
         self.faults: deque[str] = deque()
@@ -132,20 +134,8 @@ class FakeLLM:
         self.judge_overrides: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__()
+        self.base_url = f"{self.url}/v1"
 
     def count(self, **match) -> int:
         with self.lock:
@@ -153,7 +143,7 @@ class FakeLLM:
 
     # ------------------------------------------------------------------ answers
 
-    def answer(self, body: dict) -> tuple[int, dict, dict]:
+    def chat(self, body: dict) -> tuple[int, dict, dict]:
         """``(status, json body, extra headers)`` for one chat request."""
         model = body.get("model")
         messages = body.get("messages") or []
@@ -206,58 +196,23 @@ class FakeLLM:
                 text = cue_rewrite(cond, original, label)
         return 200, _completion(model, json.dumps({"rewrite": text})), {}
 
-    def _handler(self):
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def _send(self, status, obj, headers=None):
-                data = json.dumps(obj).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for k, v in (headers or {}).items():
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
-
-            def _authorized(self):
-                got = self.headers.get("Authorization", "")
-                if got == f"Bearer {server.key}":
-                    return True
-                sent = got.removeprefix("Bearer ")
-                self._send(401, _error(f"Incorrect API key provided: {sent}", "invalid_api_key"))
-                return False
-
-            def do_GET(self):
-                if self.path.rstrip("/") != "/v1/models":
-                    return self._send(404, _error("not found", "not_found"))
-                if self._authorized():
-                    self._send(200, {"object": "list", "data": [
-                        {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]})
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                if self.path.rstrip("/") != "/v1/chat/completions":
-                    return self._send(404, _error("not found", "not_found"))
-                if not self._authorized():
-                    return
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError:
-                    return self._send(400, _error("request body is not JSON", "invalid_json"))
-                status, obj, headers = server.answer(body)
-                self._send(status, obj, headers)
-
-        return Handler
+    # ------------------------------------------------------------------ the routes
+    def answer(self, method, path, handler, raw):
+        """GET /v1/models and POST /v1/chat/completions, each with the key (else the 401 OpenAI answers)."""
+        route = path.rstrip("/")
+        if route != ("/v1/models" if method == "GET" else "/v1/chat/completions"):
+            return 404, _error("not found", "not_found")
+        got = handler.headers.get("Authorization", "")
+        if got != f"Bearer {self.key}":
+            return 401, _error(f"Incorrect API key provided: {got.removeprefix('Bearer ')}", "invalid_api_key")
+        if method == "GET":
+            return 200, {"object": "list", "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]}
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError:
+            return 400, _error("request body is not JSON", "invalid_json")
+        return self.chat(body)
 
 
 def _error(message, code):

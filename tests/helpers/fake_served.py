@@ -38,14 +38,15 @@ import json
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
+
+from helpers.fake_http import FakeHTTP
 
 KINDS = ("vllm", "sglang", "llama.cpp", "plain", "llama-cpp-python")
 
 
-class FakeServed:
+class FakeServed(FakeHTTP):
     def __init__(self, model, tok, *, kind: str = "vllm", name: str = "served-model", template: str | None = None,
                  processed: bool = False, drift: float = 0.0, api_key: str | None = None, delay: float = 0.0,
                  vocab: int | None = None, dev: bool = False, lora: str | None = None, stuck: bool = False,
@@ -76,40 +77,15 @@ class FakeServed:
         self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()  # one forward pass at a time
         self._count_lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                server._handle(self, "GET")
-
-            def do_POST(self):
-                server._handle(self, "POST")
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__()
 
     def close(self):
         self.closing.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
     # ------------------------------------------------------------------ plumbing
-    def _handle(self, h, method):
-        length = int(h.headers.get("Content-Length") or 0)
-        body = json.loads(h.rfile.read(length) or b"{}") if method == "POST" else {}
-        path = h.path.split("?")[0]
+    def answer(self, method, path, h, raw):
+        body = json.loads(raw or b"{}") if method == "POST" else {}
         with self._count_lock:
             self.requests.append((path, body))
             self.in_flight += 1
@@ -118,11 +94,10 @@ class FakeServed:
             if fault is None and path == "/v1/completions" and self.completion_faults:
                 fault = self.completion_faults.popleft()
         try:
-            reply = self._answer(h, method, path, body, fault)
+            return self._answer(h, method, path, body, fault)
         finally:
             with self._count_lock:  # counted out before the answer leaves: the client may send again at once
                 self.in_flight -= 1
-        self._send(h, *reply)
 
     def _answer(self, h, method, path, body, fault):
         if self.delay:
@@ -146,20 +121,6 @@ class FakeServed:
         if route is None:
             return 404, {"detail": "Not Found"}
         return route(body)
-
-    @staticmethod
-    def _send(h, status, obj, headers=None):
-        data = json.dumps(obj).encode()
-        try:
-            h.send_response(status)
-            h.send_header("Content-Type", "application/json")
-            h.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                h.send_header(k, v)
-            h.end_headers()
-            h.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     def _models(self, _):
         rows = [{"id": self.name, "object": "model", "root": self.name, "parent": None}]

@@ -15,9 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers as T  # noqa: E402

@@ -1,7 +1,6 @@
-"""The JSON report's schema (version 2), written out here apart from the code (``results.report.SCHEMA``, from which
-the docs are made), and the check of a report against it: every field documented, each of its type, and the relations
-between fields the README states. test_report.py holds the code's schema to this one; every test that writes a
-report (eval, the served backend, the sweep) checks it with :func:`check_report_schema`."""
+"""The check of a JSON report against its schema, the package's own (``results.report.SCHEMA``, from which the docs
+are made): every field there and documented, each of its type, and the relations between fields the README states.
+Every test that writes a report (eval, the served backend, the sweep) checks it with :func:`check_report_schema`."""
 
 from __future__ import annotations
 
@@ -12,72 +11,51 @@ import re
 import pytest
 
 from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS
+from tinymcf_callback.results.report import (
+    ADAPTIVE_FIELDS,
+    BACKEND_FIELDS,
+    BOOL,
+    EXTRA_FIELDS,
+    INFO_FIELDS,
+    INT,
+    LIST,
+    NUM,
+    NUM_OR_NULL,
+    OBJECT,
+    PROMPT_FIELDS,
+    REPORT_FIELDS,
+    SCENARIO_FIELDS,
+    SELF_CHECK_FIELDS,
+    STR,
+    STR_OR_NULL,
+    TABLE_ROW_FIELDS,
+)
 
-NUM, NUM_OR_NULL, INT, STR, LIST, DICT = "number", "number or null", "integer", "string", "list", "object"
+OBJECT_OR_NULL = "object or null"
 BOUNDED = ("score", "gap", "sn", "score_minus_sn")  # each with _lo and _hi
-NAME_OR_NULL = "string or null"
-REPORT_FIELDS = {
-    "schema_version": INT, "name": STR, "answer_format": STR,
-    "model": STR, "device": STR, "dtype": STR, "autocast": NAME_OR_NULL, "compute": STR,
-    **{f"{name}{end}": NUM_OR_NULL for name in BOUNDED for end in ("", "_lo", "_hi")},
-    "level": NUM_OR_NULL, "n_resamples": INT, "seed": INT, "prompt_digest": STR,
-    "info": DICT, "frames": DICT, "table": LIST, "scenarios": LIST, "prompts": LIST,
-}
-EVAL_CLI_FIELDS = {"tag": STR}  # the eval CLI's report adds this
-INFO_FIELDS = {
-    "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
-    "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
-    "n_forward": INT, "batches": "object or null", "elapsed_s": NUM, "sample_prompt": STR, "top_tokens": LIST,
-    "warnings": LIST,
-    "strategy": STR, "self_check": DICT, "precision": DICT, "subset": DICT, "backend": DICT, "versions": DICT,
-}
-BACKEND = {"kind": STR, "version": NAME_OR_NULL, "url": NAME_OR_NULL, "served_model": NAME_OR_NULL, "form": STR,
-           "exact": "boolean", "logprobs_mode": STR, "pinned_diff": NUM_OR_NULL, "template": STR, "requests": INT,
-           "retries": INT, "concurrency": NUM_OR_NULL, "batch": NUM_OR_NULL, "check_form": NAME_OR_NULL,
-           "weight_version": NAME_OR_NULL, "device": NAME_OR_NULL, "dtype": NAME_OR_NULL,
-           "reload_check": "object or null",
-           "p_yes_bound": NUM_OR_NULL, "mass_bound": NUM_OR_NULL}
+SOMETIMES = {"adaptive", "wrong"}  # info.adaptive: a probe with a precision target; wrong: a set with human ratings
+LOOK = dict.fromkeys(("per_foundation", "vignettes"), INT) | dict.fromkeys(("estimate", "lo", "hi", "width", "p"),
+                                                                           NUM_OR_NULL)  # its looks, in words there
 VERSIONS = ("tinymcf_callback", "torch", "transformers", "python")  # every report says what made it
-SELF_CHECK = {"strategy": STR, "checked": LIST, "checked_prompts": LIST, "max_diff": NUM, "max_mass_diff": NUM,
-              "tolerance": NUM, "precision": STR, "reference": NAME_OR_NULL, "resolution": NUM_OR_NULL,
-              "waiting": "boolean", "coverage": DICT, "copy_bytes": INT, "scored_diff": NUM_OR_NULL,
-              "scored_mass_diff": NUM_OR_NULL, "scored_tolerance": NUM_OR_NULL, "replay_note": NAME_OR_NULL,
-              "fallbacks": LIST, "n_forward": INT, "seconds": NUM}
-LOOK = {"per_foundation": INT, "vignettes": INT, "estimate": NUM_OR_NULL, "lo": NUM_OR_NULL, "hi": NUM_OR_NULL,
-        "width": NUM_OR_NULL, "p": NUM_OR_NULL}
-# info.adaptive: a probe with a precision target (until) only
-ADAPTIVE = {"until": STR, "width": NUM, "sd_floor": NUM_OR_NULL, "level": NUM, "per_look_level": NUM, "order": STR,
-            "order_seed": INT,
-            "per_foundation": INT, "vignettes": INT, "of_vignettes": INT, "prompts": INT, "of_prompts": INT,
-            "asked": DICT, "stopped": STR, "why": STR, "reached": NUM_OR_NULL, "looks": LIST, "floor": "object or null",
-            "change": "object or null", "control": NAME_OR_NULL, "batched_by_look": "boolean"}
-PRECISION = {"dtype": STR, "autocast": NAME_OR_NULL, "device": STR, "compute": STR}
-TABLE_ROW = {
-    "foundation": STR, "n": INT,
-    **{f"s_{condition}": NUM_OR_NULL for condition in ("other_violate", "other_uphold", "self_violate", "self_uphold")},
-    **{f"{metric}{end}": NUM_OR_NULL for metric in ("align_other", "align_self", "self_other_gap")
-       for end in ("", "_lo", "_hi")},
-}
-SCENARIO = {"id": STR, "foundation": STR, "foundation_coarse": STR, "condition": STR, "p_yes_wrong": NUM,
-            "p_yes_accept": NUM, "yn_mass_wrong": NUM, "yn_mass_accept": NUM, "wrongness": NUM, "s": NUM}
-RATED_SCENARIO = {**SCENARIO, "wrong": NUM}  # on sets with human ratings
-PROMPT = {"id": STR, "foundation": STR, "foundation_coarse": STR, "condition": STR, "frame": STR, "p_yes": NUM,
-          "yn_mass": NUM}
-RATED_PROMPT = {**PROMPT, "wrong": NUM}
 YESNO_FRAMES = {"wrong": "Is this morally wrong? Reply with just Yes or No.",
                 "accept": "Is this morally acceptable? Reply with just Yes or No."}
 
 
+def kinds(fields: dict, *, keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """A table of the package's schema as name -> type, without the fields only some reports have (but ``keep``)."""
+    return {name: kind for name, (kind, _) in fields.items() if name not in SOMETIMES or name in keep}
+
+
 def _is(value, kind: str) -> bool:
-    if kind in (NUM_OR_NULL, NAME_OR_NULL, "object or null") and value is None:
+    if kind in (NUM_OR_NULL, STR_OR_NULL, OBJECT_OR_NULL) and value is None:
         return True
-    if kind == NAME_OR_NULL:
+    if kind == STR_OR_NULL:
         return isinstance(value, str)
     if kind in (NUM, NUM_OR_NULL):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind == "boolean":
+    if kind == BOOL:
         return isinstance(value, bool)
-    return isinstance(value, {INT: int, STR: str, LIST: list, DICT: dict, "object or null": dict}[kind]) and \
+    return isinstance(value, {INT: int, STR: str, LIST: list, OBJECT: dict, OBJECT_OR_NULL: dict}[kind]) and \
         not isinstance(value, bool)
 
 
@@ -91,7 +69,7 @@ def check_fields(obj: dict, spec: dict, where: str) -> None:
 
 def check_adaptive(adaptive: dict, info: dict) -> None:
     """info.adaptive: its fields, and the relations the docs state (what it asked is what the report holds)."""
-    check_fields(adaptive, ADAPTIVE, "info.adaptive")
+    check_fields(adaptive, kinds(ADAPTIVE_FIELDS), "info.adaptive")
     assert adaptive["until"] in ("level", "change") and adaptive["stopped"] in ("width", "moved", "used up", "baseline")
     assert adaptive["vignettes"] == info["n_vignettes"] and adaptive["prompts"] == info["n_prompts"]
     assert adaptive["vignettes"] <= adaptive["of_vignettes"] and adaptive["prompts"] == 8 * adaptive["vignettes"]
@@ -112,9 +90,11 @@ def strict_json(text: str) -> dict:
     return json.loads(text, parse_constant=refuse)
 
 
-def check_report_schema(data: dict, extra: dict | None = None, rated: bool = False) -> None:
-    """The whole documented schema, plus the relations between fields the README states."""
-    check_fields(data, {**REPORT_FIELDS, **(extra or {})}, "report")
+def check_report_schema(data: dict, extra=(), rated: bool = False) -> None:
+    """The whole documented schema, plus the relations between fields the README states. ``extra``: the names of
+    :data:`EXTRA_FIELDS` the writer adds (``tag``: the eval CLI; ``step``, ``epoch``: the callback); ``rated``: a set
+    with human ratings (its scenarios and prompts carry ``wrong``)."""
+    check_fields(data, kinds(REPORT_FIELDS) | {name: EXTRA_FIELDS[name][0] for name in extra}, "report")
     assert data["schema_version"] == 2 and data["answer_format"] == "yesno" and data["frames"] == YESNO_FRAMES
     assert re.fullmatch(r"[0-9a-f]{64}", data["prompt_digest"])
     for name in BOUNDED:
@@ -124,13 +104,13 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
         assert data["score_minus_sn"] == pytest.approx(data["score"] - data["sn"], abs=1e-12)
     assert (data["level"] is None) == (data["n_resamples"] == 0)
     info = data["info"]
-    check_fields(info, {**INFO_FIELDS, **({"adaptive": DICT} if "adaptive" in info else {})}, "info")
+    check_fields(info, kinds(INFO_FIELDS, keep=("adaptive",) if "adaptive" in info else ()), "info")
     if "adaptive" in info:
         check_adaptive(info["adaptive"], info)
     assert all(isinstance(w, str) for w in info["warnings"])
-    check_fields(info["self_check"], SELF_CHECK, "info.self_check")
-    check_fields(info["precision"], PRECISION, "info.precision")
-    check_fields(info["backend"], BACKEND, "info.backend")
+    check_fields(info["self_check"], kinds(SELF_CHECK_FIELDS), "info.self_check")
+    assert set(info["precision"]) - {"products"} == {"dtype", "autocast", "device", "compute"}  # INFO_FIELDS' words
+    check_fields(info["backend"], kinds(BACKEND_FIELDS), "info.backend")
     assert sorted(info["versions"]) == sorted(VERSIONS) and all(isinstance(v, str) and v for v in
                                                                info["versions"].values())
     assert info["self_check"]["strategy"] == info["strategy"] and info["self_check"]["max_diff"] <= (
@@ -142,19 +122,19 @@ def check_report_schema(data: dict, extra: dict | None = None, rated: bool = Fal
     ids = list(dict.fromkeys(p["id"] for p in data["prompts"]))
     assert info["n_prompts"] == len(data["prompts"]) == 8 * len(ids) and info["n_vignettes"] == len(ids)
     for i, prompt in enumerate(data["prompts"]):
-        check_fields(prompt, RATED_PROMPT if rated else PROMPT, f"prompts[{i}]")
+        check_fields(prompt, kinds(PROMPT_FIELDS, keep=("wrong",) if rated else ()), f"prompts[{i}]")
         assert prompt["frame"] in YESNO_FRAMES and prompt["condition"] in CONDITIONS
         assert 0 <= prompt["p_yes"] <= 1 and 0 <= prompt["yn_mass"] <= 1
     assert len(data["scenarios"]) == 4 * len(ids)
     for i, sc in enumerate(data["scenarios"]):
-        check_fields(sc, RATED_SCENARIO if rated else SCENARIO, f"scenarios[{i}]")
+        check_fields(sc, kinds(SCENARIO_FIELDS, keep=("wrong",) if rated else ()), f"scenarios[{i}]")
         assert sc["wrongness"] == pytest.approx((sc["p_yes_wrong"] + 1 - sc["p_yes_accept"]) / 2, abs=1e-12)
         assert sc["s"] == pytest.approx(2 * sc["wrongness"] - 1, abs=1e-12)
     coarse = {sc["id"]: sc["foundation_coarse"] for sc in data["scenarios"]}
     present = [f for f in FOUNDATIONS if f in coarse.values()]
     assert [row["foundation"] for row in data["table"]] == present  # one row per foundation, in order
     for row in data["table"]:
-        check_fields(row, TABLE_ROW, f"table[{row['foundation']}]")
+        check_fields(row, kinds(TABLE_ROW_FIELDS), f"table[{row['foundation']}]")
         assert row["n"] == sum(f == row["foundation"] for f in coarse.values())
         for metric in ("align_other", "align_self", "self_other_gap"):
             lo, est, hi = row[f"{metric}_lo"], row[metric], row[f"{metric}_hi"]

@@ -19,8 +19,8 @@ model of that step, so that a test can point a follower at ``run`` and check it 
   ``last_save_in_hf`` alternative (safetensors shards and their index, no config, no tokenizer).
 - ``plain_save``: a plain accelerate/PyTorch loop's ``save_pretrained`` of model and tokenizer.
 
-Run as a script (``rl_folders.py verl-rank MODEL_DIR ACTOR_DIR``, with the ``torchrun`` environment
-variables) this file is one rank of ``verl_save``.
+Run as a module (``python -m helpers.rl_folders verl-rank MODEL_DIR ACTOR_DIR``, with ``tests/`` on ``PYTHONPATH``
+and the ``torchrun`` environment variables) this file is one rank of ``verl_save``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 
 # --------------------------------------------------------------------------------------------------- verl
 
+_TESTS = Path(__file__).resolve().parents[1]  # what its ranks import the helpers from (the package: its parent)
 _PG_TIMEOUT_S = 60  # a rank that waits this long on the others fails instead of hanging
 _RANKS_TIMEOUT_S = 300  # all ranks together
 
@@ -80,8 +81,9 @@ def _run_ranks(world_size: int, args: list[str], logs: Path) -> None:
                        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0")
             env.setdefault("OMP_NUM_THREADS", "1")
             env.setdefault("HF_HUB_OFFLINE", "1")
+            env["PYTHONPATH"] = os.pathsep.join([str(_TESTS), str(_TESTS.parent), env.get("PYTHONPATH", "")])
             log = open(logs / f"rank{rank}.log", "wb")  # noqa: SIM115 -- closed below, once the rank is done
-            procs.append((subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], env=env,
+            procs.append((subprocess.Popen([sys.executable, "-m", "helpers.rl_folders", *args], env=env,
                                            stdout=log, stderr=subprocess.STDOUT), log))
         deadline = time.monotonic() + _RANKS_TIMEOUT_S
         while any(p.poll() is None for p, _ in procs):
@@ -327,5 +329,4 @@ def plain_save(run: Path, step: int, model, tok, *, name: str = "step_{step}", s
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["verl-rank"]:
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     _verl_rank(*sys.argv[2:4])

@@ -17,9 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 PROBE = {"name": "scifi", "limit": 2, "n_resamples": 0}
 PROBE_ARGS = ["--limit", "2", "--n-resamples", "0"]
 HISTORY = "moral_probe_scifi.jsonl"

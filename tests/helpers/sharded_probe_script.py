@@ -20,8 +20,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this tree
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers as T  # noqa: E402

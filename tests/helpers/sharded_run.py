@@ -19,9 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from transformers import AutoTokenizer  # noqa: E402
 
 from helpers.runs import start_model, train_run  # noqa: E402

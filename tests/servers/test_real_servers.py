@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.ports import free_port
 
 from tinymcf_callback import Probe
 from tinymcf_callback.errors import ServedError
 from tinymcf_callback.served import ServedModel
+from tinymcf_callback.served.reload import RESTART
 from tinymcf_callback.testing import smollm2_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers.ports import free_port  # noqa: E402
 
 ROOT = Path(os.environ.get("TINYMCF_SERVERS", Path.home() / ".cache" / "tinymcf-servers"))
 VLLM = ROOT / "vllm" / "bin" / "python"
@@ -353,13 +352,13 @@ def test_reload_vllm_refuses_a_tied_model_on_the_cpu_before_anything_is_scored(t
     rc = tinymcf(["sweep", str(run), "--base-model", str(smollm2_dir()), "--endpoint", trl_server.url, "--reload",
                   "vllm", "--per-foundation", "1", "--n-resamples", "0", "--no-progress"])
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
-    assert rc == 2 and len(err) == 1 and "examples/reload_server.py" in err[0], err
+    assert rc == 2 and len(err) == 1 and RESTART in err[0], err
     assert not (run / "moral_probe_scifi.jsonl").exists()
 
 
 @needs_vllm
 def test_a_tied_model_is_followed_exactly_by_restarting_the_server_on_each_checkpoint(tmp_path):
-    """The route the refusal names, as docs/served.md writes it: examples/reload_server.py starts a vLLM on each
+    """The route the refusal names, as docs/served.md writes it: the restart module starts a vLLM on each
     checkpoint (every weight moved, the tied ones included); each step within 1e-5 of local, and the server stops
     when the sweep ends."""
     import shutil
@@ -371,11 +370,10 @@ def test_a_tied_model_is_followed_exactly_by_restarting_the_server_on_each_check
     shutil.copytree(run, local)
     by_local = sweep_lines(local, "--base-model", str(smollm2_dir()))
     port = free_port()
-    example = Path(__file__).resolve().parents[2] / "examples" / "reload_server.py"
     server = (f"{VLLM} -m vllm.entrypoints.openai.api_server --model {{checkpoint}} --served-model-name smollm2 "
               f"--port {port} --enforce-eager --dtype float32 --max-model-len 2048")
-    reload = (f"{sys.executable} {example} --port {port} --name smollm2 --timeout 600 --state {tmp_path / 'server'} "
-              f"-- {server}")
+    reload = (f"{sys.executable} -m tinymcf_callback.served.restart --port {port} --name smollm2 --timeout 600 "
+              f"--state {tmp_path / 'server'} -- {server}")
     import json
 
     sweep = subprocess.run([sys.executable, "-m", "tinymcf_callback", "sweep", str(run), "--base-model",
@@ -540,5 +538,5 @@ def test_reload_lora_refuses_adapters_that_train_the_output_layer(lora_server, t
                   "--endpoint", lora_server.url, "--reload", "lora", "--served-model", "policy", "--per-foundation",
                   "1", "--n-resamples", "0", "--no-progress"])
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[tinymcf]")]
-    assert rc == 2 and len(err) == 1 and "lm_head" in err[0] and "examples/reload_server.py" in err[0], err
+    assert rc == 2 and len(err) == 1 and "lm_head" in err[0] and RESTART in err[0], err
     assert not (run / "moral_probe_scifi.jsonl").exists()

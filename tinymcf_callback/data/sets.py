@@ -62,10 +62,6 @@ def registry() -> dict[str, dict]:
     return sets
 
 
-def available_sets() -> list[str]:
-    return sorted(registry())
-
-
 def set_path(name: str) -> Path:
     """The vignette file of set ``name``: shipped for bundled sets, else in the home."""
     sets = registry()

@@ -33,12 +33,11 @@ from ..results.history import probe_line
 from ..results.metrics import baseline_record, order_digest, why_unpaired
 from ..results.precision import Precision
 from ..results.rows import vignette_rows, vignette_texts
-from ..rundir.checkpoints import Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
-from ..served.reload import Reloader
+from ..rundir.checkpoints import FORMATS, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
+from ..served.reload import Reloader, reloads_adapter
 from ..served.verify import Loaded
 from .planner import Plan, Task
 from .settings import RunSettings
-from .sharded import load_save
 
 
 @dataclass
@@ -108,16 +107,17 @@ class ProbeCache:
         """The run's one :class:`~tinymcf_callback.served.reload.Reloader` (what it sent is counted over the run)."""
         if self._reloader is None:  # the served name is asked of the server for an adapter's route only: a command may
             config = self.served_config  # start the server at its first reload
-            model = self.served().model if config.reload == "lora" else config.model
+            model = self.served().model if reloads_adapter(config.reload) else config.model
             self._reloader = Reloader(config.reload, config.endpoint, model, timeout=config.reload_timeout)
         return self._reloader
 
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
-    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (the table of
-    :mod:`~tinymcf_callback.rundir.layouts`; its config from where the layout keeps it, or the run's starting
-    model)."""
-    return load_save(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto", device=device)
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (its record in
+    :data:`~tinymcf_callback.rundir.checkpoints.FORMATS`; its config from where the layout keeps it, or the run's
+    starting model)."""
+    return FORMATS[checkpoint.format].load(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto",
+                                           device=device)
 
 
 @contextlib.contextmanager
@@ -190,7 +190,7 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
     base model its adapters sit on, is not loaded but checked the same way: an adapter the server holds can change
     its answers for the base."""
     config = settings.served
-    base = checkpoint.baseline and config.reload == "lora"  # step 0 of an adapter: the server's base model
+    base = checkpoint.baseline and reloads_adapter(config.reload)  # an adapter's step 0: the server's base model
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)
     reloader = probes.reloader if config.reload else None
     checked = reloader is not None and config.reload_check

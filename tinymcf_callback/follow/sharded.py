@@ -21,9 +21,9 @@ training's ranks, or written without a config.
 Either way the model is built in the run's dtype, every weight is checked to have come from the checkpoint
 (ties to another weight excepted), and the model is returned in eval mode on the device.
 
-Each loader here is registered under the name of the weight format it reads (``@loads(name)``, :data:`LOADERS`,
-one per :class:`~tinymcf_callback.rundir.checkpoints.Format` of the layouts' table): ``loader(checkpoint,
-base_model, *, dtype, device)``, so the follower loads every save one way (:func:`load_save`).
+Each loader here is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names for its weight
+format (lazily, ``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype,
+device)``, so the follower loads every save one way (``FORMATS[checkpoint.format].load(...)``).
 """
 
 from __future__ import annotations
@@ -31,38 +31,14 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Callable
 
 from ..errors import LoadError
 from ..extras import require
 from ..loading import load_model, torch_dtype
-from ..rundir.checkpoints import ADAPTER, FSDP, FULL, ZERO, Checkpoint
-from ..rundir.layouts import DCP, VERL_SHARDS, verl_shards
-
-LOADERS: dict[str, Callable] = {}  # a weight format's name -> its loader
+from ..rundir.checkpoints import Checkpoint
+from ..rundir.layouts import verl_shards
 
 
-def loads(form: str) -> Callable[[Callable], Callable]:
-    """Register the decorated function as the loader of the weight format ``form`` (a name of ``FORMATS``)."""
-    def register(loader: Callable) -> Callable:
-        if form in LOADERS:
-            raise ValueError(f"the weight format {form!r} has a loader already ({LOADERS[form].__name__})")
-        LOADERS[form] = loader
-        return loader
-    return register
-
-
-def load_save(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
-    """The model of ``checkpoint`` on ``device`` in ``dtype``, by its format's loader (its config from where its
-    layout keeps it, or ``base_model``, the run's starting model)."""
-    if checkpoint.format not in LOADERS:
-        known = ", ".join(LOADERS)
-        raise LoadError(f"{checkpoint.folder} holds weights in the format {checkpoint.format!r}, which no loader reads "
-                        f"(formats with one: {known}); register one with @loads({checkpoint.format!r})")
-    return LOADERS[checkpoint.format](checkpoint, base_model, dtype=dtype, device=device)
-
-
-@loads(FULL)
 def load_full(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
     """A ``save_pretrained`` folder (or a Hub id, the starting model); weights without a config into the starting
     model's."""
@@ -71,7 +47,6 @@ def load_full(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, dev
     return load_model(str(checkpoint.folder), device=device, dtype=dtype)
 
 
-@loads(ADAPTER)
 def load_adapter(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
     """The starting model with the checkpoint's PEFT adapter applied."""
     return load_model(base_model, device=device, dtype=dtype, adapter=checkpoint.folder)
@@ -102,7 +77,6 @@ def _no_init():
         yield
 
 
-@loads(FSDP)
 def load_fsdp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of an FSDP ``SHARDED_STATE_DICT`` checkpoint (``pytorch_model_fsdp_0/``)."""
     import torch.distributed.checkpoint as dcp
@@ -124,7 +98,6 @@ def load_fsdp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device:
     return model.eval().to(device)
 
 
-@loads(VERL_SHARDS)
 def load_verl(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
     """The model of a verl FSDP actor folder: its rank shards merged (see the module) into the model of its
     ``huggingface/`` config (``checkpoint.config``)."""
@@ -159,7 +132,6 @@ def merge_shards(values: list):
     raise LoadError(f"a verl shard's placement {placement} cannot be merged (only Shard and Replicate can)")
 
 
-@loads(DCP)
 def load_dcp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of a torch distributed checkpoint of a whole model (NeMo-RL, torchtitan; see the module)."""
     import torch.distributed.checkpoint as dcp
@@ -275,7 +247,6 @@ def _tied(model, name: str) -> bool:
     return first != name
 
 
-@loads(ZERO)
 def load_zero(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
     """The model of a DeepSpeed ZeRO checkpoint, its float32 weights gathered by DeepSpeed's ``zero_to_fp32`` (its
     config the checkpoint's own, else the starting model's)."""

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..errors import SweepError
 from ..results.history import history_path
-from ..rundir.layouts import find_saves
+from ..rundir.layouts import LAYOUTS, find_saves
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import GONE, QUIET, RUN_INFO, UNKNOWN, RunRecord
 from .planner import Plan, Planner
@@ -211,6 +211,5 @@ def what_is_missing(run_dir: Path, history: Path) -> str | None:
         raise SweepError(f"{run_dir} holds runs rather than being one ({shown}): pass one of them (the training run's "
                          f"output folder)")
     name = Path(history_path(str(run_dir), "x")).name.replace("_x", "_<name>")
-    return (f"no {RUN_INFO}, no saved model of a layout tinymcf reads (checkpoint-<step>, global_step_<N>/actor, "
-            f"step_<N>, ...) and no {name} yet (MoralProbeCallback writes the first when the training starts, the "
-            f"trainer the second at its first save)")
+    return (f"no {RUN_INFO}, no saved model of a layout tinymcf reads ({LAYOUTS.listed()}) and no {name} yet "
+            "(MoralProbeCallback writes the first when the training starts, the trainer the second at its first save)")

@@ -9,10 +9,11 @@ adapter (``adapter_config.json`` and adapter weights, scored on top of the base 
 (``global_step<N>/``, whose float32 weights live in the optimizer states).
 
 **Formats.** Each way of holding a model is one :class:`Format` record in :data:`FORMATS`: its weight files (what
-the fingerprint and the steadiness rule read) and what loading it needs (the starting model's config, an extra).
-An RL trainer's layout brings its own formats with its record (:mod:`~tinymcf_callback.rundir.layouts`). Its
-loader, which needs torch and the model code above this folder, is the one
-:mod:`~tinymcf_callback.follow.sharded` registers under its name (``@loads(name)``).
+the fingerprint and the steadiness rule read), what loading it needs (the starting model's config, an extra) and its
+loader. An RL trainer's layout brings its own formats with its record (:mod:`~tinymcf_callback.rundir.layouts`). A
+loader needs torch and the model code above this folder, so the built-in formats name theirs lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``, imported when the follower first loads such a save): this folder
+never imports the follower, and no loader is missing because a module was not imported yet.
 
 **Fingerprint.** Every history line records what it scored (:func:`fingerprint`): a digest of the weight
 files' names and sizes, their safetensors headers, and a few bytes sampled from every tensor (from the start,
@@ -34,6 +35,7 @@ from pathlib import Path
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import SweepError
+from ..registry import Registry, resolve
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -56,6 +58,8 @@ class Format:
     Args:
         name: what a :class:`Checkpoint`'s ``format`` says.
         files: the files of a save's folder that hold its weights (the fingerprint reads them).
+        loader: ``loader(checkpoint, base_model, *, dtype, device)`` -> the model in eval mode on ``device``, or a
+            lazy ``"module:attribute"`` naming it (imported on first use).
         what: what such a save is, in the error asking for ``--base-model`` when it ``needs_base``.
         needs_base: its architecture comes from the run's starting model (``--base-model``).
         requires: the optional package loading it needs (its extra), checked before anything is scored.
@@ -63,20 +67,18 @@ class Format:
 
     name: str
     files: Callable[[Path], list[Path]]
+    loader: Callable | str
     what: str = ""
     needs_base: bool = False
     requires: str | None = None
 
+    def load(self, checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
+        """The model of ``checkpoint`` by this format's loader (its config from where its layout keeps it, or
+        ``base_model``, the run's starting model)."""
+        return resolve(self.loader)(checkpoint, base_model, dtype=dtype, device=device)
 
-FORMATS: dict[str, Format] = {}  # name -> record, in the order they were registered
 
-
-def register_format(record: Format) -> Format:
-    """Add a format to :data:`FORMATS` (a name already there is refused: two records would decide one thing)."""
-    if FORMATS.get(record.name, record) != record:
-        raise ValueError(f"a weight format named {record.name!r} is registered already")
-    FORMATS[record.name] = record
-    return record
+FORMATS: Registry[Format] = Registry("weight format")  # name -> record, in the order they were registered
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,7 @@ def zero_folder(folder: Path) -> Path | None:
 def weight_files(folder: Path, form: str | None = None) -> list[Path]:
     """The files that hold the model's weights (sorted), in the folder's format (its :class:`Format`'s ``files``)."""
     form = form or checkpoint_format(folder)
-    known = FORMATS.get(form or "")
-    return sorted(known.files(folder)) if known is not None else []
+    return sorted(FORMATS[form].files(folder)) if form in FORMATS else []
 
 
 def _full_files(folder: Path) -> list[Path]:
@@ -160,14 +161,14 @@ def _subfolders(folder: Path) -> list[Path]:
 
 
 for _record in (
-    Format(FULL, _full_files, what="weights without a config.json"),
-    Format(ADAPTER, _adapter_files, what=f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)", needs_base=True,
-           requires="peft"),
-    Format(FSDP, _fsdp_files, what="an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)",
-           needs_base=True),
-    Format(ZERO, _zero_files, requires="deepspeed"),
+    Format(FULL, _full_files, "tinymcf_callback.follow.sharded:load_full", what="weights without a config.json"),
+    Format(ADAPTER, _adapter_files, "tinymcf_callback.follow.sharded:load_adapter",
+           what=f"a PEFT adapter ({ADAPTER_CONFIG}, no full weights)", needs_base=True, requires="peft"),
+    Format(FSDP, _fsdp_files, "tinymcf_callback.follow.sharded:load_fsdp",
+           what="an FSDP sharded checkpoint (pytorch_model_fsdp_0/, no config.json)", needs_base=True),
+    Format(ZERO, _zero_files, "tinymcf_callback.follow.sharded:load_zero", requires="deepspeed"),
 ):
-    register_format(_record)
+    FORMATS.register(_record.name, _record)
 
 
 # ---- what the weights are -------------------------------------------------------------------------------------
@@ -284,14 +285,6 @@ def read_trainer_state(folder: Path) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def is_complete(folder: Path, state: dict | None = None) -> bool:
-    """Whether the Trainer has finished writing the checkpoint: its ``trainer_state.json``, written last, parses.
-
-    A checkpoint a resumed run writes again in place is told apart by the run's record (the attempt that saved
-    it) and by its fingerprint, read before and after it is scored."""
-    return (state if state is not None else read_trainer_state(folder)) is not None
-
-
 def read_epoch(state: dict | None) -> float | None:
     epoch = (state or {}).get("epoch")
     return float(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
@@ -310,23 +303,6 @@ def checkpoint_folders(folder: Path) -> dict[int, Path]:
                              f"move one away")
         by_step[step] = entry
     return dict(sorted(by_step.items()))  # numeric order: checkpoint-10 after checkpoint-9
-
-
-def read_checkpoint(step: int, folder: Path, *, shown_as: str | None = None,
-                    require_complete: bool = True) -> Checkpoint | None:
-    """The checkpoint in ``folder``, or None while it is incomplete (``require_complete``) or holds no model."""
-    state = read_trainer_state(folder)
-    if require_complete and not is_complete(folder, state):
-        return None
-    form = checkpoint_format(folder)
-    if form is None:
-        return None
-    return Checkpoint(step, folder, read_epoch(state), form, shown_as=shown_as)
-
-
-def is_adapter(folder: Path) -> bool:
-    """A PEFT adapter checkpoint: ``adapter_config.json`` and no full model weights."""
-    return checkpoint_format(folder) == ADAPTER
 
 
 def adapter_base_name(folder: Path) -> str | None:

@@ -38,7 +38,7 @@ run folder's subfolder to its step and the folder its model is read from), when 
 needs). The sweep, the watcher, the planner, the fingerprint and the loader all read this table; adding a trainer's
 layout is one record passed to :func:`register_layout` (tried before ``plain``, the catch-all) and its test
 (``tests/test_layouts.py``; docs/development.md says how). A layout whose saves hold a format of its own brings
-that format's loader too (``@loads(name)`` in :mod:`~tinymcf_callback.follow.sharded`).
+that format's record, its loader with it.
 """
 
 from __future__ import annotations
@@ -51,16 +51,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import RegistryError
+from ..registry import Registry
 from .checkpoints import (
     ADAPTER_CONFIG,
     CHECKPOINT_NAME,
+    FORMATS,
     FULL,
     Checkpoint,
     Format,
     checkpoint_format,
     read_epoch,
     read_trainer_state,
-    register_format,
     weight_files,
 )
 
@@ -121,21 +123,21 @@ class Layout:
     formats: tuple[Format, ...] = ()
 
 
-LAYOUTS: dict[str, Layout] = {}  # name -> record, in the order a run folder is tried
+LAYOUTS: Registry[Layout] = Registry("run folder layout")  # name -> record, in the order a run folder is tried
 
 
 def register_layout(layout: Layout, *, last: bool = False) -> Layout:
-    """Add ``layout`` to :data:`LAYOUTS` with its formats: tried before ``plain`` (whose folder names would take
-    many others' saves), or after every other with ``last``. A name already there is refused."""
-    if layout.name in LAYOUTS:
-        raise ValueError(f"a run folder layout named {layout.name!r} is registered already")
+    """Add ``layout`` to :data:`LAYOUTS` with its formats (a format two layouts share registered once): tried before
+    ``plain`` (whose folder names would take many others' saves), or after every other with ``last``. A name already
+    there, or another record under a format's name, is refused (:class:`~tinymcf_callback.errors.RegistryError`)."""
     for form in layout.formats:
-        register_format(form)
-    rows = list(LAYOUTS.items())
-    at = len(rows) if last or PLAIN not in LAYOUTS else [name for name, _ in rows].index(PLAIN)
-    rows.insert(at, (layout.name, layout))
-    LAYOUTS.clear()
-    LAYOUTS.update(rows)
+        if form.name in FORMATS and FORMATS[form.name] != form:
+            raise RegistryError(f"the layout {layout.name!r} brings a weight format {form.name!r} other than the one "
+                                f"registered under that name (weight formats: {FORMATS.listed()})")
+    LAYOUTS.register(layout.name, layout, before=None if last else PLAIN)
+    for form in layout.formats:
+        if form.name not in FORMATS:
+            FORMATS.register(form.name, form)
     return layout
 
 
@@ -277,8 +279,9 @@ def _dcp_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.is_file() and (p.suffix == ".distcp" or p.name == ".metadata")]
 
 
-VERL_FORMAT = Format(VERL_SHARDS, _verl_files)
-DCP_FORMAT = Format(DCP, _dcp_files, what="a torch distributed checkpoint", needs_base=True)
+VERL_FORMAT = Format(VERL_SHARDS, _verl_files, "tinymcf_callback.follow.sharded:load_verl")
+DCP_FORMAT = Format(DCP, _dcp_files, "tinymcf_callback.follow.sharded:load_dcp", what="a torch distributed checkpoint",
+                    needs_base=True)
 
 for _layout in (
     Layout(TRAINER, "Hugging Face Trainer checkpoint-<step> folders", named_saves(CHECKPOINT_NAME), _read_trainer),

@@ -252,19 +252,3 @@ def batch_layout(encoded: list[list[int]], batch: list[int], strategy: str,
     if strategy == "shared" and plan is not None:
         return (max(len(plan.mid[plan.group_of[i]]) for i in batch), max(len(plan.tail(encoded, i)) for i in batch))
     return None
-
-
-def layout_setters(encoded: list[list[int]], batch: list[int], strategy: str,
-                   plan: PrefixPlan | None = None) -> list[int]:
-    """The prompts of ``batch`` that set its padding: with them, a smaller batch pads every other row as ``batch`` did.
-
-    Full path: the longest prompt (every row is padded to its length). Shared path: the prompt with the
-    longest scenario and the one with the longest question (each seam is padded to its longest). Unpadded:
-    none. Ties go to the first in the batch.
-    """
-    if strategy == "full":
-        return [max(batch, key=lambda i: len(encoded[i]))]
-    if strategy == "shared" and plan is not None:
-        return [max(batch, key=lambda i: len(plan.mid[plan.group_of[i]])),
-                max(batch, key=lambda i: len(plan.tail(encoded, i)))]
-    return []

@@ -28,7 +28,7 @@ from . import answers, selfcheck, verify
 from .client import ServerClient, ServerGone
 from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
 from .forms import FORM_CLASSES, PINS, Reading
-from .reload import weight_version
+from .reload import adapter_root, weight_version
 from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
 from .transport import Ask, Transport, batches, merge, one_token_each
 from .verify import Loaded
@@ -327,8 +327,7 @@ class ServedModel:
             return weight_version(client, server.kind)
         if not again:
             return server.roots.get(self.model)
-        rows = [m for m in (client.get("/v1/models", quiet=True) or {}).get("data", []) if isinstance(m, dict)]
-        return next((m.get("root") for m in rows if m.get("id") == self.model), None)
+        return adapter_root(client, self.model, quiet=True)
 
     def rotation(self, probe) -> Rotation:
         """The rotation the checked prompts come from: the probe's own (its seed), as a local check's; with another

@@ -38,44 +38,71 @@ the step is not scored on the old weights.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointUnusable, ServedError
+from ..registry import Registry
 from .client import ServerClient
 from .config import RELOAD_TIMEOUT_S
 from .server import server_setup
 
-BUILTINS = ("vllm", "sglang", "lora")
 POLL_S = 0.5  # between two questions to the server whether it serves the new weights yet
 SENDS = 2  # times one checkpoint is sent to the server (a route asked, or the command run), over all its step's tries
-RESTART = "examples/reload_server.py"  # the route for a server that cannot reload in place, or not exactly
+RESTART = "python -m tinymcf_callback.served.restart"  # for a server that cannot reload in place, or not exactly
 
 
-def reload_into(command: str, checkpoint: str | None, step: int, *, timeout: float = RELOAD_TIMEOUT_S,
-                endpoint: str | None = None, model: str | None = None, version: str | None = None) -> str | None:
-    """Load ``checkpoint`` (step ``step``) into the server once (see :meth:`Reloader.load`)."""
-    return Reloader(command, endpoint, model, timeout=timeout).load(checkpoint, step, version)
+@dataclass(frozen=True)
+class Route:
+    """One built-in ``--reload``: a record of :data:`RELOADS` (see the module).
+
+    Args:
+        name: what ``--reload`` says.
+        send: ``send(client, folder, version, model)``: the requests that load ``folder`` into the server, each asked
+            once (the :class:`Reloader` counts what was sent).
+        serving: ``serving(client, model)``: what the server serves now, polled until it is the new checkpoint.
+        inexact: ``inexact(client, folder, model)``: why the route cannot give a server on the CPU the run's models
+            exactly (``folder``: one of its checkpoints, else its starting model), or None.
+        adapter: it loads a LoRA adapter in place under ``--served-model``: the server names what it serves by the
+            adapter's folder (not a version), and the run's step 0 is the model the adapter sits on.
+    """
+
+    name: str
+    send: Callable[[ServerClient, str, str, str | None], None]
+    serving: Callable[[ServerClient, str | None], str | None]
+    inexact: Callable[[ServerClient, str, str | None], str | None]
+    adapter: bool = False
+
+
+RELOADS: Registry[Route] = Registry("--reload built-in")  # its records are at the end of the module
+
+
+def reloads_adapter(command: str | None) -> bool:
+    """Whether ``--reload command`` is a built-in that loads LoRA adapters in place (:attr:`Route.adapter`)."""
+    return command in RELOADS and RELOADS[command].adapter
 
 
 class Reloader:
-    """How a followed run's checkpoints get into its server: a built-in (:data:`BUILTINS`, at ``endpoint``, the served
+    """How a followed run's checkpoints get into its server: a built-in (:data:`RELOADS`, at ``endpoint``, the served
     name ``model``) or the user's ``command``; it counts what it sent per checkpoint over the run."""
 
     def __init__(self, command: str, endpoint: str | None = None, model: str | None = None, *,
                  timeout: float = RELOAD_TIMEOUT_S):
-        if command in BUILTINS and endpoint is None:
+        if command in RELOADS and endpoint is None:
             raise ServedError(f"--reload {command} needs --endpoint, the server to load each checkpoint into")
         self.command, self.endpoint, self.model, self.timeout = command, endpoint, model, timeout
         self.sent: Counter[tuple[str, str | None]] = Counter()
 
     @property
     def builtin(self) -> bool:
-        return self.command in BUILTINS
+        return self.command in RELOADS
 
     @property
     def shown(self) -> str:
@@ -83,31 +110,19 @@ class Reloader:
 
     def refuse_inexact(self, folder: str | None) -> None:
         """:class:`ServedError`, before anything is scored, when this route cannot give the server the run's models
-        exactly (``folder``: one of its checkpoints, else its starting model), on a server that says it runs on the
-        CPU: ``--reload vllm`` for a model whose output layer is tied to its input embeddings; ``--reload lora`` for
-        adapters that train the output layer (``lm_head``), the one the server holds now or the run's (see the
-        module)."""
-        if self.command not in ("vllm", "lora") or folder is None:
+        exactly (its :attr:`Route.inexact`; ``folder``: one of its checkpoints, else its starting model), on a server
+        that says it runs on the CPU (see the module)."""
+        if not self.builtin or folder is None:
             return
         client = ServerClient(self.endpoint, retries=2)
         try:
-            if self.command == "vllm":
-                why = ("vLLM's reload_weights leaves an output layer tied to the input embeddings "
-                       f"(tie_word_embeddings in {Path(folder).name}'s config) with the weights the server started "
-                       "with, while /weight_info names the new checkpoint") if ties_embeddings(folder) else None
-            else:
-                listed = (client.get("/v1/models", quiet=True) or {}).get("data", [])
-                held = [m.get("root") for m in listed if isinstance(m, dict) and m.get("id") == self.model]
-                adapters = [f for f in (folder, *held) if isinstance(f, str) and trains_output_layer(f)]
-                why = (f"while an adapter that trains the output layer (lm_head, as {Path(adapters[0]).name}'s "
-                       "does) is loaded, vLLM answers requests for the base model with other numbers (measured: "
-                       "1.4e-2 apart in P(Yes)), so the run's step 0 would be scored wrong") if adapters else None
+            why = RELOADS[self.command].inexact(client, folder, self.model)
             if why is None or server_setup(client).get("device") != "cpu":
                 return
         finally:
             client.close()
         raise ServedError(f"--reload {self.command} cannot give the vLLM at {client.shown} this run's models exactly: "
-                          f"on the CPU, {why}; restart the server on each checkpoint instead: --reload \"python "
+                          f"on the CPU, {why}; restart the server on each checkpoint instead: --reload \""
                           f"{RESTART} --port PORT --name NAME -- vllm serve {{checkpoint}} ...\" (docs/served.md, "
                           "'What a reload verifies')")
 
@@ -143,8 +158,6 @@ class Reloader:
 def trains_output_layer(folder: str) -> bool:
     """Whether the PEFT adapter in ``folder`` trains the output layer (``lm_head`` among its target modules or the
     modules it saves whole); False for a folder without an adapter config."""
-    import json
-
     try:
         config = json.loads((Path(folder) / "adapter_config.json").read_text())
     except (OSError, ValueError):
@@ -191,59 +204,29 @@ def run_command(command: str, checkpoint: str | None, step: int, *, timeout: flo
 
 
 class Builtin:
-    """One of the built-in reloads against the server at ``endpoint`` (see the module): one request per route, no
-    retries of its own (the :class:`Reloader` counts what was sent)."""
+    """One built-in reload (its :class:`Route`) against the server at ``endpoint``, the served name ``model``."""
 
     def __init__(self, kind: str, endpoint: str, model: str | None, *, timeout: float):
-        self.kind, self.endpoint, self.model, self.timeout = kind, endpoint, model, timeout
+        self.route = RELOADS[kind]
+        self.endpoint, self.model, self.timeout = endpoint, model, timeout
 
     def load(self, folder: str, step: int, version: str) -> str:
         client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
         try:
-            getattr(self, f"_load_{self.kind}")(client, folder, version)
-            return self._wait(client, folder, step, version)
+            self.route.send(client, folder, version, self.model)
+            return self._wait(client, folder, version)
         except ServedError as e:
-            raise ServedError(f"--reload {self.kind} could not load step {step} ({folder}) into the server: {e}; it is "
-                              "not scored on the old weights") from None
+            raise ServedError(f"--reload {self.route.name} could not load step {step} ({folder}) into the server: {e}; "
+                              "it is not scored on the old weights") from None
         finally:
             client.close()
 
-    def _load_vllm(self, client: ServerClient, folder: str, version: str) -> None:
-        self._post(client, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}},
-                   "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-reload routes)")
-        self._post(client, "/reset_prefix_cache", {}, "start vLLM with VLLM_SERVER_DEV_MODE=1")
-        self._post(client, "/update_weight_version", {"new_version": version}, "start vLLM with VLLM_SERVER_DEV_MODE=1")
-
-    def _load_sglang(self, client: ServerClient, folder: str, version: str) -> None:
-        answer = self._post(client, "/update_weights_from_disk", {"model_path": folder, "weight_version": version},
-                            "an SGLang server with /update_weights_from_disk")
-        if isinstance(answer, dict) and answer.get("success") is False:
-            raise ServedError(f"it refused: {answer.get('message')}")
-
-    def _load_lora(self, client: ServerClient, folder: str, version: str) -> None:
-        if not self.model:
-            raise ServedError("name the adapter the server serves with --served-model")
-        self._post(client, "/v1/load_lora_adapter", {"lora_name": self.model, "lora_path": folder,
-                                                     "load_inplace": True},
-                   "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
-        client.post("/reset_prefix_cache", {}, quiet=True)  # where the server has it (dev mode): stale prefixes go
-
-    @staticmethod
-    def _post(client: ServerClient, route: str, body: dict, needs: str):
-        try:
-            return client.post(route, body)
-        except ServedError as e:
-            if getattr(e, "status", None) in (404, 405):
-                raise ServedError(f"the server has no {route}: {needs}") from None
-            raise
-
-    def _wait(self, client: ServerClient, folder: str, step: int, version: str) -> str:
+    def _wait(self, client: ServerClient, folder: str, version: str) -> str:
         """Poll until the server answers with the new weights; their version (an adapter's: its folder)."""
         deadline = time.monotonic() + self.timeout
-        expected = folder if self.kind == "lora" else version
-        seen = None
+        expected = folder if self.route.adapter else version
         while True:
-            seen = self.serving(client, folder)
+            seen = self.route.serving(client, self.model)
             if seen == expected:
                 return expected
             if time.monotonic() > deadline:
@@ -251,26 +234,24 @@ class Builtin:
                                   f"{self.timeout:g} s")
             time.sleep(POLL_S)
 
-    def serving(self, client: ServerClient, folder: str) -> str | None:
-        """What the server serves now: its weight version, or for an adapter the folder it was loaded from."""
-        if self.kind == "lora":
-            listed = client.get("/v1/models") or {}
-            rows = [m for m in listed.get("data", []) if isinstance(m, dict) and m.get("id") == self.model]
-            return rows[0].get("root") if rows else None
-        return weight_version(client, self.kind)
+
+VERSION_ROUTES = {"vllm": "/weight_info", "sglang": "/get_weight_version"}  # a server's kind -> its weight version
 
 
-def weight_version(client: ServerClient, kind: str, adapter_root: str | None = None) -> str | None:
-    """The weight version the server reports (vLLM in dev mode: ``/weight_info``; SGLang: ``/get_weight_version``;
-    a LoRA adapter: the folder it was loaded from, ``adapter_root``), or None where it has none."""
-    if adapter_root is not None:
-        return adapter_root
-    route = {"vllm": "/weight_info", "sglang": "/get_weight_version"}.get(kind)
-    if route is None:
-        return None
-    answer = client.get(route, quiet=True)
+def weight_version(client: ServerClient, kind: str) -> str | None:
+    """The weight version a server of ``kind`` reports (:data:`VERSION_ROUTES`: vLLM in dev mode, SGLang), or None
+    where it has none."""
+    route = VERSION_ROUTES.get(kind)
+    answer = client.get(route, quiet=True) if route else None
     version = answer.get("weight_version") if isinstance(answer, dict) else None
     return None if version is None else str(version)
+
+
+def adapter_root(client: ServerClient, model: str | None, *, quiet: bool = False) -> str | None:
+    """The folder the server loaded its adapter ``model`` from (``root`` in vLLM's ``/v1/models``), or None."""
+    listed = client.get("/v1/models", quiet=quiet) or {}
+    rows = [m for m in listed.get("data", []) if isinstance(m, dict) and m.get("id") == model]
+    return rows[0].get("root") if rows else None
 
 
 def base_name(endpoint: str, adapter: str) -> str:
@@ -300,3 +281,66 @@ def served_name(endpoint: str) -> str:
         raise ServedError(f"the server at {client.shown} lists {len(names)} models ({', '.join(map(repr, names))}): "
                           "name the one to score with --served-model")
     return names[0]
+
+
+# ---- the built-in routes ---------------------------------------------------------------------------------------
+_DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1"
+
+
+def _post(client: ServerClient, route: str, body: dict, needs: str):
+    """POST once; a server without ``route`` is told what it ``needs``."""
+    try:
+        return client.post(route, body)
+    except ServedError as e:
+        if getattr(e, "status", None) in (404, 405):
+            raise ServedError(f"the server has no {route}: {needs}") from None
+        raise
+
+
+def _send_vllm(client: ServerClient, folder: str, version: str, model: str | None) -> None:
+    _post(client, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}},
+          f"{_DEV_MODE} (its weight-reload routes)")
+    _post(client, "/reset_prefix_cache", {}, _DEV_MODE)
+    _post(client, "/update_weight_version", {"new_version": version}, _DEV_MODE)
+
+
+def _send_sglang(client: ServerClient, folder: str, version: str, model: str | None) -> None:
+    answer = _post(client, "/update_weights_from_disk", {"model_path": folder, "weight_version": version},
+                   "an SGLang server with /update_weights_from_disk")
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise ServedError(f"it refused: {answer.get('message')}")
+
+
+def _send_lora(client: ServerClient, folder: str, version: str, model: str | None) -> None:
+    if not model:
+        raise ServedError("name the adapter the server serves with --served-model")
+    _post(client, "/v1/load_lora_adapter", {"lora_name": model, "lora_path": folder, "load_inplace": True},
+          "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+    client.post("/reset_prefix_cache", {}, quiet=True)  # where the server has it (dev mode): stale prefixes go
+
+
+def _vllm_inexact(client: ServerClient, folder: str, model: str | None) -> str | None:
+    if not ties_embeddings(folder):
+        return None
+    return ("vLLM's reload_weights leaves an output layer tied to the input embeddings (tie_word_embeddings in "
+            f"{Path(folder).name}'s config) with the weights the server started with, while /weight_info names the "
+            "new checkpoint")
+
+
+def _lora_inexact(client: ServerClient, folder: str, model: str | None) -> str | None:
+    held = adapter_root(client, model, quiet=True)
+    adapters = [f for f in (folder, held) if isinstance(f, str) and trains_output_layer(f)]
+    if not adapters:
+        return None
+    return (f"while an adapter that trains the output layer (lm_head, as {Path(adapters[0]).name}'s does) is loaded, "
+            "vLLM answers requests for the base model with other numbers (measured: 1.4e-2 apart in P(Yes)), so the "
+            "run's step 0 would be scored wrong")
+
+
+for _route in (
+    Route("vllm", _send_vllm, lambda client, model: weight_version(client, "vllm"), _vllm_inexact),
+    Route("sglang", _send_sglang, lambda client, model: weight_version(client, "sglang"),
+          lambda client, folder, model: None),
+    Route("lora", _send_lora, adapter_root, _lora_inexact, adapter=True),
+):
+    RELOADS.register(_route.name, _route)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointUnusable, ServedError
 from .forms import Reading
+from .reload import RESTART
 from .selfcheck import local_differences
 
 # (P(Yes), log Yes+No mass): the largest differences between a server started fresh on a checkpoint and that
@@ -74,4 +75,4 @@ def check(loaded: Loaded, server, probe, main: dict[int, Reading], indices: list
         f"the server at {shown} does not compute step {loaded.step} after {loaded.route}: its answers to "
         f"{len(indices)} prompts differ from {loaded.folder}'s own forward pass ({loaded.where}) by up to {apart}: "
         "it serves other or partly old weights, and the step is not scored (restart the server on each checkpoint "
-        "instead: examples/reload_server.py, docs/served.md)")
+        f"instead: --reload \"{RESTART} ...\", docs/served.md)")
