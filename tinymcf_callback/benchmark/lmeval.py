@@ -30,11 +30,13 @@ LM_EVAL_BATCH = 16  # requests per forward call of lm-eval's HFLM
 # the lm_eval block of a report and a history line, field by field (the docs' table is made from it)
 LM_EVAL_FIELDS = {
     "version": ("string", "the lm-evaluation-harness version"),
+    "requested": ("list", "the task names asked for (a group's tasks are in tasks)"),
     "tasks": ("object", "per task: metric (its first), value, stderr (as lm-eval reports them), n (documents), "
                         "version (the task's), metrics (every metric lm-eval reported), docs (doc_id and value of "
                         "each document, for a paired change)"),
     "include_path": ("string or null", "the local task folder"),
     "limit": ("integer or null", "documents per task (lm-eval's limit)"),
+    "precision": ("object", "dtype, autocast, device, compute: what the forward calls computed in"),
     "elapsed_s": ("number", "seconds lm-eval took"),
 }
 
@@ -87,7 +89,7 @@ def run_tasks(model, tok, tasks: list[str], *, include: str | None = None, limit
 
     manager = manager or task_manager(tasks, include)
     started = time.perf_counter()
-    with probe_mode(model), quiet():
+    with probe_mode(model) as precision, quiet():
         lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tok), batch_size=batch_size)
         try:
             out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
@@ -97,7 +99,8 @@ def run_tasks(model, tok, tasks: list[str], *, include: str | None = None, limit
                 raise BenchmarkError(f"lm-eval could not read the data of {', '.join(tasks)}: {_one_line(e)}; "
                                      f"{_data_hint()}") from None
             raise
-    return {"version": lm_eval.__version__, "tasks": _task_results(out), "include_path": include, "limit": limit,
+    return {"version": lm_eval.__version__, "requested": list(tasks), "tasks": _task_results(out),
+            "include_path": include, "limit": limit, "precision": precision.as_dict(),
             "elapsed_s": time.perf_counter() - started}
 
 

@@ -41,6 +41,9 @@ class Benchmark:
         tok: the model's tokenizer (its chat template renders conversational pairs).
         config: the settings (:class:`~.config.BenchmarkConfig`); or its fields as keyword arguments.
 
+    ``pairs`` and ``manager``: the pairs already read (:func:`read_pairs`) and lm-eval's task manager, shared by the
+    benchmarks of several tokenizers (a followed run's checkpoints).
+
     Example::
 
         bench = Benchmark(tok, prefs="pairs.jsonl", lm_eval="ethics_cm")   # read, checked, tokenised once
@@ -51,18 +54,16 @@ class Benchmark:
     :class:`~tinymcf_callback.errors.MissingExtraError` naming the extra a source or lm-eval needs.
     """
 
-    def __init__(self, tok, config: BenchmarkConfig | None = None, **settings):
+    def __init__(self, tok, config: BenchmarkConfig | None = None, *, pairs=None, manager=None, **settings):
         self.config = config = config if config is not None else BenchmarkConfig(**settings)
         self.tok = tok
         self.pairs = self.encoded = self.seqs = self.manager = None
         if config.prefs:
-            self.pairs = load_pairs(config.prefs, configs=config.configs, split=config.split,
-                                    revision=config.revision, limit=config.limit, per_config=config.per_config,
-                                    seed=config.seed)
+            self.pairs = pairs if pairs is not None else read_pairs(config)
             self.encoded = encode_pairs(tok, self.pairs)
             self.seqs = sequences_of(self.encoded)
         if config.lm_eval:
-            self.manager = task_manager(list(config.lm_eval), config.lm_eval_include)
+            self.manager = manager or task_manager(list(config.lm_eval), config.lm_eval_include)
 
     @property
     def source(self) -> dict | None:
@@ -93,7 +94,7 @@ class Benchmark:
         with probe_mode(model) as precision:
             scores, strategy, calls, found = score_sequences(model, seqs, batches, pad_id=pad_token_id(model, self.tok),
                                                              precision=precision, self_check=self.config.self_check,
-                                                             progress=progress)
+                                                             progress=progress, ragged=not size.balance)
         elapsed = time.perf_counter() - started
         chosen, rejected = scores[seqs.chosen], scores[seqs.rejected]
         pairs, config = self.pairs, self.config
@@ -112,6 +113,12 @@ class Benchmark:
         config = self.config
         return run_tasks(model, self.tok, list(config.lm_eval), include=config.lm_eval_include,
                          limit=config.lm_eval_limit, manager=self.manager)
+
+
+def read_pairs(config: BenchmarkConfig):
+    """The pairs ``config`` names, read and checked (:func:`~.pairs.load_pairs`)."""
+    return load_pairs(config.prefs, configs=config.configs, split=config.split, revision=config.revision,
+                      limit=config.limit, per_config=config.per_config, seed=config.seed)
 
 
 def evaluate_benchmark(model, tok, prefs: str | None = None, lm_eval=None, *, config: BenchmarkConfig | None = None,

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import EngineMismatchError, UnsupportedModelError
-from ..scoring.batching import BatchSize, plan_batches
+from ..scoring.batching import BatchSize
 from ..scoring.engine import ModelCall, log_once, split_on_oom
 from ..scoring.model_info import (
     ForwardArgs,
@@ -67,6 +67,12 @@ STRATEGY_WORDS = {"shared": "shared prompts (key/value cache)", "full": "full se
 TOLERANCE = 4e-5
 N_CHECKED = 4  # sequences compared with each alone, per scoring
 LOGITS_BYTES = 2**28  # a forward call returns at most about this many bytes of continuation logits (and their copy)
+# On the CPU's plan a call pads a row by at most this share of its widest row, once it holds MIN_CALL_TOKENS padded
+# tokens: a padded token costs a real one's compute, while a further forward call of a few hundred tokens costs little
+# more than its tokens (SmolLM2-135M, fp32, 2 cores: the test pairs' padded tokens went from 1.65x their real ones to
+# 1.2x, benchmarks/prefs.py).
+SLACK = 0.25
+MIN_CALL_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -122,18 +128,46 @@ def _shared_start(prompts: list[list[int]]) -> int:
 
 
 def plan_pair_batches(seqs: Sequences, size: BatchSize, vocab: int | None) -> list[list[int]]:
-    """Which prompts (with all their continuations) share a forward call: the engine's token budget over each
-    prompt's longest sequence and its rows, and at most :data:`LOGITS_BYTES` of continuation logits a call."""
-    conts_of: dict[int, list[int]] = {}
+    """Which prompts (with all their continuations) share a forward call, longest prompts first: at most the
+    engine's token budget (each sequence's row as wide as the call's longest prompt and continuation), its
+    ``max_batch_size`` sequences and :data:`LOGITS_BYTES` of continuation logits; on the CPU's plan also no prompt
+    shorter than ``1 - SLACK`` of the call's widest once the call holds :data:`MIN_CALL_TOKENS` (a padded token costs
+    a real one's compute, and the pairs' prompts vary in length more than the vignettes' do)."""
+    rows_of: dict[int, list[int]] = {}
     for s, p in enumerate(seqs.prompt_of):
-        conts_of.setdefault(p, []).append(len(seqs.conts[s]))
-    lengths = [len(seqs.prompts[p]) + max(conts_of[p]) for p in range(len(seqs.prompts))]
-    rows = [len(conts_of[p]) for p in range(len(seqs.prompts))]
-    max_rows = size.max_batch_size
-    if vocab:
-        longest = max(max(v) for v in conts_of.values())
-        max_rows = max(1, min(max_rows, LOGITS_BYTES // (8 * vocab * longest)))
-    return plan_batches(lengths, size.token_budget, max_rows, sizes=rows, balance=size.balance)
+        rows_of.setdefault(p, []).append(s)
+    own = {p: len(seqs.prompts[p]) - seqs.root for p in rows_of}
+    tails = {p: [len(seqs.conts[s]) - 1 for s in rows_of[p]] for p in rows_of}
+    logit_rows = (LOGITS_BYTES // (8 * vocab)) if vocab else None  # continuation positions a call may return
+    batches, cur, width, tail, rows, kept = [], [], 0, 0, 0, 0
+    for p in sorted(rows_of, key=lambda p: (-own[p], p)):
+        w, t, r, k = max(width, own[p]), max(tail, *tails[p]), rows + len(rows_of[p]), kept + sum(tails[p])
+        full = r * (w + t) > size.token_budget or r > size.max_batch_size or (logit_rows and k > logit_rows)
+        ragged = not size.balance and own[p] < (1 - SLACK) * width and rows * (width + tail) >= MIN_CALL_TOKENS
+        if cur and (full or ragged):
+            batches.append(cur)
+            cur, w, t, r, k = [], own[p], max(tails[p]), len(rows_of[p]), sum(tails[p])
+        cur.append(p)
+        width, tail, rows, kept = w, t, r, k
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def length_runs(items: list[int], lengths: dict[int, int], *, ragged: bool) -> list[list[int]]:
+    """``items`` longest first, in runs that share a forward call: with ``ragged``, a new run when an item is shorter
+    than ``1 - SLACK`` of its run's longest and the run holds :data:`MIN_CALL_TOKENS` padded tokens; else one run."""
+    ordered = sorted(items, key=lambda i: (-lengths[i], i))
+    runs: list[list[int]] = []
+    for i in ordered:
+        if runs and ragged and lengths[i] < (1 - SLACK) * lengths[runs[-1][0]] and \
+                lengths[runs[-1][0]] * len(runs[-1]) >= MIN_CALL_TOKENS:
+            runs.append([i])
+        elif runs:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def vocab_size(model) -> int | None:
@@ -158,27 +192,61 @@ def takes_position_mask(model) -> bool:
 
 class PairRunner:
     """One strategy over a :class:`Sequences`: :meth:`logps` gives the sequences of a batch of prompts their
-    continuations' log-probabilities (a float64 array, in :meth:`Sequences.of_prompts` order)."""
+    continuations' log-probabilities (float64, in :meth:`Sequences.of_prompts` order).
 
-    def __init__(self, name: str, model, seqs: Sequences, pad_id: int, call: ModelCall | None = None):
+    ``ragged``: split a batch's continuations (and, on the full path, its sequences) into calls of similar lengths
+    (:func:`length_runs`); the CPU's plan does, a GPU's (few large calls) does not.
+    """
+
+    def __init__(self, name: str, model, seqs: Sequences, pad_id: int, call: ModelCall | None = None,
+                 ragged: bool = True):
         if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-        self.name, self.model, self.seqs, self.pad_id = name, model, seqs, pad_id
+        self.name, self.model, self.seqs, self.pad_id, self.ragged = name, model, seqs, pad_id, ragged
         self.call = call or ModelCall(model)
         self.args = ForwardArgs.of(model)
         self.masked = takes_position_mask(model)
         self.device = model_device(model)
         self.root_cache = None
 
-    def logps(self, batch: list[int], widths: tuple[int, int] | None = None) -> np.ndarray:
-        """``widths``: pad the prompts and continuations to these widths (the self-check's replay of a few rows as
-        their whole forward call padded them)."""
+    def runs(self, batch: list[int]) -> list[list[int]]:
+        """The sequences of ``batch`` by forward call: on the shared path the continuations' calls (after one call of
+        the prompts), on the full path the sequences' calls, unpadded one sequence a call."""
+        order = self.seqs.of_prompts(batch)
+        if self.name == "unpadded":
+            return [[s] for s in order]
         if self.name == "shared":
-            return self._shared(batch, widths)
-        if self.name == "full":
-            return self._full(self.seqs.of_prompts(batch), widths)
-        out = [self._full([s]) for s in self.seqs.of_prompts(batch)]
-        return np.concatenate(out) if out else np.zeros(0)
+            return length_runs(order, {s: len(self.seqs.conts[s]) - 1 for s in order}, ragged=self.ragged)
+        return length_runs(order, {s: len(self.seqs.ids(s)) - 1 for s in order}, ragged=self.ragged)
+
+    def layout(self, batch: list[int]) -> dict[int, tuple[int, int]]:
+        """The widths each sequence of ``batch`` was padded to: (prompt width after the shared start, continuation
+        width) on the shared path, (row width, 0) on the full path, (0, 0) unpadded."""
+        seqs, out = self.seqs, {}
+        width = max(len(seqs.prompts[p]) - seqs.root for p in batch)
+        for run in self.runs(batch):
+            if self.name == "shared":
+                tail = max(len(seqs.conts[s]) - 1 for s in run)
+                out.update(dict.fromkeys(run, (width, tail)))
+            elif self.name == "full":
+                out.update(dict.fromkeys(run, (max(len(seqs.ids(s)) - 1 for s in run), 0)))
+            else:
+                out.update(dict.fromkeys(run, (0, 0)))
+        return out
+
+    def logps(self, batch: list[int], widths: tuple[int, int] | None = None,
+              only: list[int] | None = None) -> np.ndarray:
+        """With ``widths`` and ``only``: those sequences in one call padded to ``widths`` (the self-check's replay of
+        a row as its call padded it)."""
+        order = self.seqs.of_prompts(batch)
+        runs = [only] if only is not None else self.runs(batch)
+        if self.name == "shared":
+            values = self._shared(batch, runs, widths)
+        else:
+            values = {}
+            for run in runs:
+                values.update(zip(run, self._full(run, widths and widths[0]), strict=True))
+        return np.array([values[s] for s in (only if only is not None else order)], dtype=np.float64)
 
     # the shared strategy ---------------------------------------------------------------------------------------
     def _new_cache(self):
@@ -201,7 +269,9 @@ class PairRunner:
             self.root_cache = cache
         return self.root_cache
 
-    def _shared(self, batch: list[int], widths) -> np.ndarray:
+    def _shared(self, batch: list[int], runs: list[list[int]], widths) -> dict[int, float]:
+        """The prompts of ``batch`` in one call on the shared start's cache (keeping their last position's logits:
+        each continuation's first token), then each run of continuations on their prompts' cache rows."""
         seqs, r, dev, base = self.seqs, self.seqs.root, self.device, self.args.position_base
         cache = copy.deepcopy(self._root())
         if r:
@@ -211,24 +281,34 @@ class PairRunner:
         first = self.call(input_ids=mid_ids.to(dev), attention_mask=torch.cat([ones, mid_mask], 1).to(dev),
                           position_ids=positions_after(mid_mask, base + r).to(dev), use_cache=True, logits_to_keep=1,
                           **{self.args.cache_kw: cache})[:, -1]
-        order = seqs.of_prompts(batch)
         row = {p: n for n, p in enumerate(batch)}
-        rows = torch.tensor([row[seqs.prompt_of[s]] for s in order])
-        # a continuation's first token: predicted by its prompt's last position, once for every continuation of it
-        out = token_logps(first[rows.to(dev)], [seqs.conts[s][0] for s in order]).numpy()
-        tails = [seqs.conts[s][:-1] for s in order]  # each later token: predicted by the position of the one before
-        if not any(tails):
-            return out
+        values = {}
+        for n, run in enumerate(runs):
+            rows = torch.tensor([row[seqs.prompt_of[s]] for s in run])
+            # a continuation's first token: predicted by its prompt's last position (the same row for both of a pair)
+            out = token_logps(first[rows.to(dev)], [seqs.conts[s][0] for s in run]).numpy()
+            tails = [seqs.conts[s][:-1] for s in run]  # each later token: predicted by the position of the one before
+            if any(len(t) for t in tails):
+                here = cache if n == len(runs) - 1 else copy.deepcopy(cache)  # the last run may take the prompts' own
+                out = out + self._tail(here, run, rows, mid_mask, tails, widths and widths[1])
+            values.update(zip(run, out, strict=True))
+        return values
+
+    def _tail(self, cache, run: list[int], rows: torch.Tensor, mid_mask: torch.Tensor, tails: list[list[int]],
+              width: int | None) -> np.ndarray:
+        """A run of continuations (but their last tokens) on their prompts' cache rows, right-padded, the logits at
+        their real positions only."""
+        seqs, r, dev, base = self.seqs, self.seqs.root, self.device, self.args.position_base
         cache.batch_select_indices(rows.to(dev))
-        tail_ids, tail_mask = right_pad(tails, self.pad_id, widths and widths[1])
+        tail_ids, tail_mask = right_pad(tails, self.pad_id, width)
         mid_len = mid_mask.sum(-1)[rows][:, None]
-        mask = torch.cat([torch.ones((len(order), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
+        mask = torch.cat([torch.ones((len(run), r), dtype=torch.long), mid_mask[rows], tail_mask], 1)
         positions = base + r + mid_len + torch.arange(tail_ids.shape[1])[None]
         keep = tail_mask.bool()
         logits = self._kept(keep, input_ids=tail_ids.to(dev), attention_mask=mask.to(dev),
                             position_ids=positions.to(dev), use_cache=True, **{self.args.cache_kw: cache})
-        targets = [t for s in order for t in seqs.conts[s][1:]]
-        return out + scatter_sums(token_logps(logits, targets), row_of_positions(keep), len(order))
+        targets = [t for s in run for t in seqs.conts[s][1:]]
+        return scatter_sums(token_logps(logits, targets), row_of_positions(keep), len(run))
 
     def _kept(self, keep: torch.Tensor, **kwargs) -> torch.Tensor:
         """The logits of the positions ``keep`` marks, ``[kept positions, vocabulary]`` in row-major order: asked of
@@ -242,19 +322,18 @@ class PairRunner:
         return logits[keep.to(logits.device)]
 
     # the full and unpadded strategies --------------------------------------------------------------------------
-    def _full(self, order: list[int], widths=None) -> np.ndarray:
-        """Each sequence of ``order`` as one row, prompt and continuation but its last token, left-padded."""
+    def _full(self, run: list[int], width: int | None = None) -> np.ndarray:
+        """Each sequence of ``run`` as one row, prompt and continuation but its last token, left-padded."""
         seqs, dev = self.seqs, self.device
-        rows = [seqs.ids(s)[:-1] for s in order]
-        ids, mask = left_pad(rows, self.pad_id, widths and widths[0])
-        span = torch.tensor([len(seqs.conts[s]) for s in order])[:, None]
+        ids, mask = left_pad([seqs.ids(s)[:-1] for s in run], self.pad_id, width)
+        span = torch.tensor([len(seqs.conts[s]) for s in run])[:, None]
         keep = (torch.arange(ids.shape[1])[None] >= ids.shape[1] - span) & mask.bool()
         kwargs = {"input_ids": ids.to(dev), "attention_mask": mask.to(dev), "use_cache": False}
         if self.args.position_ids:
             kwargs["position_ids"] = positions_after(mask, self.args.position_base).to(dev)
         logits = self._kept(keep, **kwargs)
-        targets = [t for s in order for t in seqs.conts[s]]
-        return scatter_sums(token_logps(logits, targets), row_of_positions(keep), len(order))
+        targets = [t for s in run for t in seqs.conts[s]]
+        return scatter_sums(token_logps(logits, targets), row_of_positions(keep), len(run))
 
 
 def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,40 +402,27 @@ def first_strategy(model, seqs: Sequences) -> tuple[str, str | None]:
     return ("full", blocker) if blocker else ("shared", None)
 
 
-def batch_layout(seqs: Sequences, batch: list[int], strategy: str) -> tuple[int, int] | None:
-    """The widths ``strategy`` pads ``batch`` to: (prompt width after the shared start, continuation width) on the
-    shared path, (row width, 0) on the full path, None unpadded."""
-    order = seqs.of_prompts(batch)
-    if strategy == "shared":
-        return (max(len(seqs.prompts[p]) - seqs.root for p in batch), max(len(seqs.conts[s]) - 1 for s in order))
-    if strategy == "full":
-        return (max(len(seqs.ids(s)) - 1 for s in order), 0)
-    return None
-
-
-def padding(seqs: Sequences, batches: list[list[int]], strategy: str) -> dict[int, tuple[int, int]]:
-    """Each sequence's padded slots from ``strategy``: (before its prompt, after its continuation)."""
-    out = {}
+def padding(runner: PairRunner, batches: list[list[int]]) -> dict[int, tuple[int, int]]:
+    """Each sequence's padded slots on ``runner``'s strategy: (before its prompt or row, after its continuation)."""
+    seqs, out = runner.seqs, {}
     for batch in batches:
-        layout = batch_layout(seqs, batch, strategy)
-        for s in seqs.of_prompts(batch):
-            if strategy == "shared":
-                out[s] = (layout[0] - len(seqs.prompts[seqs.prompt_of[s]]) + seqs.root, layout[1] - len(seqs.conts[s])
-                          + 1)
-            elif strategy == "full":
-                out[s] = (layout[0] - len(seqs.ids(s)) + 1, 0)
+        for s, (width, tail) in runner.layout(batch).items():
+            if runner.name == "shared":
+                out[s] = (width - len(seqs.prompts[seqs.prompt_of[s]]) + seqs.root, tail - len(seqs.conts[s]) + 1)
+            elif runner.name == "full":
+                out[s] = (width - len(seqs.ids(s)) + 1, 0)
             else:
                 out[s] = (0, 0)
     return out
 
 
-def checked_sequences(seqs: Sequences, batches: list[list[int]], strategy: str, k: int = N_CHECKED) -> list[int]:
+def checked_sequences(runner: PairRunner, batches: list[list[int]], k: int = N_CHECKED) -> list[int]:
     """The sequences a strategy treats most differently from each alone (at most ``k``): the most padded before its
-    prompt, the most padded after its continuation, the most padded of the last forward call, and a one-token
-    continuation (its score comes from the prompt's call alone); ties to the lower index."""
+    prompt, the most padded after its continuation, the most padded of the last batch, and a one-token continuation
+    (its score comes from the prompt's call alone); ties to the lower index."""
     if not batches:
         return []
-    pads = padding(seqs, batches, strategy)
+    seqs, pads = runner.seqs, padding(runner, batches)
     ranked = sorted(pads, key=lambda s: (-sum(pads[s]), s))
     picks = [min(pads, key=lambda s: (-pads[s][0], s)), min(pads, key=lambda s: (-pads[s][1], s)),
              min(seqs.of_prompts(batches[-1]), key=lambda s: (-sum(pads[s]), s))]
@@ -438,13 +504,15 @@ def run_batches(runner: PairRunner, batches: list[list[int]], progress: bool = F
     return out
 
 
-def check(model, seqs: Sequences, batches: list[list[int]], strategy: str, scores: np.ndarray, compute: str | None,
-          pad_id: int, fallbacks: list[str], tolerance: float = TOLERANCE) -> PairCheck:
+def check(runner: PairRunner, batches: list[list[int]], scores: np.ndarray, compute: str | None,
+          fallbacks: list[str], tolerance: float = TOLERANCE) -> PairCheck:
     """Compare a few sequences (:func:`checked_sequences`) with each scored alone: in float32 as they are, or, for a
-    model computing in a reduced precision, the strategy's rows and each alone replayed in float32."""
+    model computing in a reduced precision, each checked sequence as its call padded it and each alone, both replayed
+    in float32."""
     started = time.perf_counter()
-    idx = checked_sequences(seqs, batches, strategy)
-    found = PairCheck(strategy, idx, 0.0, tolerance, compute, "float32", fallbacks=list(fallbacks))
+    model, seqs = runner.model, runner.seqs
+    idx = checked_sequences(runner, batches)
+    found = PairCheck(runner.name, idx, 0.0, tolerance, compute, "float32", fallbacks=list(fallbacks))
     tokens = np.array([len(seqs.conts[s]) for s in idx], dtype=float)
     if compute not in REDUCED_PRECISIONS:
         call = ModelCall(model)
@@ -453,15 +521,12 @@ def check(model, seqs: Sequences, batches: list[list[int]], strategy: str, score
     else:
         found.reference = "float32 replay"
         target = without_compile(model)
-        runner = PairRunner(strategy, target, seqs, pad_id)
+        replayed = PairRunner(runner.name, target, seqs, runner.pad_id, ragged=runner.ragged)
+        where = {s: (batch, widths) for batch in batches for s, widths in runner.layout(batch).items()}
         try:
             with float32_replay(target, model_device(model)) as (replay, seen):
-                fast = np.full(len(seqs.conts), np.nan)
-                for batch in batches:
-                    mine = [p for p in batch if any(seqs.prompt_of[s] == p for s in idx)]
-                    if mine:
-                        fast[seqs.of_prompts(mine)] = runner.logps(mine, batch_layout(seqs, batch, strategy))
-                alone = score_alone(target, seqs, idx, runner.call)
+                fast = np.array([replayed.logps([seqs.prompt_of[s]], where[s][1], only=[s])[0] for s in idx])
+                alone = score_alone(target, seqs, idx, replayed.call)
             if replay.impure is not None or seen.seen != "float32":
                 found.note = f"the float32 replay was not pure float32 ({replay.impure or seen.seen})"
         except (UnsupportedModelError, KeyboardInterrupt):
@@ -469,12 +534,12 @@ def check(model, seqs: Sequences, batches: list[list[int]], strategy: str, score
         except Exception as e:  # noqa: BLE001 - a replay that cannot run costs the check, never the scores
             found.note = f"the float32 replay failed ({describe(e)})"
         if found.note is None:
-            found.max_diff = _largest((fast[idx] - alone) / tokens)
+            found.max_diff = _largest((fast - alone) / tokens)
             found.scored_diff = _largest((scores[idx] - alone) / tokens)
         else:
             log_once(model, f"preference pairs: {class_name(model)} was not checked against each sequence alone: "
                             f"{found.note}")
-        found.n_forward = runner.call.n_forward
+        found.n_forward = replayed.call.n_forward
     found.seconds = time.perf_counter() - started
     return found
 
@@ -486,7 +551,8 @@ def _largest(diffs: np.ndarray) -> float:
 
 
 def score_sequences(model, seqs: Sequences, batches: list[list[int]], *, pad_id: int, precision=None,
-                    self_check: bool = True, progress: bool = False) -> tuple[np.ndarray, str, int, PairCheck | None]:
+                    self_check: bool = True, progress: bool = False,
+                    ragged: bool = True) -> tuple[np.ndarray, str, int, PairCheck | None]:
     """Every distinct sequence scored by the fastest strategy that agrees with each sequence alone; returns the
     scores, the strategy, the forward calls and the check. ``precision``: the running
     :func:`~tinymcf_callback.scoring.mode.probe_mode`'s, whose compute precision (known once a forward call ran)
@@ -498,7 +564,7 @@ def score_sequences(model, seqs: Sequences, batches: list[list[int]], *, pad_id:
     level, fallbacks, calls = STRATEGIES.index(start), [], 0
     while True:
         strategy = STRATEGIES[level]
-        runner = PairRunner(strategy, model, seqs, pad_id)
+        runner = PairRunner(strategy, model, seqs, pad_id, ragged=ragged)
         try:
             scores = run_batches(runner, batches, progress)
         except (UnsupportedModelError, torch.OutOfMemoryError, KeyboardInterrupt):
@@ -514,7 +580,7 @@ def score_sequences(model, seqs: Sequences, batches: list[list[int]], *, pad_id:
         if not self_check:
             return scores, strategy, calls, None
         compute = precision.compute if precision is not None else None
-        found = check(model, seqs, batches, strategy, scores, compute, pad_id, fallbacks)
+        found = check(runner, batches, scores, compute, fallbacks)
         calls += found.n_forward
         if found.passed():
             return scores, strategy, calls, found

@@ -98,17 +98,20 @@ class Trackers:
         self.curve = {line["step"]: line for line in lines if is_point(line) and line.get("metrics")}
 
     def send(self, line: dict, *, rows: list[dict] | None = None, again: bool = False,
-             label: str = "moral probe") -> bool:
+             label: str = "moral probe", curve: bool = True) -> bool:
         """Give ``line`` to every sink (a gap line, which holds no number, to none); True when all took it.
 
         ``rows``: the probe's per-vignette rows; ``again``: a line an earlier sweep or watch wrote, sent again (no
-        rows, no figure).
+        rows, no figure); ``curve=False``: a line beside the probe's curve (the benchmark's), its metrics at its step
+        but neither in the curve the figure draws nor with rows or a figure of its own.
         """
         if not line.get("metrics"):
             return True
-        if line.get("event") == BASELINE_EVENT and line["step"] == 0:
+        if curve and line.get("event") == BASELINE_EVENT and line["step"] == 0:
             self.curve = {}  # a step-0 baseline starts a new run in the folder: its curve starts again
-        self.curve[line["step"]] = line
+        if curve:
+            self.curve[line["step"]] = line
+        again = again or not curve
         point = Point(line, rows=None if again else list(rows or []), curve=[self.curve[s] for s in sorted(self.curve)])
         if not again:
             point.figure = self._draw(point.curve, label)
