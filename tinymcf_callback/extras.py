@@ -32,7 +32,6 @@ EXTRAS = {
     "gguf": ("gguf", "loading GGUF checkpoints (--gguf-file)"),
     "deepspeed": ("deepspeed", "reading DeepSpeed ZeRO checkpoints (their float32 weights, zero_to_fp32)"),
     "datasets": ("prefs", "reading preference pairs from a Hugging Face dataset (--prefs NAME or a dataset folder)"),
-    "pyarrow": ("prefs", "reading preference pairs from a .parquet file"),
     "lm_eval": ("lmeval", "running lm-evaluation-harness tasks beside the probe (--lm-eval)"),
 }
 

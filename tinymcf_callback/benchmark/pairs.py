@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ProbeDataError
-from ..extras import require
+from ..errors import MissingExtraError, ProbeDataError
+from ..extras import install_hint, require
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's preference format (explicit prompt)
 CONFIG_COLUMN = "config"  # a local file's optional column: the config (subset) each pair belongs to
@@ -118,8 +118,10 @@ def _read_file(path: Path, configs: tuple[str, ...]) -> tuple[list[tuple[str, li
         elif suffix == ".csv":
             records = pd.read_csv(path, dtype=str, keep_default_na=False).to_dict(orient="records")
         else:
-            require("pyarrow")
             records = pd.read_parquet(path).to_dict(orient="records")
+    except ImportError:  # pandas reads parquet through pyarrow, which datasets brings
+        raise MissingExtraError(f"reading {path} needs pyarrow, which the [prefs] extra brings: "
+                                f"{install_hint('datasets')}") from None
     except (UnicodeDecodeError, ValueError, OSError) as e:
         raise ProbeDataError(f"{path} cannot be read as {suffix[1:]}: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
