@@ -86,16 +86,16 @@ def roles_of(at: At, saves: Iterable[int], *, length: int | None, ended: bool) -
     if "start" in at.roles:
         add(0, "start")
     later = [s for s in saves if s > 0]
-    if "end" in at.roles:
-        if length is not None and length in later:
-            add(length, "end")
-        elif ended and later:
-            add(later[-1], "end")
     if "middle" in at.roles:
         if length is not None and later and later[-1] >= length:
             add(nearest(later, length / 2), "middle")
         elif ended and later:
             add(nearest(later, later[-1] / 2), "middle")
+    if "end" in at.roles:
+        if length is not None and length in later:
+            add(length, "end")
+        elif ended and later:
+            add(later[-1], "end")
     for s in at.steps:
         if s in saves:
             add(s, "step")
