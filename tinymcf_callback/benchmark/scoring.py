@@ -22,8 +22,8 @@ prompt and continuation as one left-padded row, no cache) and ``"unpadded"`` (ea
 or padding (:func:`score_alone`), on a few sequences a strategy treats most differently from alone (the most
 padded prompt, the most padded continuation, one of the last forward call), padded as they were in their call; in
 float32, or replayed in float32 when the model computes in a reduced precision (the vignette self-check's
-:func:`~tinymcf_callback.scoring.replay.float32_replay`). A strategy that disagrees by more than
-:data:`TOLERANCE` is left for the next, and the scores come from the one that agrees.
+:func:`~tinymcf_callback.scoring.replay.float32_replay`). A strategy that disagrees by more than :data:`TOLERANCE`
+a continuation token is left for the next, and the scores come from the one that agrees.
 """
 
 from __future__ import annotations
@@ -85,12 +85,11 @@ class Sequences:
     chosen: list[int]  # each pair's chosen sequence
     rejected: list[int]  # each pair's rejected sequence
     root: int  # the leading tokens every prompt shares, computed once (fewer than the shortest prompt's)
+    by_prompt: list[list[int]] = field(default_factory=list)  # each prompt's sequences
 
     def of_prompts(self, batch: list[int]) -> list[int]:
         """The sequences of the prompts in ``batch``, prompt by prompt."""
-        wanted = {p: n for n, p in enumerate(batch)}
-        return sorted((s for s, p in enumerate(self.prompt_of) if p in wanted), key=lambda s: (wanted[self.prompt_of
-                                                                                                          [s]], s))
+        return [s for p in batch for s in self.by_prompt[p]]
 
     def ids(self, s: int) -> list[int]:
         """Sequence ``s`` whole: its prompt, then its continuation."""
@@ -115,7 +114,10 @@ def sequences_of(encoded: EncodedPairs) -> Sequences:
             ids.append(si)
         chosen.append(ids[0])
         rejected.append(ids[1])
-    return Sequences(prompts, conts, prompt_of, chosen, rejected, _shared_start(prompts))
+    by_prompt: list[list[int]] = [[] for _ in prompts]
+    for s, p in enumerate(prompt_of):
+        by_prompt[p].append(s)
+    return Sequences(prompts, conts, prompt_of, chosen, rejected, _shared_start(prompts), by_prompt)
 
 
 def _shared_start(prompts: list[list[int]]) -> int:
@@ -133,9 +135,7 @@ def plan_pair_batches(seqs: Sequences, size: BatchSize, vocab: int | None) -> li
     ``max_batch_size`` sequences and :data:`LOGITS_BYTES` of continuation logits; on the CPU's plan also no prompt
     shorter than ``1 - SLACK`` of the call's widest once the call holds :data:`MIN_CALL_TOKENS` (a padded token costs
     a real one's compute, and the pairs' prompts vary in length more than the vignettes' do)."""
-    rows_of: dict[int, list[int]] = {}
-    for s, p in enumerate(seqs.prompt_of):
-        rows_of.setdefault(p, []).append(s)
+    rows_of = dict(enumerate(seqs.by_prompt))
     own = {p: len(seqs.prompts[p]) - seqs.root for p in rows_of}
     tails = {p: [len(seqs.conts[s]) - 1 for s in rows_of[p]] for p in rows_of}
     logit_rows = (LOGITS_BYTES // (8 * vocab)) if vocab else None  # continuation positions a call may return

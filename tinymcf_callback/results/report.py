@@ -52,6 +52,8 @@ REPORT_FIELDS = {
     "prompts": (LIST, "one row per prompt (PROMPT_FIELDS)"),
 }
 EXTRA_FIELDS = {"tag": (STR, "the run's label (tinymcf eval)"),
+                "prefs": (OBJECT, "tinymcf eval --prefs: the preference pairs' block (docs/benchmark.md)"),
+                "lm_eval": (OBJECT, "tinymcf eval --lm-eval: lm-eval's results (docs/benchmark.md)"),
                 "step": (INT, "the training step (the callback's reports)"),
                 "epoch": (NUM_OR_NULL, "the training epoch (the callback's reports)")}
 INFO_FIELDS = {

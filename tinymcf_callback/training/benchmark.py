@@ -33,16 +33,15 @@ logger = logging.getLogger("tinymcf_callback")
 def benchmark_of(prefs=None, lm_eval=None, benchmark=None) -> BenchmarkConfig | None:
     """The callback's benchmark settings: ``benchmark`` (a :class:`BenchmarkConfig` or its fields as a dict, a
     restored callback's), with ``prefs`` and ``lm_eval`` as shortcuts; None when none is asked."""
-    if isinstance(benchmark, dict):
-        benchmark = BenchmarkConfig(**benchmark)
-    if benchmark is not None and not isinstance(benchmark, BenchmarkConfig):
-        raise ConfigError(f"benchmark= must be a tinymcf_callback.BenchmarkConfig, got {type(benchmark).__name__}")
-    if prefs is None and lm_eval is None:
-        return benchmark
     given = {k: v for k, v in (("prefs", prefs), ("lm_eval", lm_eval)) if v is not None}
-    if benchmark is None:
-        return BenchmarkConfig(**given)
-    return BenchmarkConfig(**{**benchmark.as_dict(), **given})
+    if isinstance(benchmark, BenchmarkConfig):
+        benchmark = benchmark.as_dict()
+    if benchmark is not None and not isinstance(benchmark, dict):
+        raise ConfigError(f"benchmark= must be a tinymcf_callback.BenchmarkConfig (or a dict of its fields), got "
+                          f"{type(benchmark).__name__}")
+    if not given and not benchmark:
+        return None
+    return BenchmarkConfig(**{**(benchmark or {}), **given})
 
 
 def planned_saves(args, state) -> list[int]:
