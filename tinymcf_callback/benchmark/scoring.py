@@ -65,7 +65,11 @@ STRATEGY_WORDS = {"shared": "shared prompts (key/value cache)", "full": "full se
 # on a sum; the reference's unmasked forward computes the same attention another way), tiny random Qwen3 8e-7. A
 # position off by one or a continuation seeing its padding moves a sum by 0.05 nats or more.
 TOLERANCE = 4e-5
-N_CHECKED = 4  # sequences compared with each alone, per scoring
+N_CHECKED = 4  # sequences compared with each alone, per scoring, at most ...
+CHECK_SHARE = 0.05  # ... and as many as cost about this share of the scoring (at least one)
+# What a forward call costs besides its tokens, in tokens: SmolLM2-135M fp32 on 2 cores took 35 ms for a call of one
+# token and 1.15 ms a token in calls of 256-1024 (benchmarks/prefs.py's profile), so a call is worth ~30 tokens.
+CALL_TOKENS = 30
 LOGITS_BYTES = 2**28  # a forward call returns at most about this many bytes of continuation logits (and their copy)
 # On the CPU's plan a call pads a row by at most this share of its widest row, once it holds MIN_CALL_TOKENS padded
 # tokens: a padded token costs a real one's compute, while a further forward call of a few hundred tokens costs little
@@ -416,6 +420,25 @@ def padding(runner: PairRunner, batches: list[list[int]]) -> dict[int, tuple[int
     return out
 
 
+def check_count(runner: PairRunner, batches: list[list[int]]) -> int:
+    """How many sequences the check compares: as many of the riskiest as cost about :data:`CHECK_SHARE` of the
+    scoring (in padded tokens and :data:`CALL_TOKENS` a call; each alone is a call of its own), one at least,
+    :data:`N_CHECKED` at most. A few dozen pairs get one; a benchmark of thousands, four."""
+    seqs, cost = runner.seqs, 0
+    for batch in batches:
+        layout = runner.layout(batch)
+        runs = runner.runs(batch)
+        if runner.name == "shared":  # the prompts' call, then each run of continuations on the cache
+            cost += CALL_TOKENS + len(batch) * max(w for w, _ in layout.values())
+            cost += sum(CALL_TOKENS + len(run) * layout[run[0]][1] for run in runs)
+        elif runner.name == "full":
+            cost += sum(CALL_TOKENS + len(run) * layout[run[0]][0] for run in runs)
+        else:
+            cost += sum(CALL_TOKENS + len(seqs.ids(run[0])) for run in runs)
+    alone = CALL_TOKENS + float(np.mean([len(seqs.ids(s)) for s in range(len(seqs.conts))]))
+    return int(min(N_CHECKED, max(1, CHECK_SHARE * cost // alone)))
+
+
 def checked_sequences(runner: PairRunner, batches: list[list[int]], k: int = N_CHECKED) -> list[int]:
     """The sequences a strategy treats most differently from each alone (at most ``k``): the most padded before its
     prompt, the most padded after its continuation, the most padded of the last batch, and a one-token continuation
@@ -511,7 +534,7 @@ def check(runner: PairRunner, batches: list[list[int]], scores: np.ndarray, comp
     in float32."""
     started = time.perf_counter()
     model, seqs = runner.model, runner.seqs
-    idx = checked_sequences(runner, batches)
+    idx = checked_sequences(runner, batches, check_count(runner, batches))
     found = PairCheck(runner.name, idx, 0.0, tolerance, compute, "float32", fallbacks=list(fallbacks))
     tokens = np.array([len(seqs.conts[s]) for s in idx], dtype=float)
     if compute not in REDUCED_PRECISIONS:
