@@ -14,7 +14,7 @@ the same model, the same token ids (:func:`tinymcf_callback.benchmark.encoding.e
   has tokenised, on the same ids; margin = its chosen log-likelihood minus its rejected one.
 
 Each margin of every method must equal ``tinymcf``'s within the engine's float32 tolerance times the tokens
-(``scoring.TOLERANCE``), or the run fails (exit 1). The methods run in interleaved rounds (``--runs``), each keeping
+(``selfcheck.TOLERANCE``), or the run fails (exit 1). The methods run in interleaved rounds (``--runs``), each keeping
 its best, with ``--threads`` torch threads. The token counts say what bounds the ratio: lm-eval runs every
 sequence whole, the engine each prompt once and the continuations on top, so the ratio grows with how much of a pair
 is prompt (and with a chat template's shared header), and cannot pass the ratio of the two token counts by much.
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tinymcf_callback.benchmark.runner import Benchmark  # noqa: E402
-from tinymcf_callback.benchmark.scoring import TOLERANCE  # noqa: E402
+from tinymcf_callback.benchmark.selfcheck import TOLERANCE  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "prefs"
 SOURCES = {"plain": str(DATA / "ethics_like.jsonl"), "chat": str(DATA / "ethics_like_chat.jsonl")}

@@ -23,7 +23,7 @@ from helpers.trainer_utils import make_trainer
 
 from tinymcf_callback import Benchmark, MoralProbeCallback, compare_steps
 from tinymcf_callback.benchmark.history import read_bench
-from tinymcf_callback.benchmark.scoring import TOLERANCE
+from tinymcf_callback.benchmark.selfcheck import TOLERANCE
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.results.history import read_lines
 
@@ -198,6 +198,6 @@ def test_smollm2_margins_equal_a_plain_transformers_computation(source, smollm2)
             logp = torch.log_softmax(logits.double(), -1)
             ref = float(sum(logp[len(enc.prompt[i]) - 1 + j, t] for j, t in enumerate(ids)))
             worst = max(worst, abs(row[f"{side}_logp"] - ref) / len(ids))
-    # the float32 spread of SmolLM2-135M a token, measured at 1.33e-5 (scoring.TOLERANCE is held to it)
+    # the float32 spread of SmolLM2-135M a token, measured at 1.33e-5 (selfcheck.TOLERANCE is held to it)
     assert worst <= TOLERANCE
     assert math.isfinite(block["accuracy"]) and 0 <= block["accuracy_lo"] <= block["accuracy"] <= block["accuracy_hi"]

@@ -28,7 +28,9 @@ from .config import BenchmarkConfig
 from .encoding import encode_pairs
 from .lmeval import run_tasks, task_manager
 from .pairs import load_pairs
-from .scoring import plan_pair_batches, score_sequences, sequences_of, vocab_size
+from .scoring import vocab_size
+from .selfcheck import score_sequences
+from .sequences import plan_pair_batches, sequences_of
 from .text import benchmark_lines
 
 logger = logging.getLogger(__name__)

@@ -13,17 +13,13 @@ cache of the one before:
 
 The log-softmax is taken at those positions only (a ``logsumexp`` over the vocabulary and the target's logit), in
 float32, and summed per continuation in float64. Nothing ``[batch, sequence, vocabulary]``-sized is ever built.
-Which prompts share a forward call is planned apart, from token counts only (:func:`plan_pair_batches`, with the
-engine's token budget and a cap on the logits one call returns).
+Which prompts share a forward call is planned apart, from token counts only
+(:func:`~.sequences.plan_pair_batches`, with the engine's token budget and a cap on the logits one call returns).
 
 Two safer strategies follow, as in the vignette engine (:mod:`tinymcf_callback.scoring.engine`): ``"full"`` (each
-prompt and continuation as one left-padded row, no cache) and ``"unpadded"`` (each sequence alone). The self-check
-(:func:`check`) holds the chosen strategy to the simplest reference, each sequence scored alone with no cache, mask
-or padding (:func:`score_alone`), on a few sequences a strategy treats most differently from alone (the most
-padded prompt, the most padded continuation, one of the last forward call), padded as they were in their call; in
-float32, or replayed in float32 when the model computes in a reduced precision (the vignette self-check's
-:func:`~tinymcf_callback.scoring.replay.float32_replay`). A strategy that disagrees by more than :data:`TOLERANCE`
-a continuation token is left for the next, and the scores come from the one that agrees.
+prompt and continuation as one left-padded row, no cache) and ``"unpadded"`` (each sequence alone).
+:mod:`.selfcheck` holds the chosen one to the simplest reference, :func:`score_alone`, and moves on when they
+disagree.
 """
 
 from __future__ import annotations
@@ -32,146 +28,26 @@ import contextlib
 import copy
 import logging
 import sys
-import time
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
-from ..errors import EngineMismatchError, UnsupportedModelError
-from ..scoring.batching import BatchSize
-from ..scoring.engine import ModelCall, log_once, split_on_oom
+from ..scoring.engine import ModelCall, split_on_oom
 from ..scoring.model_info import (
     ForwardArgs,
-    class_name,
     model_config,
     model_device,
     padding_problem,
     shared_prefix_blocker,
     unwrap_model,
 )
-from ..scoring.replay import float32_replay, without_compile
-from ..scoring.selfcheck import REDUCED_PRECISIONS, describe
-from .encoding import EncodedPairs
+from .sequences import Sequences, length_runs
 
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("shared", "full", "unpadded")  # fastest first, each safer than the one before
 STRATEGY_WORDS = {"shared": "shared prompts (key/value cache)", "full": "full sequences (left-padded)",
                   "unpadded": "each sequence alone"}
-# Largest |log P(continuation | prompt)| difference per continuation token, in nats, allowed between a strategy and
-# each sequence scored alone in float32 (a sum over n tokens is held to n times it). Measured (every sequence of the
-# project's test pairs, plain and chat, sums of 1-18 tokens, two token budgets): SmolLM2-135M 1.33e-5 a token (1.4e-4
-# on a sum; the reference's unmasked forward computes the same attention another way), tiny random Qwen3 8e-7. A
-# position off by one or a continuation seeing its padding moves a sum by 0.05 nats or more.
-TOLERANCE = 4e-5
-N_CHECKED = 4  # sequences compared with each alone, per scoring, at most ...
-CHECK_SHARE = 0.05  # ... and as many as cost about this share of the scoring (at least one)
-# What a forward call costs besides its tokens, in tokens: SmolLM2-135M fp32 on 2 cores took 35 ms for a call of one
-# token and 1.15 ms a token in calls of 256-1024 (benchmarks/prefs.py's profile), so a call is worth ~30 tokens.
-CALL_TOKENS = 30
-LOGITS_BYTES = 2**28  # a forward call returns at most about this many bytes of continuation logits (and their copy)
-# On the CPU's plan a call pads a row by at most this share of its widest row, once it holds MIN_CALL_TOKENS padded
-# tokens: a padded token costs a real one's compute, while a further forward call of a few hundred tokens costs little
-# more than its tokens (SmolLM2-135M, fp32, 2 cores: the test pairs' padded tokens went from 1.65x their real ones to
-# 1.2x, benchmarks/prefs.py).
-SLACK = 0.25
-MIN_CALL_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class Sequences:
-    """The distinct (prompt, continuation) sequences of a pair set: each prompt and each continuation scored once."""
-
-    prompts: list[list[int]]  # the distinct prompts
-    conts: list[list[int]]  # each sequence's continuation
-    prompt_of: list[int]  # each sequence's prompt
-    chosen: list[int]  # each pair's chosen sequence
-    rejected: list[int]  # each pair's rejected sequence
-    root: int  # the leading tokens every prompt shares, computed once (fewer than the shortest prompt's)
-    by_prompt: list[list[int]] = field(default_factory=list)  # each prompt's sequences
-
-    def of_prompts(self, batch: list[int]) -> list[int]:
-        """The sequences of the prompts in ``batch``, prompt by prompt."""
-        return [s for p in batch for s in self.by_prompt[p]]
-
-    def ids(self, s: int) -> list[int]:
-        """Sequence ``s`` whole: its prompt, then its continuation."""
-        return self.prompts[self.prompt_of[s]] + self.conts[s]
-
-
-def sequences_of(encoded: EncodedPairs) -> Sequences:
-    """Distinct prompts and (prompt, continuation) sequences of ``encoded``, and the start all prompts share."""
-    prompt_index: dict[tuple, int] = {}
-    seq_index: dict[tuple, int] = {}
-    prompts, conts, prompt_of, chosen, rejected = [], [], [], [], []
-    for p, c, r in zip(encoded.prompt, encoded.chosen, encoded.rejected, strict=True):
-        pi = prompt_index.setdefault(tuple(p), len(prompt_index))
-        if pi == len(prompts):
-            prompts.append(list(p))
-        ids = []
-        for cont in (c, r):
-            si = seq_index.setdefault((pi, tuple(cont)), len(seq_index))
-            if si == len(conts):
-                conts.append(list(cont))
-                prompt_of.append(pi)
-            ids.append(si)
-        chosen.append(ids[0])
-        rejected.append(ids[1])
-    by_prompt: list[list[int]] = [[] for _ in prompts]
-    for s, p in enumerate(prompt_of):
-        by_prompt[p].append(s)
-    return Sequences(prompts, conts, prompt_of, chosen, rejected, _shared_start(prompts), by_prompt)
-
-
-def _shared_start(prompts: list[list[int]]) -> int:
-    """How many leading tokens every prompt shares, leaving each prompt at least its last token of its own."""
-    n = min(len(p) for p in prompts) - 1
-    k = 0
-    while k < n and all(p[k] == prompts[0][k] for p in prompts[1:]):
-        k += 1
-    return k
-
-
-def plan_pair_batches(seqs: Sequences, size: BatchSize, vocab: int | None) -> list[list[int]]:
-    """Which prompts (with all their continuations) share a forward call, longest prompts first: at most the
-    engine's token budget (each sequence's row as wide as the call's longest prompt and continuation), its
-    ``max_batch_size`` sequences and :data:`LOGITS_BYTES` of continuation logits; on the CPU's plan also no prompt
-    shorter than ``1 - SLACK`` of the call's widest once the call holds :data:`MIN_CALL_TOKENS` (a padded token costs
-    a real one's compute, and the pairs' prompts vary in length more than the vignettes' do)."""
-    rows_of = dict(enumerate(seqs.by_prompt))
-    own = {p: len(seqs.prompts[p]) - seqs.root for p in rows_of}
-    tails = {p: [len(seqs.conts[s]) - 1 for s in rows_of[p]] for p in rows_of}
-    logit_rows = (LOGITS_BYTES // (8 * vocab)) if vocab else None  # continuation positions a call may return
-    batches, cur, width, tail, rows, kept = [], [], 0, 0, 0, 0
-    for p in sorted(rows_of, key=lambda p: (-own[p], p)):
-        w, t, r, k = max(width, own[p]), max(tail, *tails[p]), rows + len(rows_of[p]), kept + sum(tails[p])
-        full = r * (w + t) > size.token_budget or r > size.max_batch_size or (logit_rows and k > logit_rows)
-        ragged = not size.balance and own[p] < (1 - SLACK) * width and rows * (width + tail) >= MIN_CALL_TOKENS
-        if cur and (full or ragged):
-            batches.append(cur)
-            cur, w, t, r, k = [], own[p], max(tails[p]), len(rows_of[p]), sum(tails[p])
-        cur.append(p)
-        width, tail, rows, kept = w, t, r, k
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def length_runs(items: list[int], lengths: dict[int, int], *, ragged: bool) -> list[list[int]]:
-    """``items`` longest first, in runs that share a forward call: with ``ragged``, a new run when an item is shorter
-    than ``1 - SLACK`` of its run's longest and the run holds :data:`MIN_CALL_TOKENS` padded tokens; else one run."""
-    ordered = sorted(items, key=lambda i: (-lengths[i], i))
-    runs: list[list[int]] = []
-    for i in ordered:
-        if runs and ragged and lengths[i] < (1 - SLACK) * lengths[runs[-1][0]] and \
-                lengths[runs[-1][0]] * len(runs[-1]) >= MIN_CALL_TOKENS:
-            runs.append([i])
-        elif runs:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 def vocab_size(model) -> int | None:
@@ -406,53 +282,6 @@ def first_strategy(model, seqs: Sequences) -> tuple[str, str | None]:
     return ("full", blocker) if blocker else ("shared", None)
 
 
-def padding(runner: PairRunner, batches: list[list[int]]) -> dict[int, tuple[int, int]]:
-    """Each sequence's padded slots on ``runner``'s strategy: (before its prompt or row, after its continuation)."""
-    seqs, out = runner.seqs, {}
-    for batch in batches:
-        for s, (width, tail) in runner.layout(batch).items():
-            if runner.name == "shared":
-                out[s] = (width - len(seqs.prompts[seqs.prompt_of[s]]) + seqs.root, tail - len(seqs.conts[s]) + 1)
-            elif runner.name == "full":
-                out[s] = (width - len(seqs.ids(s)) + 1, 0)
-            else:
-                out[s] = (0, 0)
-    return out
-
-
-def check_count(runner: PairRunner, batches: list[list[int]]) -> int:
-    """How many sequences the check compares: as many of the riskiest as cost about :data:`CHECK_SHARE` of the
-    scoring (in padded tokens and :data:`CALL_TOKENS` a call; each alone is a call of its own), one at least,
-    :data:`N_CHECKED` at most. A few dozen pairs get one; a benchmark of thousands, four."""
-    seqs, cost = runner.seqs, 0
-    for batch in batches:
-        layout = runner.layout(batch)
-        runs = runner.runs(batch)
-        if runner.name == "shared":  # the prompts' call, then each run of continuations on the cache
-            cost += CALL_TOKENS + len(batch) * max(w for w, _ in layout.values())
-            cost += sum(CALL_TOKENS + len(run) * layout[run[0]][1] for run in runs)
-        elif runner.name == "full":
-            cost += sum(CALL_TOKENS + len(run) * layout[run[0]][0] for run in runs)
-        else:
-            cost += sum(CALL_TOKENS + len(seqs.ids(run[0])) for run in runs)
-    alone = CALL_TOKENS + float(np.mean([len(seqs.ids(s)) for s in range(len(seqs.conts))]))
-    return int(min(N_CHECKED, max(1, CHECK_SHARE * cost // alone)))
-
-
-def checked_sequences(runner: PairRunner, batches: list[list[int]], k: int = N_CHECKED) -> list[int]:
-    """The sequences a strategy treats most differently from each alone (at most ``k``): the most padded before its
-    prompt, the most padded after its continuation, the most padded of the last batch, and a one-token continuation
-    (its score comes from the prompt's call alone); ties to the lower index."""
-    if not batches:
-        return []
-    seqs, pads = runner.seqs, padding(runner, batches)
-    ranked = sorted(pads, key=lambda s: (-sum(pads[s]), s))
-    picks = [min(pads, key=lambda s: (-pads[s][0], s)), min(pads, key=lambda s: (-pads[s][1], s)),
-             min(seqs.of_prompts(batches[-1]), key=lambda s: (-sum(pads[s]), s))]
-    picks += [s for s in ranked if len(seqs.conts[s]) == 1][:1]
-    return list(dict.fromkeys(picks + ranked))[:k]
-
-
 # ---- the reference: each sequence alone ----------------------------------------------------------------------
 def score_alone(model, seqs: Sequences, idx: list[int], call: ModelCall | None = None) -> np.ndarray:
     """The simplest reference: each sequence of ``idx`` alone, prompt and continuation ids in one forward call with no
@@ -472,44 +301,6 @@ def score_alone(model, seqs: Sequences, idx: list[int], call: ModelCall | None =
     return np.array(out, dtype=np.float64)
 
 
-# ---- scoring with the check ----------------------------------------------------------------------------------
-@dataclass
-class PairCheck:
-    """A scoring's self-check: the strategy's continuations against each sequence scored alone."""
-
-    strategy: str
-    checked: list[int]  # sequences compared (indices into the distinct sequences)
-    max_diff: float  # largest |log P difference| per continuation token over them, in nats, in the reference precision
-    tolerance: float  # what max_diff is held to
-    precision: str | None  # what the scores were computed in
-    reference: str  # "float32", or "float32 replay" for a reduced-precision model
-    scored_diff: float | None = None  # with a replay: the scores as computed against the float32 reference
-    note: str | None = None  # why no comparison was made (a replay that could not run)
-    fallbacks: list[str] = field(default_factory=list)
-    n_forward: int = 0
-    seconds: float = 0.0
-
-    def passed(self) -> bool:
-        return self.note is not None or self.max_diff <= self.tolerance
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class PairScores:
-    """Every pair's ``log P(chosen | prompt)`` and ``log P(rejected | prompt)``, in the pairs' order."""
-
-    chosen: np.ndarray
-    rejected: np.ndarray
-    strategy: str
-    n_forward: int
-    n_sequences: int
-    n_prompts: int
-    check: dict | None
-    precision: dict
-    batches: dict
-    seconds: float
 
 
 def run_batches(runner: PairRunner, batches: list[list[int]], progress: bool = False) -> np.ndarray:
@@ -525,95 +316,3 @@ def run_batches(runner: PairRunner, batches: list[list[int]], progress: bool = F
                 out[order] = values
                 bar.update(len(order))
     return out
-
-
-def check(runner: PairRunner, batches: list[list[int]], scores: np.ndarray, compute: str | None,
-          fallbacks: list[str], tolerance: float = TOLERANCE) -> PairCheck:
-    """Compare a few sequences (:func:`checked_sequences`) with each scored alone: in float32 as they are, or, for a
-    model computing in a reduced precision, each checked sequence as its call padded it and each alone, both replayed
-    in float32."""
-    started = time.perf_counter()
-    model, seqs = runner.model, runner.seqs
-    idx = checked_sequences(runner, batches, check_count(runner, batches))
-    found = PairCheck(runner.name, idx, 0.0, tolerance, compute, "float32", fallbacks=list(fallbacks))
-    tokens = np.array([len(seqs.conts[s]) for s in idx], dtype=float)
-    if compute not in REDUCED_PRECISIONS:
-        call = ModelCall(model)
-        alone = score_alone(model, seqs, idx, call)
-        found.max_diff, found.n_forward = _largest((scores[idx] - alone) / tokens), call.n_forward
-    else:
-        found.reference = "float32 replay"
-        target = without_compile(model)
-        replayed = PairRunner(runner.name, target, seqs, runner.pad_id, ragged=runner.ragged)
-        where = {s: (batch, widths) for batch in batches for s, widths in runner.layout(batch).items()}
-        try:
-            with float32_replay(target, model_device(model)) as (replay, seen):
-                fast = np.array([replayed.logps([seqs.prompt_of[s]], where[s][1], only=[s])[0] for s in idx])
-                alone = score_alone(target, seqs, idx, replayed.call)
-            if replay.impure is not None or seen.seen != "float32":
-                found.note = f"the float32 replay was not pure float32 ({replay.impure or seen.seen})"
-        except (UnsupportedModelError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # noqa: BLE001 - a replay that cannot run costs the check, never the scores
-            found.note = f"the float32 replay failed ({describe(e)})"
-        if found.note is None:
-            found.max_diff = _largest((fast - alone) / tokens)
-            found.scored_diff = _largest((scores[idx] - alone) / tokens)
-        else:
-            log_once(model, f"preference pairs: {class_name(model)} was not checked against each sequence alone: "
-                            f"{found.note}")
-        found.n_forward = replayed.call.n_forward
-    found.seconds = time.perf_counter() - started
-    return found
-
-
-def _largest(diffs: np.ndarray) -> float:
-    if not len(diffs):
-        return 0.0
-    return float("inf") if np.isnan(diffs).any() else float(np.abs(diffs).max())
-
-
-def score_sequences(model, seqs: Sequences, batches: list[list[int]], *, pad_id: int, precision=None,
-                    self_check: bool = True, progress: bool = False,
-                    ragged: bool = True) -> tuple[np.ndarray, str, int, PairCheck | None]:
-    """Every distinct sequence scored by the fastest strategy that agrees with each sequence alone; returns the
-    scores, the strategy, the forward calls and the check. ``precision``: the running
-    :func:`~tinymcf_callback.scoring.mode.probe_mode`'s, whose compute precision (known once a forward call ran)
-    decides whether the check replays in float32. A strategy that raises or disagrees is left for the next (said
-    once per model); :class:`~tinymcf_callback.errors.EngineMismatchError` when even the last disagrees."""
-    start, reason = first_strategy(model, seqs)
-    if reason is not None:
-        log_once(model, f"preference pairs: {class_name(model)} starts on {STRATEGY_WORDS[start]}: {reason}")
-    level, fallbacks, calls = STRATEGIES.index(start), [], 0
-    while True:
-        strategy = STRATEGIES[level]
-        runner = PairRunner(strategy, model, seqs, pad_id, ragged=ragged)
-        try:
-            scores = run_batches(runner, batches, progress)
-        except (UnsupportedModelError, torch.OutOfMemoryError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # noqa: BLE001 - a fast path the model does not take: the next strategy
-            calls += runner.call.n_forward
-            if level == len(STRATEGIES) - 1:
-                raise
-            fallbacks.append(f"{STRATEGY_WORDS[strategy]} failed ({describe(e)})")
-            level += 1
-            continue
-        calls += runner.call.n_forward
-        if not self_check:
-            return scores, strategy, calls, None
-        compute = precision.compute if precision is not None else None
-        found = check(runner, batches, scores, compute, fallbacks)
-        calls += found.n_forward
-        if found.passed():
-            return scores, strategy, calls, found
-        why = (f"{STRATEGY_WORDS[strategy]} gave log-probabilities {found.max_diff:.1e} a token away from each "
-               f"sequence scored alone ({found.reference}, {len(found.checked)} sequences checked), above the "
-               f"tolerance {found.tolerance:.0e}")
-        if level == len(STRATEGIES) - 1:
-            raise EngineMismatchError(f"{class_name(model)}: even {why}: the pairs cannot be scored right on this "
-                                      "model, so nothing is reported rather than a wrong number")
-        fallbacks.append(why)
-        log_once(model, f"preference pairs: {class_name(model)}: {why}; scoring {STRATEGY_WORDS[STRATEGIES[level + 1]]}"
-                        " instead", key=("pairs fallback", strategy))
-        level += 1
