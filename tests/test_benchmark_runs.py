@@ -201,3 +201,25 @@ def test_smollm2_margins_equal_a_plain_transformers_computation(source, smollm2)
     # the float32 spread of SmolLM2-135M a token, measured at 1.33e-5 (selfcheck.TOLERANCE is held to it)
     assert worst <= TOLERANCE
     assert math.isfinite(block["accuracy"]) and 0 <= block["accuracy_lo"] <= block["accuracy"] <= block["accuracy_hi"]
+
+
+def test_the_eval_report_holds_the_benchmark_beside_the_probe(tiny_dir, tmp_path, capsys):
+    from helpers.report_schema import BENCHMARK_FIELDS, EVAL_CLI_FIELDS, check_report_schema
+
+    from tinymcf_callback.benchmark.analysis import PREFS_FIELDS
+    from tinymcf_callback.benchmark.lmeval import LM_EVAL_FIELDS
+
+    out = tmp_path / "report.json"
+    assert tinymcf(["eval", "--model", tiny_dir, *PROBE, "--tag", "t", *BENCH, "--json", out]) == 0
+    printed = capsys.readouterr().out
+    assert "preference pairs" in printed and f"lm-eval 0.4.13 {TASK}" in printed
+    data = json.loads(out.read_text())
+    check_report_schema(data, {**EVAL_CLI_FIELDS, **BENCHMARK_FIELDS})
+    assert list(data["prefs"]) == list(PREFS_FIELDS) and list(data["lm_eval"]) == list(LM_EVAL_FIELDS)
+    prefs = data["prefs"]
+    assert prefs["n_pairs"] == 12 and [r["config"] for r in prefs["configs"]] == ["commonsense", "deontology",
+                                                                                   "justice", "utilitarianism"]
+    assert [r["margin"] for r in prefs["pairs"]] == pytest.approx([r["chosen_logp"] - r["rejected_logp"]
+                                                                   for r in prefs["pairs"]])
+    assert prefs["accuracy_lo"] <= prefs["accuracy"] <= prefs["accuracy_hi"]
+    assert prefs["source"]["sha256"] and prefs["source"]["per_config"] == 3

@@ -17,6 +17,7 @@ import pytest
 from helpers.report_schema import (
     ADAPTIVE,
     BACKEND,
+    BENCHMARK_FIELDS,
     DICT,
     EVAL_CLI_FIELDS,
     INFO_FIELDS,
@@ -53,7 +54,7 @@ def test_the_schema_written_in_the_code_is_the_one_documented_here():
 
     kinds = lambda part: {name: kind for name, (kind, _) in fmt.SCHEMA[part].items()}  # noqa: E731
     assert kinds("report") == REPORT_FIELDS
-    assert kinds("extra") == {**EVAL_CLI_FIELDS, "step": INT, "epoch": NUM_OR_NULL}
+    assert kinds("extra") == {**EVAL_CLI_FIELDS, **BENCHMARK_FIELDS, "step": INT, "epoch": NUM_OR_NULL}
     assert kinds("info") == {**INFO_FIELDS, "adaptive": DICT}  # adaptive: a probe with a precision target only
     assert kinds("self_check") == SELF_CHECK and kinds("backend") == BACKEND and kinds("adaptive") == ADAPTIVE
     assert kinds("table") == TABLE_ROW and kinds("scenarios") == RATED_SCENARIO and kinds("prompts") == RATED_PROMPT

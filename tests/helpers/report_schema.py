@@ -23,8 +23,8 @@ REPORT_FIELDS = {
     "level": NUM_OR_NULL, "n_resamples": INT, "seed": INT, "prompt_digest": STR,
     "info": DICT, "frames": DICT, "table": LIST, "scenarios": LIST, "prompts": LIST,
 }
-EVAL_CLI_FIELDS = {"tag": STR, "prefs": DICT, "lm_eval": DICT}  # the eval CLI's report adds these (the last two with
-# --prefs and --lm-eval: the benchmark's blocks)
+EVAL_CLI_FIELDS = {"tag": STR}  # the eval CLI's report adds this
+BENCHMARK_FIELDS = {"prefs": DICT, "lm_eval": DICT}  # and these with --prefs and --lm-eval: the benchmark's blocks
 INFO_FIELDS = {
     "yn_mass_mean": NUM_OR_NULL, "yn_mass_min": NUM_OR_NULL, "frame_agreement": NUM_OR_NULL,
     "human_corr": NUM_OR_NULL, "yn_top3_rate": NUM_OR_NULL, "n_prompts": INT, "n_vignettes": INT,
