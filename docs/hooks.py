@@ -2,7 +2,8 @@
 
 ``{{ schema:<part> }}`` is a part of the JSON report's schema (``tinymcf_callback.results.report.SCHEMA``),
 ``{{ history_line }}`` the history line's fields, ``{{ settings }}`` every ProbeConfig field with
-its default, option and help. So the docs cannot drift from the formats and settings the code has.
+its default, option and help; ``{{ prefs_block }}``, ``{{ lm_eval_block }}`` and ``{{ bench_line }}`` the slow
+benchmark's. So the docs cannot drift from the formats and settings the code has.
 """
 
 from __future__ import annotations
@@ -26,6 +27,27 @@ def _settings_table() -> str:
     return "\n".join(rows)
 
 
+def _prefs_fields():
+    from tinymcf_callback.benchmark.analysis import PREFS_FIELDS
+
+    return PREFS_FIELDS
+
+
+def _lm_eval_fields():
+    from tinymcf_callback.benchmark.lmeval import LM_EVAL_FIELDS
+
+    return LM_EVAL_FIELDS
+
+
+def _bench_line_fields():
+    from tinymcf_callback.benchmark.history import BENCH_LINE_FIELDS
+
+    return BENCH_LINE_FIELDS
+
+
+BENCHMARK_TABLES = {"prefs_block": _prefs_fields, "lm_eval_block": _lm_eval_fields, "bench_line": _bench_line_fields}
+
+
 def _replace(match: re.Match) -> str:
     from tinymcf_callback.results.history import (
         DOSE_LINE_FIELDS,
@@ -46,6 +68,8 @@ def _replace(match: re.Match) -> str:
         return schema_markdown(OUTSIDE_LINE_FIELDS)
     if name == "superseding_line":
         return schema_markdown(SUPERSEDING_LINE_FIELDS)
+    if name in BENCHMARK_TABLES:
+        return schema_markdown(BENCHMARK_TABLES[name]())
     if name.startswith("schema:"):
         return schema_markdown(name.split(":", 1)[1])
     raise ValueError(f"unknown docs placeholder {{{{ {name} }}}}")

@@ -23,7 +23,7 @@ from tinymcf_callback.data.home import folders
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = ("index.md", "python.md", "callback.md", "steering.md", "watch.md", "preparing.md")
+PAGES = ("index.md", "python.md", "callback.md", "steering.md", "watch.md", "preparing.md", "benchmark.md")
 NOT_RUN = {"cli.md": "synopses and figures of runs named on the page", "demo.md": "an excerpt of examples/demo.py",
            "validity.md": "synopses of examples/validity.py",
            "measurements.md": "the GPU benchmark on a lent GPU machine with its wheels (tests/test_gpu_bench.py runs "

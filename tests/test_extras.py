@@ -36,7 +36,9 @@ HIDDEN = {"openai": ("openai",), "dotenv": ("dotenv",), "vaderSentiment": ("vade
           "vaderSentiment.vaderSentiment"), "matplotlib": ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"),
           "wandb": ("wandb",), "tensorboard": ("tensorboard",), "peft": ("peft",), "gguf": ("gguf",),
           "mlflow": ("mlflow", "mlflow.tracking", "mlflow.entities"), "trackio": ("trackio",),
-          "deepspeed": ("deepspeed", "deepspeed.utils", "deepspeed.utils.zero_to_fp32")}
+          "deepspeed": ("deepspeed", "deepspeed.utils", "deepspeed.utils.zero_to_fp32"),
+          "datasets": ("datasets",),
+          "lm_eval": ("lm_eval", "lm_eval.tasks", "lm_eval.models", "lm_eval.models.huggingface")}
 
 
 def hide(monkeypatch, module: str) -> None:
@@ -150,6 +152,9 @@ def test_the_plot_needs_only_matplotlib(monkeypatch, capsys, history, tmp_path):
     ("sweep --report-to trackio", "trackio", "trackio"),
     ("sweep --report-to tensorboard", "tensorboard", "tensorboard"),
     ("sweep --report-to wandb", "wandb", "wandb"),
+    ("eval --lm-eval", "lm_eval", "lmeval"),
+    ("eval --prefs a Hub dataset", "datasets", "prefs"),
+    ("sweep --prefs a Hub dataset", "datasets", "prefs"),
 ])
 def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra, monkeypatch, capsys, tiny_dir,
                                                          history, tmp_path):
@@ -177,6 +182,12 @@ def test_commands_that_need_an_extra_name_it_in_one_line(command, module, extra,
             "validate": ["validate", "--name", "scifi", "--limit", "1", *llm],
             "eval --endpoint": ["eval", "--endpoint", server.base_url, "--model", "m", "--tokenizer", tiny_dir,
                                 "--limit", "1"],
+            "eval --lm-eval": ["eval", "--model", tiny_dir, "--limit", "1", "--device", "cpu", "--lm-eval",
+                               "ethics_cm"],
+            "eval --prefs a Hub dataset": ["eval", "--model", tiny_dir, "--limit", "1", "--device", "cpu", "--prefs",
+                                           "wassname/ethics_expression_preferences", "--config", "commonsense"],
+            "sweep --prefs a Hub dataset": ["sweep", run, "--base-model", tiny_dir, "--limit", "1", "--prefs",
+                                            "wassname/ethics_expression_preferences", "--config", "justice"],
         }[command]
         rc, out, err = run_hidden(monkeypatch, capsys, module, argv)
     one_error_line(rc, err, f"pip install 'tinymcf_callback[{extra}]'")

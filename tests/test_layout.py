@@ -9,7 +9,7 @@ The parts, from the bottom up (a module may import its own part and the parts be
     rundir    rundir/                                  a run folder: its record, hand-off queue, checkpoints
     trackers  trackers/                                where a history line goes: TensorBoard, wandb, accelerate
     probe     probe.py, config.py, loading.py,         Probe, evaluate, ProbeConfig, loading a model: the composition;
-              stopping.py                              a probe that stops when it knows enough
+              stopping.py, benchmark/                  a probe that stops when it knows enough; the slow benchmark
     uses      training/, follow/, figures/, steering/  the callback and ProbeLogger; sweep and watch; plots; steering
     cli       cli/ and the __main__ modules            the tinymcf command
     init      __init__.py                              the public names, resolved lazily
@@ -42,7 +42,7 @@ LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
            "registry": "base",
            "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers",
-           "probe": "probe", "config": "probe", "loading": "probe", "stopping": "probe",
+           "probe": "probe", "config": "probe", "loading": "probe", "stopping": "probe", "benchmark": "probe",
            "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli",
            "prepare": "prepare",
            "testing": "testing", "__init__": "init",

@@ -42,6 +42,11 @@ _EXPORTS = {
     "evaluate": "probe",
     "compare": "results.comparison",
     "load_report": "results.report",
+    # the slow benchmark beside the probe: preference pairs and lm-eval tasks
+    "Benchmark": "benchmark.runner",
+    "BenchmarkConfig": "benchmark.config",
+    "evaluate_benchmark": "benchmark.runner",
+    "compare_steps": "benchmark.steps",
     # steering
     "ResidualSteering": "steering.hooks",
     "random_directions": "steering.directions",
@@ -63,10 +68,14 @@ _EXPORTS = {
 
 __all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them equal)
     "analyse",
+    "Benchmark",
+    "BenchmarkConfig",
     "compare",
+    "compare_steps",
     "dose_response",
     "DoseResponse",
     "evaluate",
+    "evaluate_benchmark",
     "format_prompt",
     "format_prompts",
     "FRAMES",
@@ -86,6 +95,9 @@ __all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them 
 ]
 
 if TYPE_CHECKING:
+    from .benchmark.config import BenchmarkConfig
+    from .benchmark.runner import Benchmark, evaluate_benchmark
+    from .benchmark.steps import compare_steps
     from .config import ProbeConfig
     from .data.sets import load_vignettes
     from .errors import TinymcfError

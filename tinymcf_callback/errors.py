@@ -58,6 +58,11 @@ class MissingExtraError(TinymcfError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
 
+class BenchmarkError(TinymcfError, ValueError):
+    """The slow benchmark beside the probe cannot run as asked: an lm-eval task that does not exist or whose data
+    cannot be read, a setting of the preference pairs or of when to score them that cannot be used."""
+
+
 class LoadError(TinymcfError):
     """A model or tokenizer named on the command line cannot be loaded, or a folder cannot be written."""
 

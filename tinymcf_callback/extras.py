@@ -5,7 +5,8 @@ with an extra (``pip install 'tinymcf_callback[prepare]'``): the ``openai`` clie
 ``[prepare]`` and ``[served]``), the ``.env`` reader and the lexicon of ``prepare``, matplotlib for the
 plots (and each probe's figure in the dashboards), wandb, tensorboard, mlflow and trackio for their
 dashboards, peft for adapter checkpoints, gguf for GGUF files,
-deepspeed for ZeRO checkpoints. Every import of one of
+deepspeed for ZeRO checkpoints, datasets for preference pairs on the Hub (``[prefs]``), lm-evaluation-harness
+(``[lmeval]``). Every import of one of
 them goes through here, so a missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
 
@@ -30,6 +31,8 @@ EXTRAS = {
     "peft": ("peft", "scoring PEFT adapter checkpoints"),
     "gguf": ("gguf", "loading GGUF checkpoints (--gguf-file)"),
     "deepspeed": ("deepspeed", "reading DeepSpeed ZeRO checkpoints (their float32 weights, zero_to_fp32)"),
+    "datasets": ("prefs", "reading preference pairs from a Hugging Face dataset (--prefs NAME or a dataset folder)"),
+    "lm_eval": ("lmeval", "running lm-evaluation-harness tasks beside the probe (--lm-eval)"),
 }
 
 

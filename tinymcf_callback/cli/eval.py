@@ -2,8 +2,10 @@
 
 Loads a causal LM (a local folder or a Hub id; with ``HF_HUB_OFFLINE=1`` only local), scores it
 on a vignette set, prints the sanity lines and the per-foundation table, and writes the report
-(``eval_<name>_<tag>.json``, ``eval_<name>_json_<tag>.json`` with ``--answer-format json``)
-atomically into ``--out``. Every probe setting is an option (:func:`~.options.add_probe_options`).
+(``eval_<name>_<tag>.json``, ``eval_<name>_json_<tag>.json`` with ``--answer-format json``, or ``--json FILE``)
+atomically into ``--out``. Every probe setting is an option (:func:`~.options.add_probe_options`). With ``--prefs``
+and ``--lm-eval`` the slow benchmark runs on the same loaded model (:mod:`tinymcf_callback.benchmark`) and the report
+holds its ``prefs`` and ``lm_eval`` blocks beside the probe's numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..errors import LoadError
 from ..extras import require
 from ..loading import load_model, load_tokenizer
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from .bench_options import add_benchmark_options, benchmark_config
 from .options import add_home, add_loading, add_probe_options, add_progress, add_served, probe_config, served_config
 
 NAME = "eval"
@@ -27,8 +30,11 @@ def add_arguments(p) -> None:
     p.add_argument("--tag", default=None, help="label for this run, e.g. step_500 (default: the model folder's name)")
     p.add_argument("--out", default=None, help="folder for the JSON report (default: the current folder)")
     p.add_argument("--gguf-file", default=None, help="a GGUF file inside --model, for GGUF checkpoints")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write the report to FILE (default: --out/eval_<name>_<tag>.json)")
     add_loading(p)
     add_served(p)
+    add_benchmark_options(p)
     add_home(p)
     add_progress(p)
     add_probe_options(p, skip=("target",))  # one model: no change to measure a target's selectivity by
@@ -74,6 +80,8 @@ def local_tokenizer(args):
 def run(args) -> int:
     import torch
 
+    from ..benchmark.runner import Benchmark
+    from ..benchmark.text import benchmark_lines
     from ..probe import Probe
     from ..results.report import write_report
     from ..results.text import format_table, sanity_lines
@@ -81,12 +89,18 @@ def run(args) -> int:
 
     config = probe_config(args)
     served = served_config(args, config)  # built once, checked once
+    bench_config = benchmark_config(args, config)
+    if bench_config is not None and served is not None:
+        from ..errors import ConfigError
+
+        raise ConfigError("--prefs and --lm-eval score a model loaded here: they do not go with --endpoint")
     baseline = read_baseline(args.baseline, config) if args.baseline else None
     out_dir = Path(args.out or ".")
-    check_out_dir(out_dir)
+    check_out_dir(out_dir if args.json is None else Path(args.json).parent)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.gguf_file:
         require("gguf")
+    bench = None
     if served is not None:
         try:
             tok = load_tokenizer(args.tokenizer or args.model, alone=True)
@@ -101,19 +115,26 @@ def run(args) -> int:
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
         model = ServedModel.from_config(served, reference=reference)
     else:
-        probe = Probe(local_tokenizer(args), config=config)  # bad data fail before the weights
+        tok = local_tokenizer(args)
+        probe = Probe(tok, config=config)  # bad data fail before the weights
+        bench = Benchmark(tok, bench_config) if bench_config is not None else None  # the pairs too
         if baseline is not None:
             probe.check_baseline(baseline)
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
     report = probe.run(model, progress=not args.no_progress, baseline=baseline)
     print("\n".join(sanity_lines(report)))
     print(format_table(report["table"]))
+    extra = {}
+    if served is None and bench is not None:
+        extra = bench.run(model, progress=not args.no_progress)
+        print("\n".join(benchmark_lines(extra)))
+        extra = {k: v for k, v in extra.items() if v is not None}
     tag = args.tag or Path(str(args.model).rstrip("/")).name or "model"
     safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)
     fmt = "" if config.answer_format == DEFAULT_ANSWER_FORMAT else f"_{config.answer_format}"
-    path = out_dir / f"eval_{config.name}{fmt}_{safe_tag}.json"
+    path = Path(args.json) if args.json else out_dir / f"eval_{config.name}{fmt}_{safe_tag}.json"
     try:
-        write_report(path, report, tag=tag, model=str(args.model))
+        write_report(path, report, tag=tag, model=str(args.model), **extra)
     except OSError as e:
         raise LoadError(f"cannot write {path}: {e.strerror}") from None
     print(f"[tinymcf] report written to {path}")

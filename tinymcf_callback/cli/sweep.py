@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..trackers.table import requested
+from .bench_options import add_benchmark_options, benchmark_config
 from .options import (
     EXIT_GAPS,
     EXIT_TRAINING_GONE,
@@ -74,6 +75,7 @@ def add_run_arguments(p, *, dashboards: str) -> None:
                    help="a save without a completion marker (a save_pretrained folder, verl with async_save) counts "
                         "once none of its files changed for S seconds (default 5)")
     add_served(p, run=True)
+    add_benchmark_options(p, run=True)
     add_dashboards(p, default=dashboards)
     add_home(p)
     add_progress(p)
@@ -90,7 +92,8 @@ def settings_of(args):
                        dtype=args.dtype, autocast=args.autocast, progress=not args.no_progress,
                        baseline=not args.no_baseline, report_to=tuple(requested(args.report_to)),
                        runs=named_runs(args), figure=not args.no_figure, restart=args.restart,
-                       served=served_config(args, config, run=True), settle=args.settle)
+                       served=served_config(args, config, run=True), settle=args.settle,
+                       benchmark=benchmark_config(args, config))
 
 
 def run(args) -> int:
@@ -123,6 +126,8 @@ def counts(result) -> str:
     if result.deleted:
         parts.append(f"{len(result.deleted)} deleted before they could be scored (gaps)")
     parts.append(f"{len(result.failures)} unreadable")
+    if result.benchmarked:
+        parts.append(f"the benchmark scored at step(s) {', '.join(map(str, result.benchmarked))}")
     return ", ".join(parts)
 
 
@@ -163,6 +168,12 @@ def said_failures(result) -> int:
         for o in result.failures:
             print(f"  {o.folder}: {o.error}", file=sys.stderr)
         problems.append((EXIT_UNSCORED, "checkpoints not scored"))
+    if result.bench_failures:
+        print("error: the benchmark (--prefs, --lm-eval) could not be scored at some steps (their probe lines stand; "
+              "a rerun scores the benchmark again):", file=sys.stderr)
+        for why in result.bench_failures:
+            print(f"  {why}", file=sys.stderr)
+        problems.append((EXIT_UNSCORED, "benchmark steps not scored"))
     if result.undelivered:
         print("error: some points did not reach a dashboard (they are in the history; once it works again, run the "
               "same command with --report-to naming it: it sends the history's lines to it again):", file=sys.stderr)

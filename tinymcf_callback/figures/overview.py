@@ -20,6 +20,7 @@ import numpy as np
 from ..data.sets import CONTROL
 from ..results.curves import FOUNDATION_METRICS, History, Series, subset_label
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from .benchmark import draw_benchmark
 from .drawing import (
     BAND_ALPHA,
     at_least,
@@ -138,7 +139,7 @@ def draw_sanity(subfig, histories, styles, sharex) -> list:
     return axes
 
 
-def draw_legend(subfig, mpl, histories, styles) -> None:
+def draw_legend(subfig, mpl, histories, styles, extra=()) -> None:
     """The runs (colour and marker) and the line-style key, in the otherwise empty top right slot."""
     ax = subfig.add_subplot(1, NCOLS, NCOLS)
     ax.axis("off")
@@ -163,7 +164,7 @@ def draw_legend(subfig, mpl, histories, styles) -> None:
                               markeredgecolor="black", markeredgewidth=1.4,
                               label=f"black ring: flagged over the run\n(run-level p < {alpha:g}: false flags held "
                                     f"to {alpha:g} over all steps)"))
-    handles += dose_handles(mpl, histories, colour="0.1")
+    handles += dose_handles(mpl, histories, colour="0.1") + list(extra)
     legend(ax, handles, loc="center left", title="run (folder)" if len(styles) == 1 else "runs (folders)",
               fontsize=9, title_fontsize=9, frameon=False, alignment="left")
 
@@ -191,13 +192,14 @@ def draw_dashboard(histories: list[History], *, title: str | None = None):
     bottom.suptitle(f"Sanity: is P({pos}) read off most of the model's belief, and do the two questions agree?",
                     fontsize=11, x=0.01, ha="left")
     axes = draw_headline(top, histories, styles)
+    bench = draw_benchmark(axes[0], histories, [s.colour for s in styles])  # its own axis over the score
     axes += draw_foundations(middle, histories, styles, sharex=axes[0])
     axes += draw_sanity(bottom, histories, styles, sharex=axes[0])
     for ax in axes:
         ax.xaxis.set_major_locator(x_locator(mpl, histories, nbins=6))
         if histories[0].x == "coefficient":
             ax.axvline(0.0, color="0.8", linewidth=0.8, zorder=0, label="_unsteered")
-    draw_legend(top, mpl, histories, styles)
+    draw_legend(top, mpl, histories, styles, bench)
     runs = f"{len(histories)} runs" if len(histories) > 1 else histories[0].label
     answers = "" if fmt.name == DEFAULT_ANSWER_FORMAT else f" ({'/'.join(fmt.shown)} answers)"  # json: true/false
     dose = ", dose response along the steering direction" if histories[0].x == "coefficient" else ""

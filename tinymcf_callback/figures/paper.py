@@ -22,6 +22,7 @@ import numpy as np
 from ..data.sets import CONTROL
 from ..results.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from ..scoring.prompts import answer_format_of
+from .benchmark import draw_benchmark
 from .drawing import (
     Labelled,
     Style,
@@ -273,6 +274,7 @@ def draw_paper(histories: list[History], keys: list[str], *, title: str | None =
     grid = fig.subplots(nrows, ncols, sharex=True, sharey="row" if multiples else False, squeeze=False)
     styles = run_styles(histories) if overlay else [None] * len(histories)
     drawn: set[str] = set()
+    bench_handles: list = []
     placed = []  # (axes, panel) in drawing order
     for i, panel in enumerate(panels):
         cells = [(i, j) for j in range(ncols)] if multiples else [divmod(i, ncols)]
@@ -282,6 +284,9 @@ def draw_paper(histories: list[History], keys: list[str], *, title: str | None =
             _style_axes(ax, mpl, histories, panel)
             for h, style in zip(runs, [styles[run]] if multiples else styles, strict=True):
                 drawn |= _draw_paper_panel(ax, mpl, h, panel, style=style)
+            if panel.keys[0] == "score":  # the slow benchmark's accuracies on an axis of their own
+                colours = [s.colour if s else ESTIMATE.colour for s in ([styles[run]] if multiples else styles)]
+                bench_handles = draw_benchmark(ax, runs, colours, fontsize=PAPER_FONT, markersize=3.5) or bench_handles
             if multiples and not any(h.has_value(k) for h in runs for k in panel.keys):
                 ax.text(0.5, 0.5, "no value in this run", transform=ax.transAxes, ha="center", va="center",
                         fontsize=PAPER_FONT - 1, color="0.4")
@@ -309,7 +314,7 @@ def draw_paper(histories: list[History], keys: list[str], *, title: str | None =
             at_least(ax)
         if _is_bottom(ax, grid, nrows, ncols, len(panels), multiples):
             ax.set_xlabel(x_label(histories), fontsize=PAPER_FONT)
-    handles = _paper_handles(mpl, histories, drawn, styles if overlay else None)
+    handles = _paper_handles(mpl, histories, drawn, styles if overlay else None) + bench_handles
     legend_cols = _legend_columns(handles, width)
     if handles:
         legend(fig, handles, loc="outside lower center", ncols=legend_cols, fontsize=PAPER_FONT - 1, frameon=False,

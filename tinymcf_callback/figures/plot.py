@@ -37,6 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..results.curves import History, PlotOptionError, load_histories
+from .benchmark import benchmark_points
 from .drawing import image_format, save_figure
 from .overview import draw_dashboard
 from .paper import PAPER_DPI, chosen_metrics, draw_paper, split_names
@@ -51,6 +52,9 @@ def draw(histories: list[History], *, title: str | None = None, panels=None, met
     the latter draws a paper figure ``width`` inches wide (default 3.4); ``overlay``: its runs on one
     axis instead of one column each. Raises :class:`PlotOptionError` for an option it cannot use.
     """
+    for h in histories:
+        if h.x == "step":
+            h.benchmark = benchmark_points(h)  # the slow benchmark's points, when its history is beside the run's
     keys = chosen_metrics(histories, panels, metrics)
     if keys is None:
         if width is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -106,6 +107,9 @@ class Plan:
     ended: str | None = None  # why the run is over, when it is
     life: str = "unknown"  # the training: alive, gone, quiet (no heartbeat from another machine), ended or unknown
     liveness: str = ""  # what was seen, and where
+    present: dict[int, Checkpoint] = field(default_factory=dict)  # the complete saves at this look, by step
+    saves: list[int] = field(default_factory=list)  # every step the run saved that can be known (saved_steps)
+    length: tuple[int | None, int | None] = (None, None)  # the run's max_steps and save_steps, where it says
 
     @property
     def behind(self) -> int:
@@ -170,6 +174,8 @@ class Planner:
         if plan.pending:
             self._check_loadable(plan)
         plan.gaps = self._gaps(record, present, newest, hold)
+        plan.present, plan.length = present, run_length(record, present)
+        plan.saves = sorted(saved_steps(record, present) | set(present) | set(self.seen))
         if self.following or record is not None:
             self._run_state(plan, record, present, newest)
         plan.notes = [n for n in plan.notes if not (n in self._said or self._said.add(n))]
@@ -457,6 +463,22 @@ def saved_steps(record: RunRecord | None, present: dict[int, Checkpoint]) -> set
     if not all(fits(step) for step in present):
         return set()  # saved by epoch, or by hand: no pattern to infer missed saves from
     return set(range(every, newest.step + 1, every)) | set(present)
+
+
+def run_length(record: RunRecord | None, present: dict[int, Checkpoint]) -> tuple[int | None, int | None]:
+    """The run's ``max_steps`` and ``save_steps``: its record's, else the newest checkpoint's ``trainer_state.json``
+    (None where neither says)."""
+    length = record.max_steps if record is not None else None
+    every = record.save_steps if record is not None else None
+    if (length is None or every is None) and present:
+        state = read_trainer_state(present[max(present)].folder) or {}
+        length = length if length is not None else state.get("max_steps")
+        every = every if every is not None else state.get("save_steps")
+    number = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None  # noqa: E731
+    length, every = number(length), number(every)
+    if every is not None and every < 1:  # a fraction of the run's length (TrainingArguments takes save_steps=0.25)
+        every = math.ceil(every * length) if length else None
+    return (int(length) if length else None), (int(every) if every else None)
 
 
 def _of_branch(step: int, folder: Path, attempt: Attempt | None) -> bool:

@@ -35,10 +35,11 @@ from ..results.history import UNREADABLE_EVENT
 from ..results.text import with_bounds
 from ..rundir.curve import Unwritten
 from ..trackers.sinks import Trackers
+from .benchmark import RunBenchmark, check_followable
 from .guards import precision_clash
 from .planner import Gap, Plan, Planner, Task
 from .processes import agree
-from .scoring import Outcome, ProbeCache, score_task
+from .scoring import Outcome, ProbeCache, in_precision, load_checkpoint, score_task
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class RunResult:
     gaps: list[int] = field(default_factory=list)  # saved steps whose newest line is a gap, at the end
     most_behind: int = 0  # the most complete checkpoints that waited at one look
     undelivered: list[str] = field(default_factory=list)  # per tracker, the points it did not get
+    benchmarked: list[int] = field(default_factory=list)  # steps whose benchmark (--prefs, --lm-eval) was scored
+    bench_failures: list[str] = field(default_factory=list)  # steps whose benchmark failed, and why
 
 
 @dataclass
@@ -89,6 +92,9 @@ class Rounds:
         self.curve = planner.curve
         settings = planner.settings
         self.device = str(state.device) if settings.device in (None, state.device.type) else settings.device
+        check_followable(settings, state.num_processes)
+        self.bench = RunBenchmark(settings) if settings.benchmark is not None else None
+        self.last_plan: Plan | None = None
 
     # ---- what the planner is told to leave alone -----------------------------------------------------------
     def hold(self) -> set[int]:
@@ -113,7 +119,10 @@ class Rounds:
                 self.planner.queue().scored(step, self.planner.settings.consumer)
         self.result.settled = sorted((set(self.result.settled) | set(plan.settled)) - set(self.result.scored))
         self.result.most_behind = max(self.result.most_behind, plan.behind)
+        self.last_plan = plan
+        due = self._benchmark_due(plan, ended=not self.planner.following or plan.ended is not None)
         if not plan.pending:
+            self._benchmark_rest(plan, set())
             return
         settings = self.planner.settings
         if settings.served is not None and settings.served.reload and not self.server_checked:
@@ -131,7 +140,7 @@ class Rounds:
             for k, round_ in enumerate(rounds):
                 with self.state.split_between_processes(round_) as mine:
                     outcomes = [score_task(t, self.planner.settings, plan, self.probes, self.device,
-                                           self.state.process_index)
+                                           self.state.process_index, bench=self.bench if t.step in due else None)
                                 for t in mine]
                 outcomes = sorted(gather_object(outcomes), key=lambda o: o.step)
                 self.planner.saw(plan, outcomes)  # the baseline's scores, the first line's precision: the planner's
@@ -143,6 +152,28 @@ class Rounds:
                 bar.update(len(round_))
         finally:
             bar.close()
+        self._benchmark_rest(plan, {t.step for t in plan.pending})
+
+    # ---- the benchmark beside the run (--prefs, --lm-eval) -------------------------------------------------
+    def _benchmark_due(self, plan: Plan, *, ended: bool) -> dict[int, tuple[str, ...]]:
+        if self.bench is None:
+            return {}
+        return self.bench.look(plan, self.planner.fingerprint, ended=ended)
+
+    def _benchmark_rest(self, plan: Plan, loaded: set[int]) -> None:
+        """The due steps the probe's rounds did not load (their line stood already), each loaded for the benchmark."""
+        if self.bench is None:
+            return
+        def load(checkpoint):
+            return load_checkpoint(checkpoint, plan, self.device), in_precision(plan.precision, self.device)
+        self.result.bench_failures += self.bench.catch_up(plan, loaded, load, self.trackers)
+        self.result.benchmarked = sorted(set(self.result.benchmarked) | set(self.bench.scored))
+
+    def finish_benchmark(self) -> None:
+        """At the end of a watch: the run is over, so its end and middle are known; score what is due."""
+        if self.bench is not None and self.last_plan is not None:
+            self._benchmark_due(self.last_plan, ended=True)
+            self._benchmark_rest(self.last_plan, set())
 
     def _preamble(self, plan: Plan) -> None:
         """The resume line (once), then the gap lines, each once; gaps wait for step 0's line when it is pending."""
@@ -215,11 +246,24 @@ class Rounds:
                     logger.warning("checkpoint-%d was %s (fingerprint %s, was %s): scored again; its new line "
                                    "supersedes the old one", o.step, task.why, o.line["fingerprint"], task.replaces)
                 logger.info("step %d (%s%s): %s", o.step, o.folder, where, summary(o.line))
+            self._write_benchmark(o)
             if not task_is_baseline(by_step[o.step]):
                 self.planner.queue().scored(o.step, self.planner.settings.consumer)
         if outcomes and outcomes[0].report is not None:
             self._gaps(plan)  # step 0's line is in (it starts the history's run): the gaps follow
         return None
+
+    def _write_benchmark(self, o: Outcome) -> None:
+        """The benchmark's lines of a step the probe's round scored (after its probe line), or why it failed."""
+        if self.bench is None:
+            return
+        if o.bench_error is not None:
+            self.result.bench_failures.append(f"step {o.step}: {o.bench_error}")
+            logger.error("step %d (%s): the benchmark was not scored: %s (its probe line stands; a rerun scores the "
+                         "benchmark again)", o.step, o.folder, o.bench_error)
+            return
+        self.bench.write(o.bench, self.trackers)
+        self.result.benchmarked = sorted(set(self.result.benchmarked) | set(self.bench.scored))
 
     def _failed(self, plan: Plan, task: Task, o: Outcome) -> None:
         if o.gone:

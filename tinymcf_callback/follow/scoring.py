@@ -54,6 +54,8 @@ class Outcome:
     rows: list[dict] | None = None  # the per-vignette rows, for the dashboards (when the run reports to some)
     gone: bool = False  # its checkpoint was no longer there when it failed (a gap, not a failure)
     notes: list[str] = field(default_factory=list)  # what its line cannot say, and why (said once by the writer)
+    bench: list[dict] = field(default_factory=list)  # the benchmark's lines of this step (a due step: follow.benchmark)
+    bench_error: str | None = None  # why the benchmark of this step failed (its probe line stands)
     final: bool = False  # trying it again in this run cannot help (CheckpointUnusable): a gap at once
     incomplete: bool = False  # a weight file cut short (CheckpointIncomplete): read again quietly, a copy may finish
 
@@ -134,8 +136,9 @@ def in_precision(precision: Precision | None, device: str):
 
 
 def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache, device: str,
-               process: int) -> Outcome:
-    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``."""
+               process: int, bench=None) -> Outcome:
+    """Load and score one checkpoint into its history line; any failure becomes the outcome's ``error``. ``bench``:
+    the run's :class:`~.benchmark.RunBenchmark` when this step is due for it (scored on the same loaded model)."""
     checkpoint = task.checkpoint
     try:
         before = fingerprint(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
@@ -144,6 +147,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
         why = cut_short(checkpoint.folder, checkpoint.format) if checkpoint.folder.is_dir() else None
         if why is not None:  # neither loaded nor handed to a server, which would load half of it
             raise CheckpointIncomplete(f"{why}; not loaded or sent to a server")
+        benched, bench_error = [], None
         if settings.served is not None:
             report = score_served(checkpoint, before, probe, baseline, settings, plan, probes, device)
         else:
@@ -151,6 +155,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
             try:
                 with in_precision(plan.precision, device):
                     report = probe.run(model, baseline=baseline)
+                    benched, bench_error = score_bench(bench, model, task.tokenizer, checkpoint, before, plan)
             finally:
                 del model
                 release_memory()
@@ -179,7 +184,21 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
     rows = vignette_rows(report, checkpoint.step, vignette_texts(probe.vignettes)) if settings.report_to else None
     return Outcome(checkpoint.step, checkpoint.name, process, line=line,
                    report=report if checkpoint.baseline else None, baseline=baseline if checkpoint.baseline else None,
-                   rows=rows, notes=notes)
+                   rows=rows, notes=notes, bench=benched, bench_error=bench_error)
+
+
+def score_bench(bench, model, tokenizer: str, checkpoint: Checkpoint, weights: str | None,
+                plan: Plan) -> tuple[list[dict], str | None]:
+    """The benchmark's lines of a due step on the model the probe has just scored, or why it failed: a benchmark that
+    cannot run costs its own result, never the probe's line."""
+    if bench is None:
+        return [], None
+    try:
+        return bench.score(model, tokenizer, checkpoint, weights, plan), None
+    except (KeyboardInterrupt, torch.OutOfMemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - said by the writer, and the step is tried again at the next sweep or look
+        return [], describe(e)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,

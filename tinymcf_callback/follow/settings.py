@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..benchmark.config import BenchmarkConfig
 from ..config import ProbeConfig
 from ..errors import ConfigError
 from ..results.history import history_path
@@ -41,6 +42,7 @@ class RunSettings:
     restart: bool = False  # set the history and its baseline report aside (renamed, kept) and start them again
     served: ServedConfig | None = None  # score through a server (--endpoint, --reload) instead of loading each
     settle: float = SETTLE_S  # a save without a completion marker counts once its files are this long unchanged
+    benchmark: BenchmarkConfig | None = None  # preference pairs and lm-eval tasks at the run's start, middle and end
 
     def __post_init__(self):
         if self.dtype not in DTYPE_CHOICES:

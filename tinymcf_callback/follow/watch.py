@@ -85,6 +85,7 @@ class Follower:
                 self._open_trackers()
             while not self._step():
                 pass
+            self.rounds.finish_benchmark()  # the run is over: its end (and middle) are known now
             if self.main:
                 self.result.gaps = self.planner.curve.read().gaps()  # every saved step not scored, at the end
         return self.result

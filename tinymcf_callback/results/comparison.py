@@ -28,10 +28,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..data.sets import CONDITIONS
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from .precision import Precision
-from .report import answer_format, check_report, load_report
+from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
+from .report import PRECISION_FIELDS, answer_format, check_report, load_report
 from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, selectivity, vignette_scores
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
@@ -145,6 +147,24 @@ def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
         return ""
     start, in_a, in_b = parted
     return f"; the first prompt reads {in_a!r} in {labels[0]} and {in_b!r} in {labels[1]} from character {start}"
+
+
+# ---- a history line as a report -------------------------------------------------------------------------
+def line_report(line: dict, label: str) -> dict:
+    """A probe's history line as a report :func:`compare` takes: its per-vignette ``s`` (``scores``) as the scenario
+    rows, its headline, table, precision and prompt digest as they are; :class:`CompareError` for a line without
+    them (a gap, or a line written before lines held them)."""
+    scores = line.get("scores")
+    if not isinstance(scores, dict) or not scores.get("id"):
+        raise CompareError(f"{label} holds no per-vignette scores (a gap, or a line written before history lines held "
+                           "them): compare the reports instead (the step-0 baseline report beside the history, a "
+                           "checkpoint's moral_probe_<name>.json), or score the step again")
+    scenarios = [{"id": i, "foundation_coarse": f, "condition": c, "s": value}
+                 for i, f, row in zip(scores["id"], scores["foundation_coarse"], scores["s"], strict=True)
+                 for c, value in zip(CONDITIONS, row, strict=True) if value is not None]
+    fields = ("name", "answer_format", *PRECISION_FIELDS, *HEADLINE_FIELDS, *INTERVAL_SETTINGS, "prompt_digest")
+    return check_report({**{k: line.get(k) for k in fields if k in line}, "info": line.get("info") or {},
+                         "table": line["table"], "scenarios": scenarios}, label)
 
 
 # ---- the comparison --------------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class History:
     # the change since the step-0 baseline at each point: its p-value, and the run-level one (metrics.run_level_p)
     change_p: np.ndarray | None = None
     change_p_run: np.ndarray | None = None
+    # the slow benchmark's points at its steps (the figures read moral_bench_<name>.jsonl into it): each
+    # {"step", "what", "value", "lo", "hi"}, an accuracy in [0, 1] drawn on an axis of its own
+    benchmark: list[dict] = field(default_factory=list)
 
     def flagged(self) -> tuple[np.ndarray, np.ndarray]:
         """Where the change since step 0 is flagged at ``1 - level`` (0.05 when the lines do not say): by its own

@@ -40,7 +40,7 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import BASELINE_EVENT, change_metrics, count_tests, probe_key, report_metrics
+from .metrics import BASELINE_EVENT, baseline_record, change_metrics, count_tests, probe_key, report_metrics
 from .precision import Precision
 from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
@@ -69,6 +69,8 @@ LINE_FIELDS = {
     "metrics": ("object", "the logged metrics of this probe (eval_moral_<name>/...), the change since the baseline"),
     "info": ("object", "the report's info, without sample_prompt"),
     "table": ("list", "the report's per-foundation rows, with their bounds"),
+    "scores": ("object", "each vignette's s: id, foundation_coarse and s (one row of the four conditions per "
+                         "vignette): what tinymcf compare RUN --steps A B pairs two lines over"),
     "fingerprint": ("string or null", "what was scored: a digest of the checkpoint's weight files (null: a live model "
                                       "between saves, or a model that is not a folder)"),
 }
@@ -131,7 +133,14 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
             **headline_fields(report),
             "prompt_digest": report["prompt_digest"], "metrics": metrics,
             "info": {k: v for k, v in report["info"].items() if k != "sample_prompt"},
-            "table": json_records(report["table"].reset_index()), "fingerprint": None}
+            "table": json_records(report["table"].reset_index()), "scores": vignette_s(report), "fingerprint": None}
+
+
+def vignette_s(report: dict) -> dict:
+    """Each vignette's ``s`` in the four conditions (``CONDITIONS`` order), as plain values: a history line holds
+    them so that any two of its steps compare paired, as two reports do (:func:`~.comparison.line_report`)."""
+    record = baseline_record(report, 0)
+    return {k: record[k] for k in ("id", "foundation_coarse", "s")}
 
 
 def probe_line(name: str, report: dict, *, baseline: dict | None = None, target: str | None = None, step: int,

@@ -52,6 +52,8 @@ REPORT_FIELDS = {
     "prompts": (LIST, "one row per prompt (PROMPT_FIELDS)"),
 }
 EXTRA_FIELDS = {"tag": (STR, "the run's label (tinymcf eval)"),
+                "prefs": (OBJECT, "tinymcf eval --prefs: the preference pairs' block (docs/benchmark.md)"),
+                "lm_eval": (OBJECT, "tinymcf eval --lm-eval: lm-eval's results (docs/benchmark.md)"),
                 "step": (INT, "the training step (the callback's reports)"),
                 "epoch": (NUM_OR_NULL, "the training epoch (the callback's reports)")}
 INFO_FIELDS = {
@@ -244,8 +246,14 @@ def load_report(path: str | Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        run = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
+        if any(run.glob("moral_probe_*.jsonl")):  # a followed run writes no per-checkpoint report: its history has it
+            step = path.parent.name.removeprefix("checkpoint-")
+            raise CompareError(f"no such report {path}; {run} holds a history: compare two of its steps with "
+                               f"`tinymcf compare {run} --steps 0 {step if step.isdigit() else 'N'}`") from None
         raise CompareError(f"no such report {path}: pass the JSON written by eval --model or a checkpoint's "
-                           f"moral_probe_<name>.json") from None
+                           f"moral_probe_<name>.json, or compare two steps of a run: tinymcf compare RUN --steps A "
+                           f"B") from None
     except OSError as e:
         raise CompareError(f"cannot read {path}: {e.strerror}") from None
     except ValueError as e:

@@ -479,3 +479,64 @@ def selectivity(a: VignetteScores, b: VignetteScores, target: str, *, level: flo
             "on_target": change(on, 2 * _RANGE["align_other"]), "off_target": change(off, 2 * _RANGE["align_other"]),
             "selectivity": change(on + [(-w, fd, side, mm) for w, fd, side, mm in off], 4 * _RANGE["align_other"]),
             "off_target_foundations": [f for f in REAL_FOUNDATIONS if f != target and f in boot]}
+
+
+# --- means of items resampled within groups (the preference pairs beside the probe) ----------------------------
+STRATIFIED_METHOD = "t interval, bootstrap standard error (items resampled within groups)"
+
+
+class Mean(NamedTuple):
+    estimate: float
+    lo: float
+    hi: float
+    p: float  # two-sided, for "the mean is 0"
+
+
+def stratified_means(x: np.ndarray, groups, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
+                     seed: int | None = 0, bounds: tuple[float, float] | None = None) -> dict:
+    """Means of each column of ``x[n, k]`` over all items and within each group, with intervals from resampling items
+    within their group (the probe's method: a bootstrap standard error, scaled by ``sqrt(n / (n - 1))``, in a t
+    interval; the pooled mean's df by Welch-Satterthwaite over the groups).
+
+    The pooled mean is the mean over all items (each group weighs its size); a group of one item has no spread to
+    measure, so its interval and the pooled one are NaN. ``bounds`` clips the intervals (``(0, 1)`` for an accuracy).
+    For a paired change between two scorings of the same items, pass the per-item differences: resampling them
+    resamples both scorings with the same items. Returns ``{"pooled": [Mean] * k, "groups": {group: [Mean] * k},
+    "n": {group: items}, "level", "n_resamples", "seed", "method"}``; groups in the order they first appear.
+    """
+    _check(level, n_resamples)
+    x = np.asarray(x, dtype=float).reshape(len(x), -1)
+    groups = np.asarray(groups, dtype=object)
+    rng = np.random.default_rng(seed)
+    names = list(dict.fromkeys(groups.tolist()))
+    lo, hi = bounds if bounds is not None else (-math.inf, math.inf)
+    per_group, parts = {}, []
+    for name in names:
+        rows = x[groups == name]
+        n = len(rows)
+        point = rows.mean(axis=0)
+        reps = _weighted_means(rows, _resample_counts(rng, n, int(n_resamples)))
+        var = np.full(x.shape[1], math.nan) if n < 2 else reps.var(axis=0, ddof=1) * n / (n - 1)
+        per_group[name] = [_mean(point[j], var[j], n - 1, level, lo, hi) for j in range(x.shape[1])]
+        parts.append((n, point, var))
+    total = sum(n for n, _, _ in parts)
+    pooled = []
+    for j in range(x.shape[1]):
+        est = sum(n * point[j] for n, point, _ in parts) / total
+        terms = [((n / total) ** 2 * var[j], n - 1) for n, _, var in parts]
+        var = sum(v for v, _ in terms)
+        denom = sum(v * v / df for v, df in terms if df >= 1)
+        df = var * var / denom if denom > 0 else (math.inf if var == 0 else math.nan)
+        pooled.append(_mean(est, var, df if all(d >= 1 for _, d in terms) else 0.0, level, lo, hi))
+    return {"pooled": pooled, "groups": per_group, "n": {name: int((groups == name).sum()) for name in names},
+            "level": level, "n_resamples": int(n_resamples), "seed": seed, "method": STRATIFIED_METHOD}
+
+
+def _mean(estimate: float, var: float, df: float, level: float, lo: float, hi: float) -> Mean:
+    """A mean with its clipped t interval and p-value (NaN where its spread is unknown)."""
+    estimate = float(estimate)
+    if not (np.isfinite(var) and df >= 1):
+        return Mean(estimate, math.nan, math.nan, math.nan)
+    half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(max(var, 0.0))
+    return Mean(estimate, float(max(estimate - half, lo)), float(min(estimate + half, hi)),
+                _p_value(estimate, var, df))

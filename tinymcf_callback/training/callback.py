@@ -39,6 +39,7 @@ from ..results.history import BASELINE_EVENT
 from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
 from ..scoring.model_info import check_causal_lm
+from .benchmark import TrainingBenchmark, benchmark_of
 from .keeper import RunKeeper, run_facts
 from .logger import ProbeLogger
 from .reporters import reported_runs, reporter_sinks
@@ -103,6 +104,11 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         endpoint: a :class:`~tinymcf_callback.served.ServedModel` to score instead of the Trainer's model: the
             inference server an RL trainer syncs the policy's weights into (TRL's GRPO in server mode, verl,
             OpenRLHF), probed at each event at no cost to the training's own devices (see docs/served.md).
+        prefs: the slow benchmark beside the probe: preference pairs (a file, a dataset folder or a Hugging Face
+            dataset in TRL's preference format) scored at the run's start, middle and end (:mod:`.benchmark`).
+        lm_eval: lm-evaluation-harness tasks run at the same steps, through lm-eval on the live model.
+        benchmark: every setting of that benchmark (:class:`~tinymcf_callback.BenchmarkConfig`: configs, split,
+            per_config, lm_eval_include, at, ...); ``prefs`` and ``lm_eval`` are shortcuts into it.
 
     Either way the callback keeps ``<output_dir>/moral_probe_run.json`` on the main process: the run's
     dashboards (TensorBoard folder, wandb run), its starting model, its saves, each start of the training
@@ -119,7 +125,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
                  baseline: bool = True, tokenizer=None, trainer=None, strict: bool = False, verbose: bool = True,
-                 hand_off: bool = False, endpoint=None, figure: bool = True, **settings):
+                 hand_off: bool = False, endpoint=None, figure: bool = True, prefs=None, lm_eval=None,
+                 benchmark=None, **settings):
         events = (events,) if isinstance(events, str) else tuple(events)
         unknown = [e for e in events if e not in EVENTS]
         if unknown or not events:
@@ -140,6 +147,13 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if endpoint is not None and hand_off:
             raise ConfigError("endpoint= and hand_off=True both move the probe elsewhere: choose one")
         self.endpoint = endpoint
+        self.benchmark = benchmark_of(prefs, lm_eval, benchmark)
+        if self.benchmark is not None and (hand_off or endpoint is not None):
+            raise ConfigError("prefs= and lm_eval= score the Trainer's own model in this process: with hand_off=True "
+                              "(or endpoint=) pass them to `tinymcf watch RUN --prefs ... --lm-eval ...` instead")
+        self.bench = None if self.benchmark is None else TrainingBenchmark(
+            self.benchmark, name=self.config.name, answer_format=self.config.answer_format, strict=strict,
+            verbose=verbose)
         self.keeper: RunKeeper | None = None  # moral_probe_run.json (and the hand-off queue), on the main process
         self._tokenizer = tokenizer
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
@@ -172,7 +186,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
                      "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose,
-                     "hand_off": self.hand_off, "figure": self.figure},
+                     "hand_off": self.hand_off, "figure": self.figure,
+                     "benchmark": self.benchmark.as_dict() if self.benchmark is not None else None},
             "attributes": {"event_count": self.event_count, "last_step": self.last_step,
                            "attempted_step": self.attempted_step, "baseline_done": self.baseline_done,
                            "baseline_record": self.baseline_record},
@@ -198,6 +213,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self.keeper = RunKeeper(self.name, probe_key(self.name, self.answer_format), args.output_dir,
                                     run_facts(args, state, kwargs.get("model"), self.runs), hand_off=self.hand_off,
                                     from_step=state.global_step, options=self.config.command_options())
+        if self.bench is not None:
+            self.bench.start(args, state, self.probe.tok)  # the pairs and tasks checked now, not at the first save
         if state.global_step > 0:
             self._resume_counting(state)  # resumed: that step's probe is already on the curve
             self._start_logger(args)
@@ -211,6 +228,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if self.baseline and not self.hand_off:
             self.baseline_done = True
             self._probe(args, state, kwargs.get("model"), BASELINE_EVENT)
+        self._benchmark(args, state, kwargs.get("model"), BASELINE_EVENT)
 
     def on_step_end(self, args, state, control, **kwargs):
         self._alive()
@@ -231,6 +249,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def on_save(self, args, state, control, **kwargs):
         if "save" in self.events and not self.hand_off:
             self._maybe_probe(args, state, kwargs, "save")
+        self._benchmark(args, state, kwargs.get("model"), "save", saved=True)
         # The Trainer stored the counters just before this event: store them as they are now.
         record_counters(state.stateful_callbacks, type(self).__name__, self.name, self.state(), self.answer_format)
         if args.should_save:
@@ -244,6 +263,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
                 self.keeper.announce = None
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._benchmark(args, state, kwargs.get("model"), "train_end", ended=True)  # when the last step was not saved
         if self.logger is not None and state.is_world_process_zero:
             self.logger.close()  # history lines a full disk kept back: written now, or said lost
         if self.keeper is not None:
@@ -279,6 +299,22 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.baseline_record = self.logger.baseline_record  # saved in the checkpoints' trainer_state.json
         self.last_step, self.last_metrics, self.last_report = state.global_step, metrics, report
         self._publish(args, state, report, metrics)
+
+    def _benchmark(self, args, state, model, event: str, *, saved: bool = False, ended: bool = False) -> None:
+        """The slow benchmark, when this step is due (:class:`~.benchmark.TrainingBenchmark`): its lines into the
+        benchmark history, its metrics through the Trainer's logging path at this step."""
+        if self.bench is None or model is None:
+            return
+        why = self.bench.due(state, saved=saved, ended=ended)
+        if not why:
+            return
+        fingerprint_ = self._saved(args, state, "save") if (saved or ended) and state.global_step else None
+        metrics = self.bench.score(model, state, event=event, why=why, fingerprint=fingerprint_,
+                                   write=state.is_world_process_zero)
+        if metrics and self.trainer is not None:
+            self.trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
+        elif metrics:
+            state.log_history.append({**metrics, "step": state.global_step})
 
     def _saved(self, args, state, event) -> str | None:
         """What a probe at ``on_save`` scored: the checkpoint the Trainer has just written (its fingerprint, as a
