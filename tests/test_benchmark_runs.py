@@ -7,8 +7,10 @@ Tiny random models for the mechanics (never moral content); SmolLM2 where a real
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +115,15 @@ def test_a_sweep_scores_start_middle_end_then_compares_and_draws(plain_run, tmp_
     assert all(line["fingerprint"] == probe[line["step"]]["fingerprint"] for line in lines if line["step"])
     tb = probe_tensorboard(run)
     assert sorted(s.step for s in tb.Scalars("eval/moral_scifi/prefs/accuracy")) == [0, 2, 6]
+    # run again, a sweep sends the dashboards no benchmark point they hold, and repairs what they lost
+    again = ["sweep", run, *PROBE, "--base-model", init, *BENCH, "--report-to", "tensorboard"]
+    assert tinymcf(again) == 0
+    assert [s.step for s in probe_tensorboard(run).Scalars("eval/moral_scifi/prefs/accuracy")] == [0, 2, 6]
+    events = glob.glob(str(run / "**" / "moral_probe_scifi" / "events*"), recursive=True)
+    for folder in {Path(e).parent for e in events}:
+        shutil.rmtree(folder)
+    assert tinymcf(again) == 0
+    assert [s.step for s in probe_tensorboard(run).Scalars("eval/moral_scifi/prefs/accuracy")] == [0, 2, 6]
     # done means done: a second sweep adds nothing; --at all adds the one save left (4)
     assert tinymcf(["sweep", run, *PROBE, "--base-model", init, *BENCH]) == 0
     assert len(read_bench(run / BENCH_FILE)) == len(lines)

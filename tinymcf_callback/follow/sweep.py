@@ -26,6 +26,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..benchmark.history import bench_path, read_bench
 from ..errors import HistoryError, SweepError
 from ..figures.tracked import probe_figure
 from ..results.history import baseline_path, set_aside, sole_writer
@@ -88,6 +89,10 @@ def open_run_trackers(settings: RunSettings) -> Trackers:
     again = [line for line in lines if line.get("by") in ("sweep", "watch") and line.get("metrics")]
     for line in again:
         trackers.send(line, again=True)
+    bench = read_bench(bench_path(settings.run_dir, settings.name, settings.probe.answer_format))
+    for line in bench:  # the benchmark's lines beside the curve, repaired the same way
+        if line.get("by") in ("sweep", "watch"):
+            trackers.send(line, again=True, label="benchmark")
     trackers.seed(lines)  # the figures draw the whole curve, the callback's lines included
     if again:
         logger.info("%d line(s) an earlier sweep or watch wrote: %s", len(again), sent_again(trackers))
