@@ -74,7 +74,7 @@ def local_tokenizer(args):
 def run(args) -> int:
     import torch
 
-    from ..probe import Probe
+    from ..probe import make_probe
     from ..results.report import write_report
     from ..results.text import format_table, sanity_lines
     from ..served import ServedModel
@@ -95,13 +95,13 @@ def run(args) -> int:
                 raise
             raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
                             "--tokenizer PATH") from None
-        probe = Probe(tok, config=config)
+        probe = make_probe(tok, config=config)
         if baseline is not None:
             probe.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
         model = ServedModel.from_config(served, reference=reference)
     else:
-        probe = Probe(local_tokenizer(args), config=config)  # bad data fail before the weights
+        probe = make_probe(local_tokenizer(args), config=config)  # bad data fail before the weights
         if baseline is not None:
             probe.check_baseline(baseline)
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
