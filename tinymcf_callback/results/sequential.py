@@ -70,7 +70,7 @@ the sequence's p-value over all the looks, valid under any stopping, never below
 
 **One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
 its interval and decides the stop: a probe passes a function that scores the vignettes the look adds
-(:class:`~tinymcf_callback.stopping.AdaptiveProbe`), a simulation one that takes the known scores' rows
+(:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`), a simulation one that takes the known scores' rows
 (:meth:`Sequential.run`). Nothing else steps the looks.
 """
 

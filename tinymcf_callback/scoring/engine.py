@@ -538,9 +538,9 @@ def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_
     if not torch.isfinite(torch.sum(logits, dtype=torch.float32)):
         raise FloatingPointError("the model produced NaN or infinite logits at the answer position "
                                  f"(batch of {len(idx)} prompts)")
-    p_yes, yn_mass = score_prompts(logits, tok, answer_format)
+    scored = score_prompts(logits, tok, answer_format)
     top3 = torch.isin(logits.topk(3, dim=-1).indices, answer_ids).any(-1).cpu().numpy()
-    res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = p_yes, yn_mass, top3
+    res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = scored.p_yes, scored.yn_mass, top3
     if sample_index is not None and sample_index in idx:
         probs = torch.softmax(logits[idx.index(sample_index)].float(), -1)
         top = probs.topk(10)
