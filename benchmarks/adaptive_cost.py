@@ -114,9 +114,10 @@ def at_ref(ref: str, models: list[str], runs: int) -> list[dict]:
                                   "configs", "cache"], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         out = Path(tmp) / "out.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(ROOT)])}  # that package, these benchmarks
+        # that package (the working folder, first on the path), these benchmarks (the root, after it)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(ROOT)])}
         subprocess.run([sys.executable, "-m", "benchmarks.adaptive_cost", "--models", ",".join(models), "--runs",
-                        str(runs), "--out", str(out), "--_here"], env=env, check=True, cwd=ROOT)
+                        str(runs), "--out", str(out), "--_here"], env=env, check=True, cwd=tmp)
         return json.loads(out.read_text())["rows"]
 
 

@@ -474,10 +474,10 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
     """
     idx = _picked(job, strategy, plan, ranks, compute, batches, rows)
     allowed = tolerance_for(compute, override)
-    n = len(job.encoded) if rows is None else len(rows)
+    n_scored = len(job.encoded) if rows is None else len(rows)
     if not idx:  # this probe has not earned a checked prompt yet (see Rotation): the structure was checked before
         return _done(job, SelfCheck(strategy, [], 0.0, 0.0, allowed, compute, reference=None, resolution=None,
-                                    fallbacks=list(fallbacks), waiting=True), n)
+                                    fallbacks=list(fallbacks), waiting=True), n_scored)
     start = time.perf_counter()
     replay, note, n_forward, copy_bytes = None, None, 0, 0
     if compute in REDUCED_PRECISIONS:
@@ -490,7 +490,7 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
         d_p, d_m = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
         return _done(job, SelfCheck(strategy, [int(i) for i in idx], d_p, d_m, allowed, compute, reference=compute,
                                     resolution=allowed, replay_note=note, fallbacks=list(fallbacks),
-                                    n_forward=n_forward, seconds=time.perf_counter() - start), n)
+                                    n_forward=n_forward, seconds=time.perf_counter() - start), n_scored)
     fast, alone = replay
     structural = ranks_largest(ranks, _diffs(fast.p_yes, fast.yn_mass, alone))
     scored = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
@@ -499,7 +499,7 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
                                 reference=f"{REPLAY_PRECISION} replay", resolution=replay_tolerance,
                                 scored_diff=scored[0], scored_mass_diff=scored[1], scored_tolerance=allowed,
                                 fallbacks=list(fallbacks), copy_bytes=copy_bytes, n_forward=n_forward,
-                                seconds=time.perf_counter() - start), n)
+                                seconds=time.perf_counter() - start), n_scored)
 
 
 def _picked(job, strategy: str, plan, ranks: Ranks, compute: str | None, batches: list[list[int]],
