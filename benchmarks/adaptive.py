@@ -938,7 +938,7 @@ def timings(validity: Path, runs: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tinymcf_callback import Probe
+    from tinymcf_callback import Probe, make_probe
     from tinymcf_callback import testing as offline_assets
 
     tok = AutoTokenizer.from_pretrained(offline_assets.smollm2_dir())
@@ -970,7 +970,7 @@ def timings(validity: Path, runs: int) -> dict:
     for until in ("level", "change"):
         for width in WIDTHS:
             kw = {"baseline": baseline} if until == "change" else {}
-            s, report = best(Probe(tok, "scifi", until=until, width=width), **kw)
+            s, report = best(make_probe(tok, "scifi", until=until, width=width), **kw)
             adaptive = report["info"]["adaptive"]
             out["rows"].append({"probe": f"until={until} width={width}", "seconds": s, "prompts": adaptive["prompts"],
                                 "stopped": adaptive["stopped"], "reached": adaptive["reached"],

@@ -71,7 +71,7 @@ def seen_as_a_gpu():
     is the tiny model's, so the plan is at the caps, as Qwen3-0.6B's is on an H200 (docs/engine.md)."""
     import torch
 
-    from tinymcf_callback import probe as probe_module
+    from tinymcf_callback.probe import fixed as probe_module
 
     saved = probe_module.model_device, probe_module.device_memory
     probe_module.model_device = lambda model: torch.device("cuda:0")

@@ -13,7 +13,7 @@ import pytest
 from helpers.report_schema import check_adaptive, check_report_schema, strict_json
 from helpers.reports import ENGINE_FIELDS
 
-from tinymcf_callback import Probe, ProbeLogger
+from tinymcf_callback import AdaptiveProbe, Probe, ProbeLogger, make_probe
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.sets import CONTROL
 from tinymcf_callback.errors import ConfigError
@@ -38,8 +38,8 @@ class Scripted:
         digest = hashlib.md5(":".join(map(str, (self.seed, *key))).encode()).hexdigest()
         return int(digest[:12], 16) / 16**12 - 0.5
 
-    def score_probe(self, probe, *, progress: bool = False) -> ScoreResult:
-        self.probes += 1
+    def score_probe(self, probe, *, progress: bool = False, rows=None) -> ScoreResult:
+        self.probes += 1  # every prompt answered: the probe reads those it asked (rows)
         p_yes = []
         for row in probe.meta.itertuples():
             mean = {"other_violate": 0.4, "other_uphold": -0.3, "self_violate": 0.3, "self_uphold": -0.2}[row.condition]
@@ -54,7 +54,7 @@ class Scripted:
 
 def test_a_level_target_asks_a_prefix_of_its_order_and_reports_it_as_that_subset(qwen_tok):
     model = Scripted()
-    probe = Probe(qwen_tok, "scifi", until="level", width=0.4)
+    probe = make_probe(qwen_tok, "scifi", until="level", width=0.4)
     report = probe.run(model)
     a = report["info"]["adaptive"]
     check_adaptive(a, report["info"])
@@ -75,18 +75,18 @@ def test_a_level_target_asks_a_prefix_of_its_order_and_reports_it_as_that_subset
 
 
 def test_too_narrow_a_width_uses_the_set_up_and_says_so(qwen_tok):
-    report = Probe(qwen_tok, "scifi", until="level", width=1e-6).run(Scripted())
+    report = make_probe(qwen_tok, "scifi", until="level", width=1e-6).run(Scripted())
     a = report["info"]["adaptive"]
     assert a["stopped"] == "used up" and a["vignettes"] == a["of_vignettes"] == 51 and len(a["looks"]) == 8
     assert "used up before the interval was as narrow as asked" in a["why"]
     assert a["control"] is None and not a["batched_by_look"]  # the control's interval defined; float32
     assert report["prompt_digest"] == Probe(qwen_tok, "scifi").prompt_digest  # the whole set's prompts
-    capped = Probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=4).run(Scripted())
+    capped = make_probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=4).run(Scripted())
     assert capped["info"]["adaptive"]["vignettes"] == 28 and capped["info"]["adaptive"]["of_vignettes"] == 28
 
 
 def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is_known(qwen_tok):
-    probe = Probe(qwen_tok, "scifi", until="change", width=0.05)
+    probe = make_probe(qwen_tok, "scifi", until="change", width=0.05)
     base = probe.run(Scripted())
     a = base["info"]["adaptive"]
     assert a["stopped"] == "baseline" and a["vignettes"] == 51 and a["looks"] == [] and a["change"] is None
@@ -127,10 +127,10 @@ def test_a_change_target_scores_its_baseline_whole_then_stops_once_the_change_is
 
 
 def test_a_level_target_with_a_baseline_pairs_over_the_vignettes_both_asked(qwen_tok):
-    probe = Probe(qwen_tok, "scifi", until="level", width=0.4)
+    probe = make_probe(qwen_tok, "scifi", until="level", width=0.4)
     early = probe.run(Scripted())  # stops after 2 or 3 per foundation
     record = baseline_record(early, 0)
-    later = Probe(qwen_tok, "scifi", until="level", width=0.2).run(Scripted(shift=0.2), baseline=record)
+    later = make_probe(qwen_tok, "scifi", until="level", width=0.2).run(Scripted(shift=0.2), baseline=record)
     a = later["info"]["adaptive"]
     assert a["vignettes"] >= early["info"]["adaptive"]["vignettes"]
     assert a["change"] is not None and a["change"]["vignettes"] <= early["info"]["adaptive"]["vignettes"]
@@ -139,7 +139,7 @@ def test_a_level_target_with_a_baseline_pairs_over_the_vignettes_both_asked(qwen
 
 
 def test_a_baseline_of_other_prompts_is_refused_with_its_cause_never_scored_as_a_new_baseline(qwen_tok):
-    base = Probe(qwen_tok, "scifi", until="change").run(Scripted())
+    base = make_probe(qwen_tok, "scifi", until="change").run(Scripted())
     model = Scripted()
     for settings, needle in (({"answer_prefix": ""}, r"its prompts are worded otherwise .* from character \d+ the "
                                                      r"baseline's first prompt reads .* where this probe's reads"),
@@ -147,7 +147,7 @@ def test_a_baseline_of_other_prompts_is_refused_with_its_cause_never_scored_as_a
                                                          "probe's json"),
                              ({"vignettes": Probe(qwen_tok, "scifi").vignettes[1:]},
                               "it asked from other candidate vignettes")):
-        other = Probe(qwen_tok, "scifi", until="change", **settings)
+        other = make_probe(qwen_tok, "scifi", until="change", **settings)
         with pytest.raises(ConfigError, match="the baseline cannot be paired with this probe: " + needle):
             other.run(model, baseline=baseline_record(base, 0))
     assert model.probes == 0  # refused before anything was scored
@@ -159,8 +159,8 @@ def test_compare_refuses_two_stopped_probes_of_unequal_prefixes_and_its_advice_c
     from tinymcf_callback import compare
     from tinymcf_callback.errors import CompareError
 
-    short = Probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
-    long = Probe(qwen_tok, "scifi", until="level", width=0.2).run(Scripted(shift=0.1))
+    short = make_probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
+    long = make_probe(qwen_tok, "scifi", until="level", width=0.2).run(Scripted(shift=0.1))
     k = short["info"]["adaptive"]["per_foundation"]
     assert long["info"]["adaptive"]["per_foundation"] > k
     with pytest.raises(CompareError, match=f"stopped after .* score both with --per-foundation {k} --subset-seed 0"):
@@ -178,16 +178,33 @@ def test_the_settings_refuse_what_cannot_go_together(qwen_tok):
                              ({"until": "level", "sd_floor": 0}, "sd_floor must be a number above 0"),
                              ({"until": "level", "sd_floor": 3}, "sd_floor must be a number above 0 and at most 2")):
         with pytest.raises(ConfigError, match=needle):
-            Probe(qwen_tok, "scifi", **settings)
-    probe = Probe(qwen_tok, "scifi", until="level")
+            make_probe(qwen_tok, "scifi", **settings)
+    probe = make_probe(qwen_tok, "scifi", until="level")
     with pytest.raises(ConfigError, match="batches= does not apply"):
         probe.score(Scripted(), batches=[[0]])
     assert probe.config.command_options() == "--name scifi --until level --width 0.05"
 
 
+def test_a_probe_is_what_it_says_and_make_probe_decides_from_until(qwen_tok):
+    """``Probe`` is always a Probe (a precision target is refused there, naming make_probe); ``make_probe`` gives an
+    AdaptiveProbe exactly when the settings name ``until``, its candidates built once as one Probe."""
+    fixed = make_probe(qwen_tok, "scifi", per_foundation=2)
+    assert type(fixed) is Probe and type(Probe(qwen_tok, "scifi")) is Probe
+    adaptive = make_probe(qwen_tok, "scifi", until="level", width=0.3)
+    assert type(adaptive) is AdaptiveProbe and type(adaptive.candidates) is Probe
+    assert adaptive.config.until == "level" and adaptive.candidates.config.until is None
+    with pytest.raises(ConfigError, match=r"Probe asks a fixed set .* make_probe\(tok, config\)"):
+        Probe(qwen_tok, "scifi", until="level")
+    with pytest.raises(ConfigError, match="an AdaptiveProbe needs until="):
+        AdaptiveProbe(qwen_tok, "scifi")
+    # the looks are slices of the candidates' one encoding: every candidate prompt in exactly one look
+    rows = sorted(i for look in adaptive.look_rows for i in look)
+    assert rows == list(range(len(adaptive.candidates))) and adaptive.asked_rows(0) == adaptive.look_rows[0]
+
+
 def test_the_engine_scores_a_prefix_as_it_scores_that_subset(qwen_tok, tiny_qwen):
     """The real forward path: each look's probe batches its own prompts; the numbers are per_foundation=k's."""
-    report = Probe(qwen_tok, "scifi", until="level", width=0.5).run(tiny_qwen)
+    report = make_probe(qwen_tok, "scifi", until="level", width=0.5).run(tiny_qwen)
     a = report["info"]["adaptive"]
     fixed = Probe(qwen_tok, "scifi", per_foundation=a["per_foundation"]).run(tiny_qwen)
     got = np.asarray(report["raw"]["p_yes"])
@@ -201,14 +218,14 @@ def test_the_engine_scores_a_prefix_as_it_scores_that_subset(qwen_tok, tiny_qwen
 
 
 def test_the_logger_logs_the_count_the_width_and_a_run_level_p(qwen_tok, tmp_path):
-    logger = ProbeLogger(Probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
+    logger = ProbeLogger(make_probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
     logger.log(Scripted(), step=0)
     first = logger.log(Scripted(shift=0.3), step=10)
     name = "eval/moral_scifi"
     assert first[f"{name}/vignettes"] == 14 and first[f"{name}/width_reached"] > 0
     assert first[f"{name}/score_change_p_run"] == pytest.approx(min(1.0, 2 * first[f"{name}/score_change_p"]))
     # a loop resumed later (a new logger on the same folder) goes on counting from the history
-    again = ProbeLogger(Probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
+    again = ProbeLogger(make_probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
     second = again.log(Scripted(shift=0.3), step=20)
     assert second[f"{name}/score_change_p_run"] == pytest.approx(min(1.0, 6 * second[f"{name}/score_change_p"]))
     lines = [json.loads(x) for x in (tmp_path / "moral_probe_scifi.jsonl").read_text().splitlines()]
@@ -220,7 +237,7 @@ def test_the_logger_logs_the_count_the_width_and_a_run_level_p(qwen_tok, tmp_pat
 
     append_line(tmp_path / "moral_probe_scifi.jsonl", resume_line("scifi", "yesno", step=10, started=1.0,
                                                                   superseded=[20]))
-    resumed = ProbeLogger(Probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
+    resumed = ProbeLogger(make_probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
     third = resumed.log(Scripted(shift=0.2, seed=1, noise=0.1), step=20)  # p about 0.016: 12 p apart from 6 p
     assert 0 < third[f"{name}/score_change_p"] < 1 / 12
     assert third[f"{name}/score_change_p_run"] == pytest.approx(12 * third[f"{name}/score_change_p"])
@@ -231,7 +248,7 @@ def test_the_figure_rings_the_steps_flagged_at_their_step_and_over_the_run(qwen_
     from tinymcf_callback.figures.overview import draw_dashboard
     from tinymcf_callback.results.curves import load_history
 
-    logger = ProbeLogger(Probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
+    logger = ProbeLogger(make_probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
     for step, shift in ((0, 0.0), (10, 0.0), (20, 0.5)):
         logger.log(Scripted(shift=shift), step=step)
     h = load_history(tmp_path)
@@ -335,20 +352,19 @@ def test_a_real_probe_and_the_simulation_over_its_own_rows_step_the_same_looks_t
     """One stepping loop: the tiny random Qwen3 scored look by look through the engine, then the simulations'
     ``Sequential.run`` over the rows that probe reported: the same looks (every digit of every interval and p-value)
     and the same stop. The vignettes it did not ask are NaN, so a simulation that read beyond the stop would differ."""
-    from tinymcf_callback.stopping import AdaptiveProbe
     from tinymcf_callback.testing import tiny_qwen3
 
     cheap = {"self_check": False, "per_foundation": 5}  # 35 of the 51 vignettes, four looks
-    used_up = Probe(qwen_tok, "scifi", until="level", width=1e-6, **cheap)
+    used_up = make_probe(qwen_tok, "scifi", until="level", width=1e-6, **cheap)
     assert isinstance(used_up, AdaptiveProbe)
     whole = used_up.run(tiny_qwen)
     a = whole["info"]["adaptive"]
     assert a["stopped"] == "used up" and len(a["looks"]) == 4
     width = a["looks"][2]["width"] * (1 + 1e-9)  # a width first reached at the third look, or before
     probes = [(used_up, whole, None)]
-    mid = Probe(qwen_tok, "scifi", until="level", width=width, **cheap)
+    mid = make_probe(qwen_tok, "scifi", until="level", width=width, **cheap)
     probes.append((mid, mid.run(tiny_qwen), None))
-    change = Probe(qwen_tok, "scifi", until="change", width=0.02, **cheap)
+    change = make_probe(qwen_tok, "scifi", until="change", width=0.02, **cheap)
     base = change.run(tiny_qwen3(seed=1))
     probes.append((change, change.run(tiny_qwen, baseline=base), base))
     stops = []
@@ -369,7 +385,7 @@ def test_in_bfloat16_the_report_says_its_looks_were_batched_apart(qwen_tok, tiny
     import torch
 
     half = copy.deepcopy(tiny_qwen).to(torch.bfloat16)
-    report = Probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=3, self_check=False).run(half)
+    report = make_probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=3, self_check=False).run(half)
     a = report["info"]["adaptive"]
     assert report["dtype"] == "bfloat16" and len(a["looks"]) == 2 and a["batched_by_look"]
     assert any("scored in bfloat16, look by look" in w for w in report["info"]["warnings"])
@@ -378,8 +394,8 @@ def test_in_bfloat16_the_report_says_its_looks_were_batched_apart(qwen_tok, tiny
 def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qwen_tok, capsys):
     """sd_floor (docs/statistics.md, rare one-sided extremes): each look's interval at least as wide as the floor
     makes it, the report and its stop line say so, and a watcher's options carry it."""
-    plain = Probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
-    probe = Probe(qwen_tok, "scifi", until="level", width=0.4, sd_floor=0.5)
+    plain = make_probe(qwen_tok, "scifi", until="level", width=0.4).run(Scripted())
+    probe = make_probe(qwen_tok, "scifi", until="level", width=0.4, sd_floor=0.5)
     report = probe.run(Scripted())
     a = report["info"]["adaptive"]
     check_adaptive(a, report["info"])

@@ -99,11 +99,12 @@ def test_a_tokenizer_without_true_or_false_is_refused_for_json_only():
 def test_score_prompts_reads_every_true_variant_against_every_false_one():
     tok = word_tokenizer(["[UNK]", "[PAD]", "Yes", "No", "true", "True", "false", "other"])
     logits = torch.tensor([[0.0, 0.0, 3.0, 3.0, 2.0, -1.0, 1.0, 0.5]])
-    p_true, mass = score_prompts(logits, tok, "json")
+    scored = score_prompts(logits, tok, "json")
+    p_true, mass = scored.p_yes, scored.yn_mass
     e = np.exp(logits[0].double().numpy())
     assert p_true[0] == pytest.approx((e[4] + e[5]) / (e[4] + e[5] + e[6]), abs=1e-7)
     assert mass[0] == pytest.approx((e[4] + e[5] + e[6]) / e.sum(), abs=1e-7)
-    assert score_prompts(logits, tok)[0][0] == pytest.approx(0.5)  # Yes/No: equal logits
+    assert score_prompts(logits, tok).p_yes[0] == pytest.approx(0.5)  # Yes/No: equal logits
 
 
 # ---- the scores: each prompt alone, no padding, a plain forward pass ---------------------------------

@@ -3,7 +3,7 @@
     prompts, meta = format_prompts(tok, vignettes)
     # ... your own forward pass returning [N, V] logits at the answer position ...
     scored = score_prompts(logits, tok)
-    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"])
+    report = analyse(scored.p_yes, meta, yn_mass=scored.yn_mass)
     print(report["info"])
 
 (the docs' forward pass uses ``encode_batch``; the first test writes its own, independent of the engine)
@@ -40,7 +40,7 @@ def test_documented_snippet_runs_as_written(tiny_qwen, qwen_tok, capsys):
     prompts, meta = format_prompts(tok, vignettes)
     logits = my_forward(model, tok, prompts)
     scored = score_prompts(logits, tok)
-    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"])
+    report = analyse(scored.p_yes, meta, yn_mass=scored.yn_mass)
     print(report["info"])
 
     printed = capsys.readouterr().out
@@ -48,26 +48,15 @@ def test_documented_snippet_runs_as_written(tiny_qwen, qwen_tok, capsys):
     for key in ("yn_mass_mean", "frame_agreement", "elapsed_s"):
         assert key in printed and report["info"][key] is not None, key
     assert report["info"]["elapsed_s"] > 0  # seconds since format_prompts: covers the forward pass above
-    assert isinstance(scored["p_yes"], np.ndarray) and isinstance(scored["yn_mass"], np.ndarray)
+    assert isinstance(scored.p_yes, np.ndarray) and isinstance(scored.yn_mass, np.ndarray)
 
     probe = Probe(tok, "scifi").run(model)  # the same numbers through the package's own engine
-    assert np.abs(scored["p_yes"] - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
-    assert np.abs(scored["yn_mass"] - probe["raw"]["yn_mass"].to_numpy()).max() < 1e-5
+    assert np.abs(scored.p_yes - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
+    assert np.abs(scored.yn_mass - probe["raw"]["yn_mass"].to_numpy()).max() < 1e-5
     for key in ("score", "gap", "sn"):
         assert abs(report[key] - probe[key]) < 1e-5, key
     for key in ("yn_mass_mean", "yn_mass_min", "frame_agreement"):
         assert abs(report["info"][key] - probe["info"][key]) < 1e-5, key
-
-
-def test_score_prompts_reads_as_a_mapping_and_as_the_old_tuple(tiny_qwen, qwen_tok):
-    logits = torch.randn(3, tiny_qwen.config.vocab_size)
-    scored = score_prompts(logits, qwen_tok)
-    p_yes, yn_mass = scored  # code written for the earlier tuple keeps working
-    assert p_yes is scored["p_yes"] is scored.p_yes is scored[0] and yn_mass is scored["yn_mass"]
-    assert list(scored.keys()) == ["p_yes", "yn_mass"] and "p_yes" in scored and "logits" not in scored
-    assert set(dict(scored)) == {"p_yes", "yn_mass"} and {**scored}["yn_mass"] is yn_mass
-    with pytest.raises(KeyError, match="p_yes, yn_mass"):
-        scored["p_no"]
 
 
 @pytest.mark.slow
@@ -87,21 +76,21 @@ def test_encode_batch_is_the_engines_encoding_whatever_the_tokenizer_pads(tiny_q
             batch = encode_batch(tok, prompts[start:start + 16], tiny_qwen)
             logits.append(tiny_qwen(**batch).logits[:, -1])
     scored = score_prompts(torch.cat(logits), tok)
-    report = analyse(scored["p_yes"], meta, yn_mass=scored["yn_mass"], name="scifi")
+    report = analyse(scored.p_yes, meta, yn_mass=scored.yn_mass, name="scifi")
 
     probe = Probe(qwen_tok, "scifi", per_foundation=2).run(tiny_qwen)
-    assert np.abs(scored["p_yes"] - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
+    assert np.abs(scored.p_yes - probe["raw"]["p_yes"].to_numpy()).max() < 1e-5
     # the hand-scored report is a report: intervals, raw rows, the prompts' digest; compare pairs it
     assert report["prompt_digest"] == probe["prompt_digest"] and report["score_lo"] <= report["score"]
-    assert list(report["raw"]["p_yes"]) == list(scored["p_yes"])
+    assert list(report["raw"]["p_yes"]) == list(scored.p_yes)
     change = compare(probe, report)
     assert abs(change["headline"]["score"]["change"]) < 1e-5
 
     # what the obvious way gives: right-padded rows read a pad token's logits, not the answer's
     with torch.inference_mode():
         enc = tok(prompts[:16], padding=True, return_tensors="pt")
-        naive = score_prompts(tiny_qwen(**enc).logits[:, -1], tok)["p_yes"]
-    assert np.abs(naive - scored["p_yes"][:16]).max() > 1e-3
+        naive = score_prompts(tiny_qwen(**enc).logits[:, -1], tok).p_yes
+    assert np.abs(naive - scored.p_yes[:16]).max() > 1e-3
     batch = encode_batch(tok, prompts[:2])  # without a model: positions from 0, left padding
     assert batch["attention_mask"][:, 0].tolist() == [int(len(tok(p, add_special_tokens=False).input_ids) ==
                                                            batch["input_ids"].shape[1]) for p in prompts[:2]]

@@ -59,7 +59,8 @@ def test_scores_equal_each_prompt_alone(arch, probes, qwen_tok, caplog):
     shared, full = probes
     torch.manual_seed(0)
     model = factory().eval()
-    reference, reference_mass = score_alone(model, shared, qwen_tok)
+    alone = score_alone(model, shared, qwen_tok)
+    reference, reference_mass = alone.p_yes, alone.yn_mass
     assert reference.std() > 1e-3  # the random weights spread P(Yes): a wrong mask would show
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         a = shared.score(model)

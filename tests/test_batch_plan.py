@@ -11,9 +11,9 @@ import transformers as T
 from helpers.defects import HELD_OUT, TABLE
 from helpers.models import reference_alone
 
-from tinymcf_callback import probe as probe_module
 from tinymcf_callback import testing as offline_assets
 from tinymcf_callback.probe import Probe
+from tinymcf_callback.probe import fixed as probe_module
 from tinymcf_callback.scoring.batching import (
     DEFAULT_MAX_BATCH,
     DEFAULT_TOKEN_BUDGET,

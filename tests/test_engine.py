@@ -38,7 +38,8 @@ def test_score_prompts_exact(qwen_tok):
     logits = torch.full((2, vocab), -1e4)
     logits[0, 7414], logits[0, 2308] = 2.0, 1.0  # ' Yes', ' No'; everything else ~0 probability
     logits[1, 7414], logits[1, 9454], logits[1, 2753], logits[1, 100] = 0.0, 0.0, 0.0, np.log(5.0)
-    p_yes, mass = score_prompts(logits, qwen_tok)
+    scored = score_prompts(logits, qwen_tok)
+    p_yes, mass = scored.p_yes, scored.yn_mass
     assert p_yes[0] == pytest.approx(np.e / (np.e + 1), abs=1e-6) and mass[0] == pytest.approx(1.0, abs=1e-6)
     assert p_yes[1] == pytest.approx(2 / 3, abs=1e-6)  # two Yes variants against one No
     assert mass[1] == pytest.approx(3 / 8, abs=1e-6)   # Yes+No = 3 of 3 + 5
@@ -104,7 +105,7 @@ def test_absolute_positions_need_the_position_ids(tiny_gpt2, qwen_tok):
     mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in seqs])
     with torch.inference_mode():
         logits = tiny_gpt2(input_ids=ids, attention_mask=mask).logits[:, -1]
-    p_default = score_prompts(logits, qwen_tok)["p_yes"]
+    p_default = score_prompts(logits, qwen_tok).p_yes
     assert np.abs(p_default - reference_alone(tiny_gpt2, seqs, qwen_tok)[0]).max() > 1e-2
 
 

@@ -8,8 +8,9 @@ The parts, from the bottom up (a module may import its own part and the parts be
     results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
     rundir    rundir/                                  a run folder: its record, hand-off queue, checkpoints
     trackers  trackers/                                where a history line goes: TensorBoard, wandb, accelerate
-    probe     probe.py, config.py, loading.py,         Probe, evaluate, ProbeConfig, loading a model: the composition;
-              stopping.py, benchmark/                  a probe that stops when it knows enough; the slow benchmark
+    probe     probe/, config.py, loading.py,           Probe, AdaptiveProbe (a probe that stops when it knows
+              benchmark/                               enough), make_probe, evaluate, ProbeConfig, loading a model:
+                                                       the composition; the slow benchmark beside it
     uses      training/, follow/, figures/, steering/  the callback and ProbeLogger; sweep and watch; plots; steering
     cli       cli/ and the __main__ modules            the tinymcf command
     init      __init__.py                              the public names, resolved lazily
@@ -42,7 +43,7 @@ LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
            "registry": "base",
            "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers",
-           "probe": "probe", "config": "probe", "loading": "probe", "stopping": "probe", "benchmark": "probe",
+           "probe": "probe", "config": "probe", "loading": "probe", "benchmark": "probe",
            "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli",
            "prepare": "prepare",
            "testing": "testing", "__init__": "init",
@@ -212,7 +213,7 @@ def test_the_circle_check_finds_a_circle(monkeypatch):
 def test_the_top_level_holds_only_the_composition_and_the_base():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "_io", "_version", "apiclient", "config", "errors", "extras", "loading",
-                   "probe", "registry", "stopping", "testing"]
+                   "registry", "testing"]
 
 
 def test_the_public_names_are_the_lazy_table_and_each_resolves():

@@ -46,7 +46,7 @@ def single_process_group(tmp_path):
 def _alone(model, probe, tok):
     with torch.inference_mode():
         logits = torch.cat([model(input_ids=torch.tensor([ids])).logits[:, -1] for ids in probe.encoded])
-    return score_prompts(logits, tok)["p_yes"]
+    return score_prompts(logits, tok).p_yes
 
 
 def test_ddp_around_peft_keeps_the_shared_path(tiny_qwen, qwen_tok, single_process_group):
@@ -85,6 +85,20 @@ def test_peft_prompt_learning_scores_unpadded_without_a_cache(kind, tiny_qwen, q
     notes = [r.getMessage() for r in caplog.records if r.name == "tinymcf_callback" and "limit=" not in r.getMessage()]
     assert len(notes) == 2  # once by each probe (the limit's subset note is another matter)
     assert all("prompt-learning adapter" in note for note in notes)
+
+
+def test_unwrap_peels_what_accelerate_peels_and_what_it_leaves(tiny_qwen):
+    """accelerate's ``extract_model_from_parallel`` is the library's rule for the containers it names (DDP,
+    DataParallel, FSDP v1, DeepSpeed's engine, by class) and torch.compile on top: ``unwrap_model`` agrees on each,
+    and goes on where it stops (a compiled model inside a container, PEFT; docs/development.md says why it is kept)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    compiled = torch.compile(tiny_qwen, backend="eager")  # wrapped, not compiled until called
+    for wrapped in (torch.nn.DataParallel(tiny_qwen), compiled, torch.compile(torch.nn.DataParallel(tiny_qwen))):
+        assert unwrap_model(wrapped) is extract_model_from_parallel(wrapped, keep_torch_compile=False) is tiny_qwen
+    nested = torch.nn.DataParallel(compiled)
+    assert extract_model_from_parallel(nested, keep_torch_compile=False) is compiled  # accelerate stops here
+    assert unwrap_model(nested) is tiny_qwen
 
 
 @pytest.mark.slow

@@ -45,7 +45,9 @@ def test_an_editor_resolves_every_public_name(tmp_path):
     types = revealed(tmp_path, list(tinymcf_callback.__all__))
     unresolved = {name: t for name, t in types.items() if t == "Any"}
     assert unresolved == {}
-    assert "tinymcf_callback.probe.Probe" in types["Probe"]
+    assert types["Probe"].endswith("-> tinymcf_callback.probe.fixed.Probe")
+    assert types["make_probe"].endswith("-> tinymcf_callback.probe.fixed.Probe | tinymcf_callback.probe.adaptive"
+                                        ".AdaptiveProbe")
     assert types["MoralProbeCallback"].endswith("-> tinymcf_callback.training.callback.MoralProbeCallback")
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers as T
 
-from tinymcf_callback.probe import Probe
+from tinymcf_callback.probe import Probe, make_probe
 from tinymcf_callback.scoring.engine import run_batches, score_alone
 from tinymcf_callback.scoring.model_info import forward_signature
 from tinymcf_callback.scoring.selfcheck import check_prompts
@@ -257,10 +257,9 @@ def test_each_probe_holds_its_own_memory(qwen_tok, caplog):
             assert probe.score(model).check["fallbacks"] == []
         assert len(said(caplog)) == 2  # once per probe and cause, not once per call
         caplog.clear()
-        adaptive = Probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=3)  # 2 looks
-        res = adaptive.score(model)
-    looks = len({id(sub) for sub in adaptive._looks.values()})
-    assert looks >= 2 and res.strategy == "full"
+        adaptive = make_probe(qwen_tok, "scifi", until="level", width=1e-6, per_foundation=3)  # 2 looks
+        asked = adaptive.score(model)
+    assert len(asked.looks) == 2 and asked.result.strategy == "full"
     assert len(said(caplog)) == 1
 
 

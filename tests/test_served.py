@@ -88,6 +88,25 @@ def test_a_served_report_is_the_local_report_of_the_same_weights(kind, probe, ti
     assert report["model"] == "served-model" and report["prompt_digest"] == local_report["prompt_digest"]
 
 
+def test_a_precision_target_asks_the_server_look_by_look_for_the_prompts_each_adds(qwen_tok, tiny_qwen):
+    """The looks of an AdaptiveProbe are slices of one encoding: the server is asked each look's prompts only, and the
+    stopped report is the local one of the same weights, its requests counted over the looks."""
+    from tinymcf_callback import make_probe
+
+    settings = {"until": "level", "width": 1e-6, "per_foundation": 3}  # used up: two looks, 21 of 51 vignettes
+    local = make_probe(qwen_tok, "scifi", **settings).run(tiny_qwen)
+    probe = make_probe(qwen_tok, "scifi", **settings)
+    with FakeServed(tiny_qwen, qwen_tok, kind="vllm") as server:
+        report = probe.run(ServedModel(server.url, "served-model"))
+    a = report["info"]["adaptive"]
+    assert len(a["looks"]) == 2 and a["prompts"] == 168 and report["prompt_digest"] == local["prompt_digest"]
+    assert np.abs(p_yes(report) - p_yes(local)).max() < 1e-5
+    scorings = sum(path == "/v1/completions" for path, _ in server.requests)  # both looks' and their checks'
+    assert report["info"]["backend"]["requests"] >= scorings  # counted over both looks, not the first one's alone
+    check = report["info"]["self_check"]
+    assert check["checked"] and all(0 <= i < 168 for i in check["checked"]) and check["max_diff"] <= 1e-5
+
+
 def test_the_template_is_checked_where_the_server_can_tokenize(probe, tiny_qwen):
     with FakeServed(tiny_qwen, probe.tok, kind="vllm") as server:
         report = probe.run(ServedModel(server.url, "served-model"))

@@ -274,13 +274,27 @@ def test_vignette_scores_from_analyse_scenarios():
 
 
 def test_t_distribution_matches_closed_forms_and_tables():
-    for t in (-3.0, -0.4, 0.0, 1.3, 12.0):
-        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)  # Cauchy
-        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
+    """scipy's Student t (since issue 50; before it, the package's own continued fraction and Newton steps): the
+    closed forms of 1 and 2 degrees of freedom to float precision, the tables' quantiles, and the numbers the
+    package's own code gave, unchanged."""
+    for t in (-3.0, -0.4, 0.0, 1.3, 12.0, 40.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-15)  # Cauchy; measured 1.1e-16
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-15)
+    for p in (0.6, 0.9, 0.975, 0.9925, 0.9999):
+        # tan(pi (p - 1/2)) near p = 1 loses digits of its own: 5e-13 measured at p = 0.9999
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-12)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-14)
     for df, q in ((1, 12.706204736), (4, 2.776445105), (6, 2.446911851), (30, 2.042272456), (math.inf, 1.959963985)):
         assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-8)
-    assert t_cdf(t_quantile(0.995, 7.3), 7.3) == pytest.approx(0.995, abs=1e-12)  # non-integer df (Welch)
+    assert t_cdf(t_quantile(0.995, 7.3), 7.3) == pytest.approx(0.995, abs=1e-14)  # non-integer df (Welch)
     assert t_quantile(0.975, 7) < t_quantile(0.975, 6.5) < t_quantile(0.975, 6)
+    # what the package's own t gave (per-look levels of 99% and 98.5%, Welch's non-integer df): over df <= 100 and
+    # p in [0.75, 0.99999] the two differ by at most 2.7e-12 relative in a quantile and 2.1e-14 in a probability
+    before = {(0.995, 7.3): 3.451031655622182, (0.975, 2.5): 3.574654842003678, (0.9925, 13.0): 2.801034161832436}
+    for (p, df), q in before.items():
+        assert t_quantile(p, df) == pytest.approx(q, rel=3e-12)
+    with pytest.raises(ValueError, match="0 < p < 1"):
+        t_quantile(1.0, 3)
 
 
 # --- selectivity: did the target move beyond the others? --------------------------------------

@@ -11,7 +11,8 @@ The package, one folder per reason to change, imports running one way
   (``steering``);
 - ``results/``: pure pandas/numpy from P(Yes) to the report (``analysis``, ``stats``, ``readout``,
   ``text``), the files (``report``, ``history``), the logged names (``metrics``), ``comparison``, ``curves``;
-- ``probe.py`` (``Probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the composition of the above;
+- ``probe/`` (``Probe``, ``AdaptiveProbe``, ``make_probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the
+  composition of the above;
 - ``training/``: the Trainer callback (``callback``), the probe in a loop of one's own (``logger``), the
   callback's saved state and writers;
 - ``tools/``: the checkpoint sweep, the steering dose-response (``dose``) and the plots;
@@ -38,6 +39,8 @@ _EXPORTS = {
     "ServedModel": "served.model",  # the policy in an inference server (endpoint=)
     # one model, one report
     "Probe": "probe",
+    "AdaptiveProbe": "probe",  # a precision target (until=)
+    "make_probe": "probe",  # whichever of the two the settings ask for
     "ProbeConfig": "config",
     "evaluate": "probe",
     "compare": "results.comparison",
@@ -67,6 +70,7 @@ _EXPORTS = {
 }
 
 __all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them equal)
+    "AdaptiveProbe",
     "analyse",
     "Benchmark",
     "BenchmarkConfig",
@@ -81,6 +85,7 @@ __all__ = [  # what a user calls; the same names as _EXPORTS (a test holds them 
     "FRAMES",
     "load_report",
     "load_vignettes",
+    "make_probe",
     "MoralProbeCallback",
     "Probe",
     "ProbeConfig",
@@ -102,7 +107,7 @@ if TYPE_CHECKING:
     from .data.sets import load_vignettes
     from .errors import TinymcfError
     from .prepare.show import show_rewrites
-    from .probe import Probe, evaluate
+    from .probe import AdaptiveProbe, Probe, evaluate, make_probe
     from .results.analysis import analyse
     from .results.comparison import compare
     from .results.report import load_report

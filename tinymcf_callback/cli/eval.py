@@ -82,7 +82,7 @@ def run(args) -> int:
 
     from ..benchmark.runner import Benchmark
     from ..benchmark.text import benchmark_lines
-    from ..probe import Probe
+    from ..probe import make_probe
     from ..results.report import write_report
     from ..results.text import format_table, sanity_lines
     from ..served import ServedModel
@@ -109,14 +109,14 @@ def run(args) -> int:
                 raise
             raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
                             "--tokenizer PATH") from None
-        probe = Probe(tok, config=config)
+        probe = make_probe(tok, config=config)
         if baseline is not None:
             probe.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
         model = ServedModel.from_config(served, reference=reference)
     else:
         tok = local_tokenizer(args)
-        probe = Probe(tok, config=config)  # bad data fail before the weights
+        probe = make_probe(tok, config=config)  # bad data fail before the weights
         bench = Benchmark(tok, bench_config) if bench_config is not None else None  # the pairs too
         if baseline is not None:
             probe.check_baseline(baseline)

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import CheckpointIncomplete, CheckpointUnusable
 from ..loading import release_memory
-from ..probe import Probe
+from ..probe import AdaptiveProbe, Probe, make_probe
 from ..results.history import probe_line
 from ..results.metrics import baseline_record, order_digest, why_unpaired
 from ..results.precision import Precision
@@ -70,19 +70,19 @@ class ProbeCache:
             config = dataclasses.replace(config, keep_autocast=True)
         self.config = config
         self.served_config = settings.served
-        self._probes: dict[str, Probe] = {}
+        self._probes: dict[str, Probe | AdaptiveProbe] = {}
         self._served = self._served_base = None
         self._reloader: Reloader | None = None
 
     def __len__(self) -> int:
         return len(self._probes)
 
-    def get(self, source: str) -> Probe:
+    def get(self, source: str) -> Probe | AdaptiveProbe:
         from transformers import AutoTokenizer
 
         key = tokenizer_fingerprint(source)
         if key not in self._probes:
-            self._probes[key] = Probe(AutoTokenizer.from_pretrained(source), config=self.config)
+            self._probes[key] = make_probe(AutoTokenizer.from_pretrained(source), config=self.config)
         return self._probes[key]
 
     def served(self, *, base: bool = False):

@@ -70,7 +70,7 @@ the sequence's p-value over all the looks, valid under any stopping, never below
 
 **One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
 its interval and decides the stop: a probe passes a function that scores the vignettes the look adds
-(:class:`~tinymcf_callback.stopping.AdaptiveProbe`), a simulation one that takes the known scores' rows
+(:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`), a simulation one that takes the known scores' rows
 (:meth:`Sequential.run`). Nothing else steps the looks.
 """
 
@@ -418,21 +418,25 @@ class Sequential:
         return Look(self.schedule.looks[k], self.schedule.vignettes(k), asked.estimate, lo, hi, p, unfloored)
 
     def step(self, scores_at: Callable[[int], VignetteScores], before: VignetteScores | None = None, *,
-             last: int | None = None, stop=None) -> tuple[list[Look], str]:
+             last: int | None = None, stop=None, looking: bool = True) -> tuple[list[Look], str]:
         """The one loop over the looks: look ``k``'s prefix scores come from ``scores_at(k)`` (a probe scores the
         vignettes the look adds, a simulation takes known rows), ``before`` the baseline's of the candidates (its
         rows found by id), up to look ``last`` (default the last); the looks until the stop and why it stopped (a
-        key of :data:`STOPS`). ``stop``: another rule than :func:`stop_reason`, same arguments."""
+        key of :data:`STOPS`). ``stop``: another rule than :func:`stop_reason`, same arguments. ``looking=False``:
+        every look scored and none looked at, ``([], "baseline")`` (a change target's baseline scores every vignette
+        so that any later probe's change has its pairs)."""
         last = len(self.schedule.looks) - 1 if last is None else last
         looks: list[Look] = []
         for k in range(last + 1):
             now = scores_at(k)
+            if not looking:
+                continue
             look = self.look(k, now, None if before is None else by_id(before, now.id))
             looks.append(look)
             why = (stop or stop_reason)(self.until, self.width, look)
             if why is not None:
                 return looks, why
-        return looks, "used up"
+        return looks, "used up" if looking else "baseline"
 
     def run(self, scores: VignetteScores, before: VignetteScores | None = None, *, stop=None) -> tuple[list[Look], str]:
         """Every look until the stop, from the whole candidate set's scores (a simulation: the scores are known)."""

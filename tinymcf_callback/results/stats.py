@@ -34,11 +34,10 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from functools import lru_cache
-from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
+from scipy.special import stdtr, stdtrit
 
 from ..data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS
 from ..errors import ConfigError
@@ -67,69 +66,22 @@ class Change(NamedTuple):
     p: float  # two-sided, for "no change"
 
 
-# --- the t distribution (numpy has none and scipy is not a dependency) -------------------------
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)``, by its continued fraction (modified Lentz)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-    log_front = a * math.log(x) + b * math.log1p(-x) - math.log(a) - log_beta
-    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
-    for j in range(1, 2000):
-        m = j // 2
-        if j % 2:  # d_{2m+1}
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:  # d_{2m}
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + num * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + num / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) / f
-
+# --- the t distribution: scipy.stats.t's own functions ------------------------------------------
 
 def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` (> 0, any real) degrees of freedom; ``inf`` is the normal."""
-    if math.isinf(df) or df > 1e7:
-        return NormalDist().cdf(t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
+    """P(T <= t) for Student's t with ``df`` (> 0, any real) degrees of freedom; ``inf`` is the normal.
+
+    ``scipy.special.stdtr``, what ``scipy.stats.t.cdf`` computes with, called without the distribution object's
+    per-call cost (0.7 us against 20 us: the simulations call it millions of times)."""
+    return float(stdtr(df, t))
 
 
-def _t_pdf(t: float, df: float) -> float:
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    return math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
-
-
-@lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (Newton from the normal quantile)."""
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``scipy.special.stdtrit``, what
+    ``scipy.stats.t.ppf`` computes with)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_quantile needs 0 < p < 1, got {p}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    z = NormalDist().inv_cdf(p)
-    if math.isinf(df) or df > 1e7:
-        return z
-    # start from the normal quantile's Cornish-Fisher correction when it is close (df >= 3), else from z:
-    # the CDF is concave above 0, so Newton from below the root climbs to it monotonically
-    x = z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df) if df >= 3 else z
-    if t_cdf(x, df) > p:
-        x = z
-    for _ in range(200):
-        step = (p - t_cdf(x, df)) / _t_pdf(x, df)
-        x += step
-        if abs(step) <= 1e-12 * max(1.0, abs(x)):
-            break
-    return x
+    return float(stdtrit(df, p))
 
 
 # --- input ---------------------------------------------------------------------------------------

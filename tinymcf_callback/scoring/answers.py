@@ -7,7 +7,7 @@ which spelling the model prefers; the mass says how much of the model's belief t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,42 +15,12 @@ import torch
 from .prompts import DEFAULT_ANSWER_FORMAT, answer_token_ids
 
 
-class AnswerScores(NamedTuple):
-    """Per-prompt ``p_yes`` and ``yn_mass`` (numpy arrays), as :func:`score_prompts` returns them.
-
-    A named pair that also reads like a mapping, so both styles work::
-
-        scored = score_prompts(logits, tok); scored["p_yes"], scored.yn_mass, dict(scored)
-        p_yes, yn_mass = score_prompts(logits, tok)   # the earlier tuple style
-
-    Iterating gives the two arrays (tuple behaviour); ``keys()``, ``items()``, ``in`` and
-    string indexing behave as for a dict with keys ``"p_yes"`` and ``"yn_mass"``.
-    """
+@dataclass(frozen=True)
+class AnswerScores:
+    """Per-prompt ``p_yes`` and ``yn_mass`` (numpy arrays, float64), as :func:`score_prompts` returns them."""
 
     p_yes: np.ndarray
     yn_mass: np.ndarray
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            if key not in self._fields:
-                raise KeyError(f"{key!r} (score_prompts returns {', '.join(self._fields)})")
-            return getattr(self, key)
-        return tuple.__getitem__(self, key)
-
-    def __contains__(self, key) -> bool:
-        return key in self._fields
-
-    def keys(self) -> tuple[str, ...]:
-        return self._fields
-
-    def values(self) -> tuple[np.ndarray, ...]:
-        return tuple(self)
-
-    def items(self) -> tuple[tuple[str, np.ndarray], ...]:
-        return tuple(zip(self._fields, self, strict=True))
-
-    def get(self, key, default=None):
-        return getattr(self, key) if key in self._fields else default
 
 
 def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> AnswerScores:
@@ -60,7 +30,7 @@ def score_prompts(logits, tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> An
     Every Yes and No variant of the tokenizer counts (see ``answer_token_ids``). With
     ``answer_format="json"`` the answers are true and false: ``p_yes`` is P(true) against
     false and ``yn_mass`` the true+false mass (the names stay, the roles are the same).
-    Returns :class:`AnswerScores`: ``scored["p_yes"]`` or ``p_yes, yn_mass = scored``.
+    Returns :class:`AnswerScores`: ``scored.p_yes``, ``scored.yn_mass``.
     """
     yes, no = answer_token_ids(tok, answer_format)
     logits = torch.as_tensor(logits)

@@ -151,14 +151,18 @@ class BatchPlan:
 
 
 def plan_probe_batches(encoded: list[list[int]], groups: list[list[int]] | None, size: BatchSize,
-                       device: str = "cpu") -> BatchPlan:
+                       device: str = "cpu", rows: list[int] | None = None) -> BatchPlan:
     """A probe's batches at ``size``: whole groups (the frames of one text, which share their scenario) when
-    ``groups`` is given, else single prompts."""
+    ``groups`` is given, else single prompts. ``rows``: of those prompts only (indices kept; whole groups), batched
+    as a probe of them alone batches them."""
+    keep = None if rows is None else set(rows)
     if groups is not None:
+        groups = groups if keep is None else [g for g in groups if keep.issuperset(g)]
         batches = plan_group_batches(encoded, groups, size.token_budget, size.max_batch_size, size.balance)
     else:
-        batches = plan_batches([len(e) for e in encoded], size.token_budget, size.max_batch_size,
-                               balance=size.balance)
+        index = range(len(encoded)) if keep is None else sorted(keep)
+        batches = [[index[i] for i in b] for b in plan_batches([len(encoded[i]) for i in index], size.token_budget,
+                                                                size.max_batch_size, balance=size.balance)]
     return BatchPlan(device, size, batches)
 
 

@@ -418,11 +418,36 @@ class ScoreResult:
     model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
     backend: dict | None = None  # a served model's server, request form and bounds (None: the local forward pass)
     batch_plan: dict | None = None  # the device's batch plan (BatchPlan.as_dict; None: a served model, or batches=)
-    asked: object | None = None  # a probe with a precision target: what it asked and why it stopped (stopping.Asked)
 
 
 def empty_result(n: int) -> ScoreResult:
     return ScoreResult(np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool))
+
+
+def joined(parts: list[tuple[list[int], ScoreResult]], n: int) -> ScoreResult:
+    """Scorings of subsets of one probe's ``n`` prompts (``(rows, result)``: each result holds its rows at their
+    indices) as one result: each part's scores at its rows, the forward calls and batches summed, the safest
+    strategy of :data:`STRATEGIES` (the first part's where none is one: a served form), the first part's precision,
+    model, sample tokens and backend. Their self-checks are joined by
+    :func:`~tinymcf_callback.scoring.selfcheck.joined_checks`, a served backend's counters by the served model's own
+    rule."""
+    first = parts[0][1]
+    res = empty_result(n)
+    for rows, part in parts:
+        res.p_yes[rows], res.yn_mass[rows] = part.p_yes[rows], part.yn_mass[rows]
+        if len(part.yn_top3):
+            res.yn_top3[rows] = part.yn_top3[rows]
+    if not all(len(part.yn_top3) for _, part in parts):  # a served form that read no top tokens: unknown
+        res.yn_top3 = np.zeros(0, dtype=bool)
+    res.n_forward = sum(part.n_forward for _, part in parts)
+    rank = {name: level for level, name in enumerate(STRATEGIES)}
+    res.strategy = max((part.strategy for _, part in parts if part.strategy), key=lambda s: rank.get(s, -1),
+                       default=first.strategy)
+    res.top_tokens, res.precision = first.top_tokens, first.precision
+    res.model, res.backend = first.model, first.backend
+    plans = [part.batch_plan for _, part in parts if part.batch_plan]
+    res.batch_plan = {**plans[0], "batches": sum(p["batches"] for p in plans)} if plans else None
+    return res
 
 
 def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, *, pad_id: int | None = None,
@@ -513,9 +538,9 @@ def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_
     if not torch.isfinite(torch.sum(logits, dtype=torch.float32)):
         raise FloatingPointError("the model produced NaN or infinite logits at the answer position "
                                  f"(batch of {len(idx)} prompts)")
-    p_yes, yn_mass = score_prompts(logits, tok, answer_format)
+    scored = score_prompts(logits, tok, answer_format)
     top3 = torch.isin(logits.topk(3, dim=-1).indices, answer_ids).any(-1).cpu().numpy()
-    res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = p_yes, yn_mass, top3
+    res.p_yes[idx], res.yn_mass[idx], res.yn_top3[idx] = scored.p_yes, scored.yn_mass, top3
     if sample_index is not None and sample_index in idx:
         probs = torch.softmax(logits[idx.index(sample_index)].float(), -1)
         top = probs.topk(10)

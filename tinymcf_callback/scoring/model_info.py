@@ -37,7 +37,8 @@ def unwrap_model(model):
     Peels torch.compile (``_orig_mod``), PEFT (``get_base_model()``) and every wrapper whose
     forward only passes ``*args, **kwargs`` on to a child (torch FSDP v1, DDP, DataParallel,
     the DeepSpeed engine), in any nesting. FSDP v2 (``fully_shard``) keeps the model's class
-    and needs nothing. Always *call* the wrapper: FSDP gathers the parameters in its forward.
+    and needs nothing. Always *call* the wrapper: FSDP gathers the parameters in its forward. (accelerate's
+    ``extract_model_from_parallel`` peels part of this; why this is kept: docs/development.md.)
     """
     return wrapper_chain(model)[-1]
 

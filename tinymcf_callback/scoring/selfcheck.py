@@ -129,6 +129,29 @@ class SelfCheck:
         return held
 
 
+def joined_checks(records: list[dict]) -> dict | None:
+    """The self-checks of several scorings of one probe's prompts (a precision target's looks, each checked among its
+    own prompts with the probe's one rotation) as one record: every checked prompt, the largest differences, every
+    fallback, what they cost together; the rotation's coverage after the last, over the prompts they scored."""
+    if not records:
+        return None
+    out = {**records[0], "strategy": records[-1]["strategy"]}
+    out["checked"] = [int(i) for r in records for i in r["checked"]]
+    for key in ("max_diff", "max_mass_diff", "scored_diff", "scored_mass_diff", "resolution"):
+        values = [r[key] for r in records if r.get(key) is not None]
+        out[key] = max(values) if values else None
+    out["fallbacks"] = list(dict.fromkeys(f for r in records for f in r.get("fallbacks") or []))
+    out["waiting"] = all(r.get("waiting") for r in records)
+    out["copy_bytes"] = max(r.get("copy_bytes") or 0 for r in records)
+    out["n_forward"] = sum(r.get("n_forward") or 0 for r in records)
+    out["seconds"] = sum(r.get("seconds") or 0.0 for r in records)
+    for key in ("reference", "replay_note", "scored_tolerance"):
+        out[key] = next((r[key] for r in records if r.get(key) is not None), None)
+    out["coverage"] = {**(records[-1].get("coverage") or {}),
+                       "prompts": sum((r.get("coverage") or {}).get("prompts", 0) for r in records)}
+    return out
+
+
 def tolerance_for(compute: str | None, override: float | None = None) -> float:
     """The allowed difference for a compute precision (``TOLERANCES``), or ``override`` when given."""
     if override is not None:
@@ -197,6 +220,9 @@ class Rotation:
     when it cannot pay for one yet. So leaving the check on costs a run about :data:`CHECK_BUDGET` of its probe
     time, whatever a checked prompt costs on the hardware (a float32 replay of a bfloat16 model on a GPU costs
     many times its tokens' share), and the coverage grows by what that buys.
+
+    A probe with a precision target has one rotation for all its looks: each look checks its own prompts
+    (``rows``), in the one seeded order of them all; a look whose prompts are all checked starts the cycle again.
     """
 
     seed: int = 0
@@ -231,16 +257,20 @@ class Rotation:
             self.signature, self.checked, self.probes, self.cycles = signature, set(), 0, 0
             self.credit, self.per_prompt = 0.0, None
 
-    def order(self, encoded, batches, strategy: str, plan) -> list[int]:
-        key = (strategy, len(encoded), tuple(tuple(b) for b in batches))  # the riskiest prompts depend on the batches
-        if key not in self._orders:
+    def order(self, encoded, batches, strategy: str, plan, rows: list[int] | None = None) -> list[int]:
+        """The riskiest prompts of ``batches`` first, then the others in the seeded order; ``rows``: of those prompts
+        only (default every prompt of ``encoded``)."""
+        key = (strategy, len(encoded), tuple(tuple(b) for b in batches), None if rows is None else tuple(rows))
+        if key not in self._orders:  # the riskiest prompts depend on the batches
             risky = check_prompts(encoded, batches, strategy, plan, k=2 * N_CHECKED)
-            rest = [int(i) for i in np.random.default_rng(self.seed).permutation(len(encoded)) if int(i) not in risky]
+            allowed = range(len(encoded)) if rows is None else set(rows)
+            rest = [int(i) for i in np.random.default_rng(self.seed).permutation(len(encoded))
+                    if int(i) not in risky and int(i) in allowed]
             self._orders[key] = risky + rest
         return self._orders[key]
 
-    def pick(self, encoded, batches, strategy: str, plan, k: int) -> list[int]:
-        order = self.order(encoded, batches, strategy, plan)
+    def pick(self, encoded, batches, strategy: str, plan, k: int, rows: list[int] | None = None) -> list[int]:
+        order = self.order(encoded, batches, strategy, plan, rows)
         fresh = [i for i in order if i not in self.checked]
         if len(fresh) < k:  # the cycle is done: start it again, after the ones it still had
             self.checked.clear()
@@ -330,8 +360,8 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
-def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, progress: bool = False,
-                  tolerance: float | None = None, check: bool = True) -> ScoreResult:
+def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: Ranks | None = None, precision=None,
+                  progress: bool = False, tolerance: float | None = None, check: bool = True) -> ScoreResult:
     """Score every prompt of ``job`` on ``model``, checked against each prompt alone; the same on every rank.
 
     ``job`` is a :class:`~tinymcf_callback.probe.Probe` (its ``encoded``, ``batches``, ``tok``,
@@ -341,10 +371,13 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
     overrides it). The result's ``check`` holds the :class:`SelfCheck` record. Raises
     :class:`EngineMismatchError` when no strategy agrees with each prompt alone, and the last
     strategy's own error when every strategy raised. ``check=False`` scores with the first strategy
-    and compares nothing (``res.check`` is None).
+    and compares nothing (``res.check`` is None). ``batches``: only the prompts of these (a look of a probe with a
+    precision target, batched on its own), checked among themselves with the probe's one rotation and memory; the
+    result holds every prompt of ``job``, NaN outside them.
     """
     ranks, memory = ranks or Ranks(), job.memory
-    encoded, batches, plan = job.encoded, job.batches, job.prefix_plan
+    rows = None if batches is None else sorted(i for b in batches for i in b)
+    encoded, batches, plan = job.encoded, job.batches if batches is None else batches, job.prefix_plan
     memory.meet(model, ranks, precision.hooks if precision is not None else ())
     start, reason = first_strategy(model, encoded, plan)
     level = max(STRATEGIES.index(start), memory.needed)
@@ -391,7 +424,8 @@ def score_checked(job, model, *, ranks: Ranks | None = None, precision=None, pro
             return res
         job.rotation.last_probe = time.perf_counter() - started
         compute = precision.compute if precision is not None else None  # known once a forward call has run
-        found = _check(job, model, res, strategy, shared_plan, ranks, compute, tolerance, pad_id, fallbacks)
+        found = _check(job, model, res, strategy, shared_plan, ranks, compute, tolerance, pad_id, fallbacks, batches,
+                       rows)
         if found.passed():
             res.check = found.as_dict()
             return res
@@ -432,19 +466,22 @@ def _fall_back(memory: Memory, model, name: str, strategy: str, why: str, fallba
 
 
 def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, compute: str | None,
-           override: float | None, pad_id: int, fallbacks: list[str]) -> SelfCheck:
-    """Compare the checked prompts with each prompt alone: in a float32 replay when the probe computed in a reduced
-    precision and the replay can run on every rank, else in the probe's own precision. The same verdict on every rank.
+           override: float | None, pad_id: int, fallbacks: list[str], batches: list[list[int]],
+           rows: list[int] | None) -> SelfCheck:
+    """Compare the checked prompts (of ``batches``, the prompts scored) with each prompt alone: in a float32 replay
+    when the probe computed in a reduced precision and the replay can run on every rank, else in the probe's own
+    precision. The same verdict on every rank.
     """
-    idx = _picked(job, model, strategy, plan, ranks, compute)
+    idx = _picked(job, strategy, plan, ranks, compute, batches, rows)
     allowed = tolerance_for(compute, override)
+    n_scored = len(job.encoded) if rows is None else len(rows)
     if not idx:  # this probe has not earned a checked prompt yet (see Rotation): the structure was checked before
         return _done(job, SelfCheck(strategy, [], 0.0, 0.0, allowed, compute, reference=None, resolution=None,
-                                    fallbacks=list(fallbacks), waiting=True))
+                                    fallbacks=list(fallbacks), waiting=True), n_scored)
     start = time.perf_counter()
     replay, note, n_forward, copy_bytes = None, None, 0, 0
     if compute in REDUCED_PRECISIONS:
-        replay, note, n_forward, copy_bytes = _replayed(job, model, idx, strategy, plan, pad_id)
+        replay, note, n_forward, copy_bytes = _replayed(job, model, idx, strategy, plan, pad_id, batches)
         notes = ranks.gather(note)
         note = next((n for n in notes if n), None)  # a replay that failed on any rank is used on none
     if replay is None or note is not None:
@@ -453,7 +490,7 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
         d_p, d_m = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
         return _done(job, SelfCheck(strategy, [int(i) for i in idx], d_p, d_m, allowed, compute, reference=compute,
                                     resolution=allowed, replay_note=note, fallbacks=list(fallbacks),
-                                    n_forward=n_forward, seconds=time.perf_counter() - start))
+                                    n_forward=n_forward, seconds=time.perf_counter() - start), n_scored)
     fast, alone = replay
     structural = ranks_largest(ranks, _diffs(fast.p_yes, fast.yn_mass, alone))
     scored = ranks_largest(ranks, _diffs(res.p_yes[idx], res.yn_mass[idx], alone))
@@ -462,39 +499,42 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
                                 reference=f"{REPLAY_PRECISION} replay", resolution=replay_tolerance,
                                 scored_diff=scored[0], scored_mass_diff=scored[1], scored_tolerance=allowed,
                                 fallbacks=list(fallbacks), copy_bytes=copy_bytes, n_forward=n_forward,
-                                seconds=time.perf_counter() - start))
+                                seconds=time.perf_counter() - start), n_scored)
 
 
-def _picked(job, model, strategy: str, plan, ranks: Ranks, compute: str | None) -> list[int]:
-    """This probe's checked prompts: the rotation's next ones, as many as the budget allows; rank 0's on every rank."""
-    rotation = job.rotation
+def _picked(job, strategy: str, plan, ranks: Ranks, compute: str | None, batches: list[list[int]],
+            rows: list[int] | None) -> list[int]:
+    """This probe's checked prompts: the rotation's next ones among ``rows`` (default every prompt), as many as the
+    budget allows; rank 0's on every rank. The structure counts the batches of the device's plan of every prompt
+    (``job.batches``), so that the looks of a probe with a precision target share one cycle."""
+    rotation, encoded = job.rotation, job.encoded
     rotation.start(ranks.gather(structure(job.memory.changes, strategy, compute, len(job.batches)))[0])
-    order = rotation.order(job.encoded, job.batches, strategy, plan)
+    order = rotation.order(encoded, batches, strategy, plan, rows)
     first = order[:1]
-    estimate = rotation.budget * probe_cost(job.encoded, job.batches, strategy, plan) / max(
-        1.0, check_cost(job.encoded, job.batches, strategy, plan, first, compute in REDUCED_PRECISIONS))
+    estimate = rotation.budget * probe_cost(encoded, batches, strategy, plan) / max(
+        1.0, check_cost(encoded, batches, strategy, plan, first, compute in REDUCED_PRECISIONS))
     k = rotation.how_many(rotation.last_probe, estimate)
-    idx = rotation.pick(job.encoded, job.batches, strategy, plan, k) if k else []
+    idx = rotation.pick(encoded, batches, strategy, plan, k, rows) if k else []
     return [int(i) for i in ranks.gather(idx)[0]]
 
 
-def _done(job, check: SelfCheck) -> SelfCheck:
-    """Record what this check covered and what it cost (the next probe's budget reads it)."""
+def _done(job, check: SelfCheck, n_prompts: int) -> SelfCheck:
+    """Record what this check covered (of ``n_prompts`` scored) and what it cost (the next probe's budget reads it)."""
     rotation = job.rotation
     rotation.note(check.checked)
     rotation.spent(check.seconds, len(check.checked))
-    check.coverage = rotation.coverage(len(job.encoded))
+    check.coverage = rotation.coverage(n_prompts)
     return check
 
 
-def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int):
+def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int, batches: list[list[int]]):
     """The checked prompts in float32: ``((strategy's scores, each alone), None, forward calls, copy bytes)``, or
     ``(None, why not, forward calls, copy bytes)``. Makes the same number of forward calls whatever happens (sharding
     needs it)."""
     target = without_compile(model)
     device = model_device(model)
     runner = make_strategy(strategy, target, job.encoded, pad_id, device, plan)
-    subs = replay_rows(job.encoded, job.batches, strategy, plan, idx)
+    subs = replay_rows(job.encoded, batches, strategy, plan, idx)
     planned = runner.planned_calls([rows for rows, _ in subs]) + len(idx)
     call: ModelCall = runner.call
     note, replay = None, None

@@ -44,20 +44,35 @@ def difference(a: Reading, b: Reading, yes: list[int], no: list[int]) -> tuple[f
     return dp, dm
 
 
-def result(readings: list[Reading], sample: Reading, tok, yes: list[int], no: list[int]) -> ScoreResult:
-    """The :class:`~tinymcf_callback.scoring.engine.ScoreResult` of one reading per prompt; ``sample`` holds the
-    sample prompt's top tokens."""
-    n = len(readings)
+def result(readings: list[Reading], sample: Reading, tok, yes: list[int], no: list[int], *, rows: list[int],
+           n: int) -> ScoreResult:
+    """The :class:`~tinymcf_callback.scoring.engine.ScoreResult` of a probe's ``n`` prompts from one reading of each
+    prompt of ``rows`` (NaN elsewhere); ``sample`` holds the sample prompt's top tokens."""
     res = empty_result(n)
     tops = []
     answers = {*yes, *no} | {tok.decode([a]) for a in (*yes, *no)}
-    for i, reading in enumerate(readings):
+    for i, reading in zip(rows, readings, strict=True):
         res.p_yes[i], res.yn_mass[i] = answer(reading, yes, no)
         if len(reading.top) >= 3:
             tops.append(any(t in answers for t, _ in reading.top[:3]))
-    res.yn_top3 = np.array(tops, dtype=bool) if len(tops) == n else np.zeros(0, dtype=bool)
+    if len(tops) == len(rows):
+        res.yn_top3[rows] = tops
+    else:  # a form that reads no top tokens: unknown
+        res.yn_top3 = np.zeros(0, dtype=bool)
     res.top_tokens = [(t if isinstance(t, str) else tok.decode([t]), float(math.exp(v))) for t, v in sample.top[:10]]
     return res
+
+
+def joined_backend(backends: list[dict | None]) -> dict | None:
+    """The backend record of several scorings of one probe through one server (a precision target's looks): the
+    first's, with the requests and retries of all."""
+    if not backends or backends[0] is None:
+        return None
+    out = dict(backends[0])
+    for key in ("requests", "retries"):
+        if all(isinstance(b.get(key), int) for b in backends if b):
+            out[key] = sum(b[key] for b in backends if b)
+    return out
 
 
 def bounds(readings: list[Reading], yes: list[int], no: list[int]) -> tuple[float, float] | None:

@@ -126,19 +126,21 @@ class ServedModel:
         return self._reference
 
     # ------------------------------------------------------------------ what Probe.score hands a served model
-    def score_probe(self, probe, *, progress: bool = False) -> ScoreResult:
-        """Every prompt of ``probe`` through the server; the self-check on a few; ``res.backend`` says how."""
+    def score_probe(self, probe, *, progress: bool = False, rows: list[int] | None = None) -> ScoreResult:
+        """Every prompt of ``probe`` (``rows``: those prompts only, at their indices of a result of every prompt)
+        through the server; the self-check on a few; ``res.backend`` says how."""
         self.close()
         self.client = ServerClient(self.config.endpoint, timeout=self.config.timeout, retries=self.config.retries,
                                    environ=self.environ)
         try:
-            return self._score(probe, self.client, progress)
+            return self._score(probe, self.client, progress, list(range(len(probe.encoded))) if rows is None else
+                               list(rows))
         finally:
             self.close()
 
-    def _score(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
+    def _score(self, probe, client: ServerClient, progress: bool, rows: list[int]) -> ScoreResult:
         try:
-            return self._ask(probe, client, progress)
+            return self._ask(probe, client, progress, rows)
         except ServedError as e:
             broke = isinstance(e, ServerGone) or (getattr(e, "status", None) or 0) >= 500
             if not broke or not client.api.requests:
@@ -153,7 +155,7 @@ class ServedModel:
                           f"{client.api.requests} of its requests: {cause} (see the server's log). "
                           f"{avoid(self.server)} ({e})") from None
 
-    def _ask(self, probe, client: ServerClient, progress: bool) -> ScoreResult:
+    def _ask(self, probe, client: ServerClient, progress: bool, rows: list[int]) -> ScoreResult:
         config, tok = self.config, probe.tok
         yes, no = answer_token_ids(tok, probe.answer_format)
         check_vocabulary(probe, [*yes, *no])
@@ -167,7 +169,7 @@ class ServedModel:
         if server.lora:
             no_prompt_logprobs(client.shown, form.name, check_form(config, form, server))
         size, concurrency = load(config, form, server)
-        sample = probe.sample_index
+        sample = probe.sample_index if probe.sample_index in rows else rows[0]  # whose top tokens are read
         template = check_template(client, server, tok, probe.encoded[sample], probe.prompts[sample],
                                   probe.turn(sample))
         transport = Transport(client, concurrency)
@@ -177,20 +179,19 @@ class ServedModel:
         if single:
             size = 1
         found = self.check_logprobs(transport, form, prompts[sample], server, tok, yes, no, single=single)
-        n = len(probe.encoded)
         tolerance = next(t for t in (config.tolerance, probe.config.self_check_tolerance,
                                      selfcheck.DEFAULT_TOLERANCE) if t is not None)
         second = self.form(check_form(config, form, server), tok, yes, no, server)
         rotation = self.rotation(probe)
-        checked = selfcheck.pick(rotation, ("served", server.kind, second.name, form.name), n,
-                                 config.check_prompts) if probe.config.self_check else []
+        checked = selfcheck.pick(rotation, ("served", server.kind, second.name, form.name), rows,
+                                 len(probe.encoded), config.check_prompts) if probe.config.self_check else []
         # the second form reads the likeliest Yes and No tokens (of the sample prompt): fewer sequences for echo
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
         # echo carries a sequence per (prompt, answer token): one per request where the server takes no list
         one_each = single and form.name == "echo"
         answers_of = [*yes, *no]
-        main = (one_token_each(form, ((("main", i), prompts[i]) for i in range(n)), answers_of) if one_each else
-                batches(form, ((("main", i), prompts[i]) for i in range(n)), size))
+        main = (one_token_each(form, ((("main", i), prompts[i]) for i in rows), answers_of) if one_each else
+                batches(form, ((("main", i), prompts[i]) for i in rows), size))
         repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if one_each else
                   batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
         alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
@@ -213,19 +214,19 @@ class ServedModel:
             for ask in second_asks:  # one at a time, nothing else in flight
                 [reading] = transport.ask(ask)
                 merge(readings, ask.keys[0], reading)
-        again = batches(form, ((("main", i), prompts[i]) for i in range(n) if form.incomplete(readings[("main", i)])),
+        again = batches(form, ((("main", i), prompts[i]) for i in rows if form.incomplete(readings[("main", i)])),
                         size, whole=True)
         if again:  # an answer token below the top-k: those prompts asked again for the whole vocabulary
             readings.update(transport.run(again))
-        main_readings = [readings[("main", i)] for i in range(n)]
-        top_reading = readings.get(("top", sample), main_readings[sample])
-        res = answers.result(main_readings, top_reading, tok, yes, no)
+        main_readings = [readings[("main", i)] for i in rows]
+        top_reading = readings.get(("top", sample), readings[("main", sample)])
+        res = answers.result(main_readings, top_reading, tok, yes, no, rows=rows, n=len(probe.encoded))
         res.n_forward = len(main) + len(again)
         if checked:
             record = selfcheck.check(rotation, checked, {i: readings[("main", i)] for i in checked},
                                      {i: readings[("repeat", i)] for i in checked},
                                      {i: readings[("second", i)] for i in checked}, yes, no, form=form.name,
-                                     second_form=second.name, tolerance=tolerance, n_prompts=n,
+                                     second_form=second.name, tolerance=tolerance, n_prompts=len(rows),
                                      requests=len(repeat) + len(second_asks), started=started, labels=probe.labels,
                                      shown=client.shown, concurrency=concurrency)
             if self.reference is not None:
@@ -234,8 +235,8 @@ class ServedModel:
             res.check = record.as_dict()
         reload_check = None
         if self.loaded is not None:  # what a follower just loaded: the checkpoint's own forward pass on a few prompts
-            compared = checked or selfcheck.pick(self.reload_rotation(probe), ("reload", server.kind, form.name), n,
-                                                 N_CHECKED)
+            compared = checked or selfcheck.pick(self.reload_rotation(probe), ("reload", server.kind, form.name), rows,
+                                                 len(probe.encoded), N_CHECKED)
             reload_check = verify.check(self.loaded, server, probe, {i: readings[("main", i)] for i in compared},
                                         compared, yes, no, tolerance=config.reference_tolerance, shown=client.shown)
         after = self.weights_of(client, server, again=True)

@@ -24,12 +24,14 @@ from .forms import Reading
 DEFAULT_TOLERANCE = 1e-3  # two requests for the same prompt to one server: what they may differ by
 
 
-def pick(rotation: Rotation, signature: tuple, n_prompts: int, k: int) -> list[int]:
-    """The next ``k`` prompts of the rotation's seeded order for this server and form (``signature``)."""
-    if not k or not n_prompts:
+def pick(rotation: Rotation, signature: tuple, rows: list[int], n_prompts: int, k: int) -> list[int]:
+    """The next ``k`` of the prompts ``rows`` asked (of the probe's ``n_prompts``) in the rotation's seeded order for
+    this server and form (``signature``)."""
+    if not k or not rows:
         return []
     rotation.start(signature)
-    return sorted(rotation.pick([[]] * n_prompts, [], signature[-1], None, min(k, n_prompts)))
+    among = None if len(rows) == n_prompts else rows
+    return sorted(rotation.pick([[]] * n_prompts, [], signature[-1], None, min(k, len(rows)), among))
 
 
 def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repeat: dict[int, Reading],

@@ -34,7 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
-from ..probe import Probe, scorer_of
+from ..probe import AdaptiveProbe, Probe, make_probe, scorer_of
 from ..results.history import BASELINE_EVENT
 from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
@@ -157,7 +157,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.keeper: RunKeeper | None = None  # moral_probe_run.json (and the hand-off queue), on the main process
         self._tokenizer = tokenizer
         self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
-        self.probe: Probe | None = None  # the set tokenised once: at construction with tokenizer=, else at train begin
+        # the set tokenised once: at construction with tokenizer=, else at train begin
+        self.probe: Probe | AdaptiveProbe | None = None
         self.logger: ProbeLogger | None = None  # the run's history, baseline and change: one per run (its output_dir)
         self.runs: dict[str, dict | None] | None = None  # the reporters' open runs, looked up once per train begin
         self.names = metric_names(self.name, self.answer_format)
@@ -344,7 +345,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
-        self.probe = Probe(tok, config=self.config)  # tokenised once, reused at every probe
+        self.probe = make_probe(tok, config=self.config)  # tokenised once, reused at every probe
 
     def _start_logger(self, args) -> None:
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing

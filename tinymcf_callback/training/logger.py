@@ -33,19 +33,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from pathlib import Path
 
 from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..figures.tracked import probe_figure
-from ..probe import Probe
+from ..probe import AdaptiveProbe, Probe
 from ..results.history import BASELINE_EVENT, history_path, probe_line
 from ..results.metrics import baseline_record, dashboard_names, why_unpaired, with_run_level
 from ..results.rows import vignette_rows, vignette_texts
 from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten
 from ..scoring.ranks import Ranks
-from ..stopping import AdaptiveProbe
 from ..trackers.sinks import Trackers
 from ..trackers.targets import as_sink
 
@@ -58,7 +56,8 @@ class ProbeLogger:
     """Probe a model at the steps a loop chooses; keep the baseline, the history and the change; feed the trackers.
 
     Args:
-        probe: a :class:`~tinymcf_callback.probe.Probe` (its set, subset, answer format and statistics).
+        probe: a :class:`~tinymcf_callback.probe.Probe` or :class:`~tinymcf_callback.probe.AdaptiveProbe` (its set,
+            subset, answer format and statistics; :func:`~tinymcf_callback.probe.make_probe` builds either).
         output_dir: the run folder for the history and the baseline's report; None: no files (metrics only).
         to: where the metrics go besides the files, one or a list of: an ``accelerate.Accelerator``, a wandb
             run (``wandb.init()``'s), a TensorBoard ``SummaryWriter``, a callable ``fn(metrics, step)``.
@@ -77,8 +76,8 @@ class ProbeLogger:
                  baseline: bool = True, resume: bool = True, strict: bool = False, verbose: bool = False,
                  figure: bool = True):
         if not isinstance(probe, (Probe, AdaptiveProbe)):
-            raise ConfigError(f"ProbeLogger needs a Probe (tinymcf_callback.Probe(tok, 'scifi', ...)), got "
-                              f"{type(probe).__name__}")
+            raise ConfigError("ProbeLogger needs a Probe or an AdaptiveProbe (tinymcf_callback.make_probe(tok, "
+                              f"'scifi', ...)), got {type(probe).__name__}")
         self.probe = probe
         self.output_dir = None if output_dir is None else os.fspath(output_dir)
         # the run's history and baseline report, written through the one curve writer (rundir.curve)
@@ -147,10 +146,8 @@ class ProbeLogger:
         """The report of ``model`` (scored across the processes), or None when the probe failed (warned)."""
         self._start(event)  # a resumed loop's baseline first: a precision target measures its change from it
         try:
-            start = time.perf_counter()
             # the batches shared among the processes; a precision target measures its change from the baseline
-            res = self.probe.score(model, ranks=Ranks.current(), baseline=self.baseline_record)
-            return self.probe.report(res, elapsed=time.perf_counter() - start)
+            return self.probe.run(model, ranks=Ranks.current(), baseline=self.baseline_record)
         except UnsupportedModelError:
             raise  # a model the probe cannot read at all: a setup error, not a passing failure
         except Exception as e:  # noqa: BLE001 - a failed probe must never stop the training it observes

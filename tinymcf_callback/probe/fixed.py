@@ -1,10 +1,12 @@
-"""``evaluate``: one call from a model to a per-foundation alignment report; :class:`Probe` behind it.
+"""The fixed probe: :class:`Probe`, a vignette set turned into tokenised prompts, ready to score models.
 
 :class:`Probe` holds everything that does not change between checkpoints (the set's
 vignettes, prompt texts, token ids and the shared prefixes), built once from a tokenizer and a
 :class:`~tinymcf_callback.config.ProbeConfig`; ``Probe.run`` scores a model with it. The batches are
 planned for the device a model is on when it is first scored there (:meth:`Probe.plan_for`), and kept for
-every later probe on that device.
+every later probe on that device. ``rows=`` scores a subset of its prompts, batched on their own, into the
+one result of them all: the looks of a probe with a precision target
+(:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`) are such subsets of its candidates' one encoding.
 ``evaluate``, the ``tinymcf eval`` command, the sweep and ``MoralProbeCallback`` all go through
 it: one code path for "score these prompts".
 
@@ -23,15 +25,14 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import ProbeConfig, make_config
-from .errors import ConfigError
-from .results.analysis import analyse
-from .results.readout import HEADLINE_FIELDS, sanity_warnings
-from .results.text import sanity_lines
-from .scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
-from .scoring.engine import ScoreResult, run_batches
-from .scoring.mode import probe_mode
-from .scoring.model_info import (
+from ..config import ProbeConfig, make_config
+from ..errors import ConfigError
+from ..results.analysis import analyse
+from ..results.readout import HEADLINE_FIELDS, sanity_warnings
+from ..scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
+from ..scoring.engine import ScoreResult, run_batches
+from ..scoring.mode import probe_mode
+from ..scoring.model_info import (
     check_causal_lm,
     check_context,
     check_vocabulary,
@@ -40,9 +41,9 @@ from .scoring.model_info import (
     model_device,
     model_name,
 )
-from .scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
-from .scoring.ranks import Ranks
-from .scoring.selfcheck import Memory, Rotation, score_checked
+from ..scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
+from ..scoring.ranks import Ranks
+from ..scoring.selfcheck import Memory, Rotation, score_checked
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -68,25 +69,21 @@ class Probe:
         report = probe.run(model)              # the report dict (see evaluate); batched for the model's device
         res = probe.score(model)               # per-prompt P(Yes), Yes+No mass, the self-check
 
+    A precision target (``until=``) is :class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`'s, refused here:
+    :func:`~tinymcf_callback.probe.make_probe` builds whichever of the two the settings ask for.
+
     Raises :class:`~tinymcf_callback.errors.ConfigError` for a bad setting,
     :class:`~tinymcf_callback.errors.ProbeDataError` for an unknown or unprepared set.
     """
-
-    def __new__(cls, tok=None, name: str | None = None, limit: int | None = None, *,
-                config: ProbeConfig | None = None, vignettes: list[dict] | None = None, **settings):
-        """A precision target (``until=``) gives an :class:`~tinymcf_callback.stopping.AdaptiveProbe`, a probe made of
-        probes, with the same ``run``, ``score`` and ``report``."""
-        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-        if cls is Probe and make_config(config, **given, **settings).until is not None:
-            from .stopping import AdaptiveProbe  # a probe made of Probes: it is given this class, imports nothing here
-
-            return AdaptiveProbe(tok, name, limit, config=config, vignettes=vignettes, probe_class=cls, **settings)
-        return super().__new__(cls)
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
         given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
         self.config = config = make_config(config, **given, **settings)
+        if config.until is not None:
+            raise ConfigError(f"Probe asks a fixed set of vignettes, and until={config.until!r} is a precision "
+                              "target: make_probe(tok, config) (or AdaptiveProbe) builds the probe that asks until "
+                              "it knows enough")
         self.tok, self.name, self.answer_format = tok, config.name, config.answer_format
         self.vignettes = config.vignettes() if vignettes is None else list(vignettes)
         self.has_human = any("wrong" in v for v in self.vignettes)
@@ -101,7 +98,8 @@ class Probe:
         # The two frames of one text share everything up to the question.
         self.groups = [list(ix) for ix in self.meta.groupby(["id", "condition"], sort=False).indices.values()]
         self.prefix_plan = plan_prefixes(self.encoded, self.groups) if config.share_prefix else None
-        self._plans: dict[tuple[str, ...], BatchPlan] = {}  # the devices scored on (one per process) -> their plan
+        # the devices scored on (one per process) -> their plan; and each subset of prompts scored alone on one
+        self._plans: dict[tuple, BatchPlan] = {}
         # before any model is scored: what the CPU gets (and any device, when the sizes are given)
         self.plan = self._planned(("cpu",), batch_size_for("cpu", token_budget=config.token_budget,
                                                            max_batch_size=config.max_batch_size))
@@ -155,6 +153,16 @@ class Probe:
                                                     where[0])
         return self._plans[where]
 
+    def plan_of(self, rows: list[int]) -> BatchPlan:
+        """The batches of prompts ``rows`` alone (indices), planned at the size of the device plan in use
+        (:meth:`plan_for`) as a probe of those prompts would plan them, and kept: a look of a probe with a precision
+        target, scored on its own."""
+        key = (self.plan.device, self.plan.size, tuple(rows))
+        if key not in self._plans:
+            self._plans[key] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None,
+                                                  self.plan.size, self.plan.device, rows=rows)
+        return self._plans[key]
+
     def turn(self, i: int) -> list[dict]:
         """Prompt ``i``'s chat turn (:func:`~tinymcf_callback.scoring.prompts.chat_turn`): what its text renders."""
         row = self.meta.iloc[i]
@@ -162,17 +170,16 @@ class Probe:
         return chat_turn(vignette[row["condition"]], answer_format_of(self.answer_format).questions[row["frame"]])
 
     def score(self, model, *, progress: bool = False, batches: list[list[int]] | None = None,
-              ranks: Ranks | None = None, baseline: dict | None = None) -> ScoreResult:
+              ranks: Ranks | None = None, rows: list[int] | None = None) -> ScoreResult:
         """Score the model in eval + inference mode (state restored after), in the weights' own precision.
 
         Without ``batches``: every prompt, through :func:`~tinymcf_callback.scoring.selfcheck.score_checked`
         (the fast path checked against each prompt scored alone; ``res.check`` says how), shared
         among ``ranks`` when given (``ranks=Ranks.current()``: every process of a distributed run, each
-        scoring its share of the batches, every one ending with the whole result). With
-        ``batches``: only those, with the model's first strategy and no check (a rank's raw share).
-
-        ``baseline`` applies to a probe with a precision target
-        (:class:`~tinymcf_callback.stopping.AdaptiveProbe`) only: a fixed probe's change is measured by its logger.
+        scoring its share of the batches, every one ending with the whole result). ``rows``: only these prompts
+        (indices), batched on their own (:meth:`plan_of`) and checked among themselves, written at their indices
+        into a result of every prompt (NaN elsewhere). With ``batches``: only those, with the model's first
+        strategy and no check (a rank's raw share).
 
         Raises :class:`~tinymcf_callback.errors.UnsupportedModelError` before any forward call when
         the model is not a causal LM with its LM head, :class:`~tinymcf_callback.errors.PromptError`
@@ -182,17 +189,20 @@ class Probe:
         if elsewhere is not None:  # the server scores every prompt (each process of a distributed run asks it alike)
             if batches is not None:
                 raise ConfigError("a served model is scored whole by its server: batches= does not apply")
-            return elsewhere(self, progress=progress)
+            return elsewhere(self, progress=progress, rows=rows)
         check_causal_lm(model)
         answers = answer_token_ids(self.tok, self.answer_format)
         check_vocabulary(model, self.encoded, [*answers[0], *answers[1]])
         check_context(model, self.encoded, self.labels)
         config = self.config
         plan = self.plan_for(model, ranks) if batches is None else None
+        if plan is not None and rows is not None:
+            plan = self.plan_of(rows)
         with probe_mode(model, keep_autocast=config.keep_autocast) as precision:
             if batches is None:
-                res = score_checked(self, model, ranks=ranks, precision=precision, progress=progress,
-                                    tolerance=config.self_check_tolerance, check=config.self_check)
+                res = score_checked(self, model, batches=None if rows is None else plan.batches, ranks=ranks,
+                                    precision=precision, progress=progress, tolerance=config.self_check_tolerance,
+                                    check=config.self_check)
             else:
                 res = run_batches(model, self.encoded, batches, self.tok, sample_index=self.sample_index,
                                   progress=progress, desc=f"moral probe [{self.name}]", prefix_plan=self.prefix_plan,
@@ -201,27 +211,35 @@ class Probe:
         res.batch_plan = plan.as_dict() if plan is not None else None
         return res
 
-    def report(self, res: ScoreResult, elapsed: float | None = None, *, level: float | None = None) -> dict:
+    def report(self, res: ScoreResult, elapsed: float | None = None, *, level: float | None = None,
+               rows: list[int] | None = None, notes: list[str] | None = None) -> dict:
         """Analyse a finished :class:`ScoreResult` into the report dict (see :func:`evaluate`); ``level``: the
-        intervals' (default ``config.level``)."""
+        intervals' (default ``config.level``). ``rows``: the report of those prompts only (indices, in the set's
+        order: a stopped probe's prefix), as a probe of them alone reports it (their digest, their rows); ``notes``:
+        what its warnings say of them in place of the probe's own notes."""
         config = self.config
-        out = analyse(res.p_yes, self.meta, res.yn_mass, elapsed=elapsed, name=self.name,
+        idx = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=int)
+        meta = self.meta if rows is None else self.meta.iloc[idx].reset_index(drop=True)
+        out = analyse(res.p_yes[idx], meta, res.yn_mass[idx], elapsed=elapsed, name=self.name,
                       level=config.level if level is None else level, n_resamples=config.n_resamples,
                       seed=config.seed)
         info = out["info"]
-        info["yn_top3_rate"] = float(np.mean(res.yn_top3)) if len(res.yn_top3) else None
+        info["yn_top3_rate"] = float(np.mean(res.yn_top3[idx])) if len(res.yn_top3) else None
         info["sample_prompt"] = self.prompts[self.sample_index]
         info["top_tokens"] = [{"token": t, "prob": p} for t, p in res.top_tokens]
         info["n_forward"] = res.n_forward
         info["batches"] = res.batch_plan
         info["strategy"] = res.strategy
-        info["self_check"] = self.check_info(res.check)
+        info["self_check"] = self.check_info(res.check, rows)
         info["precision"] = res.precision
         info["subset"] = config.subset(self.vignettes)
         info["backend"] = res.backend or local_backend()
         info["versions"] = versions()
-        info["warnings"] = (self.notes + sanity_warnings(out["score"], info, res, self.answer_format)
+        info["warnings"] = ((self.notes if notes is None else notes)
+                            + sanity_warnings(out["score"], info, res, self.answer_format)
                             + backend_warnings(info["backend"]))
+        digest = self.prompt_digest if rows is None else prompt_digest([self.prompts[i] for i in idx], meta,
+                                                                       self.answer_format)
         headline = {k: out[k] for k in HEADLINE_FIELDS}
         precision = res.precision or {}
         return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
@@ -229,28 +247,36 @@ class Probe:
                 "compute": precision.get("compute"), "device": precision.get("device"), "table": out["table"],
                 **headline,
                 "level": out["level"], "n_resamples": config.n_resamples,
-                "seed": config.seed, "prompt_digest": self.prompt_digest,
+                "seed": config.seed, "prompt_digest": digest,
                 "info": info, "scenarios": out["scenarios"], "raw": out["raw"]}
 
-    def check_info(self, check: dict | None) -> dict | None:
-        """The self-check's record with the checked prompts named (``vignette <id> (<condition>, frame <frame>)``)."""
+    def check_info(self, check: dict | None, rows: list[int] | None = None) -> dict | None:
+        """The self-check's record with the checked prompts named (``vignette <id> (<condition>, frame <frame>)``);
+        ``rows``: a report of those prompts, whose checked prompts are counted among them."""
         if check is None:
             return None
-        return {**check, "checked_prompts": [self.labels[i] for i in check["checked"]]}
+        named = [self.labels[i] for i in check["checked"]]
+        if rows is not None:
+            at = {int(i): n for n, i in enumerate(rows)}
+            check = {**check, "checked": [at[i] for i in check["checked"]]}
+        return {**check, "checked_prompts": named}
 
     def run(self, model, *, progress: bool = False, ranks: Ranks | None = None, baseline: dict | None = None) -> dict:
-        """Score ``model`` and return its report: :meth:`score` then :meth:`report`, timed."""
+        """Score ``model`` and return its report: :meth:`score` then :meth:`report`, timed. ``baseline`` applies to a
+        probe with a precision target only (its change is measured in its looks); a fixed probe's change is its
+        logger's."""
         start = time.perf_counter()
-        res = self.score(model, progress=progress, ranks=ranks, baseline=baseline)
+        res = self.score(model, progress=progress, ranks=ranks)
         return self.report(res, elapsed=time.perf_counter() - start)
 
 
 class ScoresElsewhere(Protocol):
     """What :meth:`Probe.score` hands the work to instead of running a forward pass: a model that scores a probe's
     prompts itself (:class:`~tinymcf_callback.served.ServedModel`, through its server). ``score_probe`` returns the
-    :class:`~tinymcf_callback.scoring.engine.ScoreResult` of every prompt, its ``backend`` saying what answered."""
+    :class:`~tinymcf_callback.scoring.engine.ScoreResult` of every prompt (with ``rows``: of those prompts only, at
+    their indices, NaN elsewhere), its ``backend`` saying what answered."""
 
-    def score_probe(self, probe: Probe, *, progress: bool = False) -> ScoreResult: ...
+    def score_probe(self, probe: Probe, *, progress: bool = False, rows: list[int] | None = None) -> ScoreResult: ...
 
 
 def scorer_of(model) -> Callable | None:
@@ -278,7 +304,7 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from ._version import __version__
+    from .._version import __version__
 
     return {"tinymcf_callback": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
@@ -315,28 +341,3 @@ def log_note_once(tok, note: str) -> None:
     if note not in seen:
         seen.add(note)
         logger.warning("moral probe: %s", note)
-
-
-def evaluate(model, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
-             verbose: bool = True, progress: bool | None = None, **settings) -> dict:
-    """Score ``model`` on vignette set ``name`` and return its alignment report.
-
-    Returns ``{"table", "score", "gap", "sn", "score_minus_sn", "info", "raw", "scenarios", "name", ...}``:
-    ``table`` is the per-foundation DataFrame (with ``<metric>_lo``/``_hi`` interval columns),
-    ``score`` the mean ``align_other`` over the six real foundations, ``gap`` the mean
-    ``self_other_gap``, ``sn`` the Social Norms control, ``score_minus_sn`` their difference,
-    each with ``<name>_lo``/``<name>_hi`` bounds; ``level``, ``n_resamples``, ``seed`` say how
-    the intervals were made, ``prompt_digest`` which prompts were asked; ``model``, ``dtype``,
-    ``autocast``, ``device`` what was scored and in which precision; ``info`` holds the sanity
-    figures, the strategy and its self-check; ``raw`` one row per prompt, ``answer_format`` the
-    format asked (``"yesno"``: ``p_yes`` is P(Yes), ``yn_mass`` the Yes+No mass; ``"json"``: P(true)
-    and the true+false mass). Prints the sanity lines (top-10 tokens of a sample prompt, answer
-    mass, frame agreement, the headline with intervals, warnings) unless ``verbose=False``.
-    ``config`` and ``settings`` are :class:`~tinymcf_callback.config.ProbeConfig`'s (``answer_format``,
-    ``level``, ``n_resamples`` (0: no intervals), ``seed``, ``answer_prefix``, ...).
-    """
-    probe = Probe(tok, name, limit, config=config, **settings)
-    report = probe.run(model, progress=verbose if progress is None else progress)
-    if verbose:
-        print("\n".join(sanity_lines(report)))
-    return report
