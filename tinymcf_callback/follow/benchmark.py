@@ -25,7 +25,7 @@ from ..benchmark.schedule import parse_at, predicted_saves, roles_of
 from ..benchmark.text import benchmark_lines
 from ..errors import SweepError
 from ..loading import release_memory
-from ..probe import versions
+from ..probe.fixed import versions
 from ..rundir.checkpoints import FULL, Checkpoint, fingerprint, tokenizer_fingerprint
 from .planner import Plan
 

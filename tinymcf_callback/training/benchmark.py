@@ -23,7 +23,7 @@ from ..benchmark.runner import Benchmark
 from ..benchmark.schedule import nearest, parse_at, predicted_saves, roles_of
 from ..benchmark.text import benchmark_lines
 from ..errors import ConfigError
-from ..probe import versions
+from ..probe.fixed import versions
 from ..results.history import BASELINE_EVENT
 from ..scoring.model_info import model_name
 
