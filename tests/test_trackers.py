@@ -49,18 +49,17 @@ class LedgerTracker(Tracker):
     name = "ledger"
     option = ("--ledger-file", "PATH", "the ledger to write to (default: the one moral_probe_run.json records)")
 
-    def __init__(self, path: Path, by: str):
+    def __init__(self, path: Path, by: str, *, numbers: bool = True):
         super().__init__(f"ledger {path}")
-        self.path, self.by = Path(path), by
+        self.path, self.by, self.numbers = Path(path), by, numbers
 
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
-        found = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LedgerCallback)]
-        return {"file": str(found[0].path)} if found else None
+    def recorded(cls, args, trainer=None) -> dict | None:
+        return {"file": str(Path(args.output_dir) / "ledger.jsonl")}  # where LedgerCallback writes
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> LedgerTracker | None:
-        return cls(Path(run["file"]), "callback") if run else None
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> LedgerTracker | None:
+        return cls(Path(run["file"]), "callback", numbers=numbers) if run else None
 
     @classmethod
     def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> LedgerTracker:
@@ -71,7 +70,7 @@ class LedgerTracker(Tracker):
 
     def send(self, point: Point) -> None:
         row = {"by": self.by, "step": point.step, "key": line_probe_key(point.line), "figure": point.figure is not None,
-               "metrics": point.line["metrics"] if self.by == "follower" else {}}
+               "metrics": point.line["metrics"] if self.numbers else {}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 

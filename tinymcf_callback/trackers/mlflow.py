@@ -149,17 +149,18 @@ class MlflowTracker(Tracker):
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
+    def recorded(cls, args, trainer=None) -> dict | None:
         return active_run_facts()
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> MlflowTracker | None:
-        """The figure and the tables into the run ``MLflowCallback`` opened (looked up once, at train begin: ``run``),
-        through a client of this process's tracking URI; its metrics went through ``Trainer.log``."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> MlflowTracker | None:
+        """The figure and the tables (with ``numbers``, the metrics too, at the Trainer's step) into the run
+        ``MLflowCallback`` opened (looked up once, at train begin: ``run``), through a client of this process's
+        tracking URI."""
         if not run:
             return None
         mlflow = require("mlflow")
-        return cls(mlflow.tracking.MlflowClient(), run["run_id"], "the training's", metrics=False)
+        return cls(mlflow.tracking.MlflowClient(), run["run_id"], "the training's", metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod

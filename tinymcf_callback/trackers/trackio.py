@@ -100,24 +100,24 @@ class TrackioTracker(Tracker):
     option = ("--trackio-run", "PROJECT/RUN", "the trackio run to log into (default: the one moral_probe_run.json "
               "records)")
 
-    def __init__(self, run, where: str, *, follower: bool = True, owned: bool = False):
+    def __init__(self, run, where: str, *, metrics: bool = True, follower: bool = True, owned: bool = False):
         super().__init__(f"trackio run {run.name} of {run.project}{' (' + where + ')' if where else ''}")
         self.run, self._owned = run, owned
-        # in the training its rows (figure, tables) come right after the Trainer's own row of the probe's metrics; a
-        # follower sends the metrics too, each point placed beside the Trainer's rows of its step
-        self.writer = TrackioWriter(run, metrics=follower, step=self.anchor if follower else (lambda point: None))
+        # in the training its rows come right after the Trainer's own row of the probe's step; a follower places each
+        # point beside the Trainer's rows of its step
+        self.writer = TrackioWriter(run, metrics=metrics, step=self.anchor if follower else (lambda point: None))
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
+    def recorded(cls, args, trainer=None) -> dict | None:
         return active_run_facts()
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> TrackioTracker | None:
-        """The figure and the tables into the run ``TrackioCallback`` opened (its metrics went through
-        ``Trainer.log``): the next rows, beside the Trainer's row of the probe's step."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> TrackioTracker | None:
+        """The figure and the tables (with ``numbers``, the metrics too, with their ``train/global_step``) into the
+        run ``TrackioCallback`` opened: the next rows, beside the Trainer's row of the probe's step."""
         live = require("trackio").context_vars.current_run.get()
-        return None if live is None else cls(live, "the training's", follower=False)
+        return None if live is None else cls(live, "the training's", metrics=numbers, follower=False)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod
