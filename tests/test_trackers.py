@@ -18,8 +18,8 @@ from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.errors import ConfigError, SweepError
 from tinymcf_callback.figures.tracked import probe_figure
+from tinymcf_callback.follow.session import open_run_trackers
 from tinymcf_callback.follow.settings import RunSettings
-from tinymcf_callback.follow.sweep import open_run_trackers
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.sinks import Point, Trackers, line_probe_key

@@ -198,17 +198,17 @@ def _given(args: argparse.Namespace, option: str) -> bool:
 def add_dashboards(parser, *, default: str) -> None:
     """``--report-to`` (the table of trackers' names), for each tracker the option naming its run when the run's record
     does not, and ``--no-figure``."""
-    parser.add_argument("--report-to", default=default, metavar="NAMES",
-                        help=f"log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
-                             f"report_to, as the run's moral_probe_run.json records it), {', '.join(TRACKERS)}, "
-                             f"comma-separated, or none (default: {default})")
+    g = parser.add_argument_group("the run's dashboards (--report-to)")
+    g.add_argument("--report-to", default=default, metavar="NAMES",
+                   help=f"log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
+                        f"report_to, as the run's moral_probe_run.json records it), {', '.join(TRACKERS)}, "
+                        f"comma-separated, or none (default: {default})")
     for tracker in TRACKERS.values():
         if tracker.option is not None:
             option, metavar, text = tracker.option
-            parser.add_argument(option, default=None, metavar=metavar, help=text)
-    parser.add_argument("--no-figure", action="store_true",
-                        help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s "
-                             "a line)")
+            g.add_argument(option, default=None, metavar=metavar, help=text)
+    g.add_argument("--no-figure", action="store_true",
+                   help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s a line)")
 
 
 def named_runs(args: argparse.Namespace) -> dict[str, str]:
