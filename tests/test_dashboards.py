@@ -498,7 +498,7 @@ def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_pa
     monkeypatch.setitem(wandb_trackers._presets, "my-team", True)
     run = wandb.init(project="p", entity="my-team", dir=str(tmp_path))
     try:
-        trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
+        trackers = Trackers([wandb_trackers.WandbTracker(run)])
         line_list, report = lines
         for line in line_list:
             assert trackers.send(line, rows=rows_of(probe, report, line["step"]))

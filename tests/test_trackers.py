@@ -16,14 +16,14 @@ from transformers import TrainerCallback
 
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
-from tinymcf_callback.errors import ConfigError, SweepError
+from tinymcf_callback.errors import ConfigError, RegistryError, SweepError
 from tinymcf_callback.figures.tracked import probe_figure
 from tinymcf_callback.follow.session import open_run_trackers
 from tinymcf_callback.follow.settings import RunSettings
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.sinks import Point, Trackers, line_probe_key
-from tinymcf_callback.trackers.table import register, unregister
+from tinymcf_callback.trackers.table import TRACKERS, register
 from tinymcf_callback.trackers.tracker import Tracker
 
 
@@ -92,9 +92,9 @@ def ledger_tracker(monkeypatch):
     from transformers.integrations import integration_utils
 
     monkeypatch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, "ledger", LedgerCallback)
-    register(LedgerTracker)
-    yield LedgerTracker
-    unregister("ledger")
+    with TRACKERS.scoped():
+        register(LedgerTracker)
+        yield LedgerTracker
 
 
 def test_a_tracker_of_ones_own_is_used_by_the_callback_the_sweep_and_the_watcher(tmp_path, qwen_tok, ledger_tracker,
@@ -138,7 +138,7 @@ def test_the_table_refuses_a_name_taken_and_lists_what_it_holds(ledger_tracker, 
     class Another(LedgerTracker):
         pass
 
-    with pytest.raises(ConfigError, match="'ledger' is registered already"):
+    with pytest.raises(RegistryError, match="a tracker named 'ledger' is registered already"):
         register(Another)
     with pytest.raises(ConfigError, match="unknown tracker.*neptune; choose from auto, tensorboard, wandb, mlflow, "
                                           "trackio, .*ledger"):

@@ -213,13 +213,8 @@ def add_dashboards(parser, *, default: str) -> None:
 
 def named_runs(args: argparse.Namespace) -> dict[str, str]:
     """The runs the trackers' options name (tracker name -> the option's value), for the run's settings."""
-    runs = {}
-    for name, tracker in TRACKERS.items():
-        if tracker.option is not None:
-            value = getattr(args, tracker.option[0].lstrip("-").replace("-", "_"), None)
-            if value:
-                runs[name] = value
-    return runs
+    dests = {tracker.name: tracker.option[0][2:].replace("-", "_") for tracker in TRACKERS.values() if tracker.option}
+    return {name: getattr(args, dest) for name, dest in dests.items() if getattr(args, dest, None)}
 
 
 def add_progress(parser) -> None:

@@ -95,11 +95,6 @@ class TensorBoardWriter:
             self.writer.flush()
 
 
-def tensorboard_sender(writer):
-    """``send(point)`` for a ``SummaryWriter`` of one's own (``ProbeLogger(to=writer)``): everything at the step."""
-    return TensorBoardWriter(writer).send
-
-
 def tensorboard_folder(run_dir: Path, recorded: dict | None, given: str | None = None) -> tuple[Path, str]:
     """Where the Trainer's TensorBoard events are, and how that was decided (said when the trackers open): given (a
     folder that is not there is refused: a typo creates nothing); recorded by the callback (moved along with a run

@@ -73,19 +73,6 @@ class TrackioWriter:
             self.run.log({**payload, "train/global_step": point.step}, step=self.step(point))
 
 
-def active_run_facts() -> dict | None:
-    """The trackio run open in this process (the Trainer's ``TrackioCallback`` opens it): project, name, id, the
-    local folder, and the Space or server it syncs to (never a token); None when none is open."""
-    trackio = require("trackio")
-    run = trackio.context_vars.current_run.get()
-    if run is None:
-        return None
-    space = trackio.context_vars.current_space_id.get()
-    server = None if space else trackio.context_vars.current_server.get()
-    return {"project": run.project, "name": run.name, "id": run.id, "dir": str(_trackio_dir()),
-            "space_id": space, "server_url": server}
-
-
 def _trackio_dir() -> Path:
     from trackio.utils import TRACKIO_DIR
 
@@ -110,7 +97,16 @@ class TrackioTracker(Tracker):
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
     def recorded(cls, args, trainer=None) -> dict | None:
-        return active_run_facts()
+        """The run open in this process (the Trainer's ``TrackioCallback`` opens it): project, name, id, the local
+        folder, and the Space or server it syncs to (never a token)."""
+        trackio = require("trackio")
+        run = trackio.context_vars.current_run.get()
+        if run is None:
+            return None
+        space = trackio.context_vars.current_space_id.get()
+        server = None if space else trackio.context_vars.current_server.get()
+        return {"project": run.project, "name": run.name, "id": run.id, "dir": str(_trackio_dir()),
+                "space_id": space, "server_url": server}
 
     @classmethod
     def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> TrackioTracker | None:

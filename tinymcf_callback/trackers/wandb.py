@@ -191,17 +191,6 @@ def _preset(entity: str) -> bool:
     return _presets[entity]
 
 
-def wandb_sender(run):
-    """``send(point)`` into ``run``: one :class:`WandbWriter` per probe (set and answer format)."""
-    writers: dict[str, WandbWriter] = {}
-
-    def send(point: Point) -> None:
-        key = line_probe_key(point.line) or "probe"
-        writers.setdefault(key, WandbWriter(key)).write(run, point)
-
-    return send
-
-
 def active_wandb_run():
     """The current wandb run, or None (no run started); :func:`~tinymcf_callback.extras.require` names the
     ``[wandb]`` extra when wandb is missing."""

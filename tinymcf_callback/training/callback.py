@@ -10,16 +10,6 @@ metrics at the Trainer's global step into ``state.log_history`` and the dashboar
 ``on_log`` event of every other callback), else through the table of trackers (TensorBoard, wandb, MLflow, trackio:
 the Trainer's own runs). The class decides *when* to probe and *where* the result goes; the writers below (history
 line, checkpoint report, the trackers) do the writing.
-
-Each probe logs the headline numbers with their interval bounds and, when the run has a
-step-0 baseline, the paired change of the score since it (``score_change``, ``score_change_p``).
-The baseline's per-vignette scores are kept in the callback's saved state, so a resumed run
-(even into another output folder) measures its change from the same baseline.
-
-With ``answer_format="json"`` (true/false answers) everything the callback writes carries the
-format in its name: metrics under ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``,
-``moral_probe_<name>_json.json``; Yes/No (the default) keeps the plain names. So two formats never
-share a curve, a file or a dashboard panel, and both can probe one run side by side.
 """
 
 from __future__ import annotations
@@ -119,8 +109,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     from a live one. A run resumed from a checkpoint before the newest probed step sets the history's
     later lines aside (a resume line: the branch the training abandoned) and probes those steps again.
 
-    With ``answer_format="json"`` a probe logs under ``eval/moral_<name>_json/`` and writes
-    ``moral_probe_<name>_json.jsonl``, so both formats can watch one run. With the default
+    With ``answer_format="json"`` everything the callback writes carries the format in its name (metrics under
+    ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``): two formats never share a curve, a file or a
+    dashboard panel, and both can probe one run side by side. With the default
     ``keep_autocast=False`` the probe scores in the weights' own dtype, so the number at step N is
     ``eval`` of ``checkpoint-N``; every report and history line records the precision either way.
     """
