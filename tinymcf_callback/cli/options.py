@@ -58,7 +58,7 @@ def add_probe_options(parser, skip: tuple[str, ...] = ()) -> None:
         before = len(group._group_actions)
         HfArgumentParser._parse_dataclass_field(group, _as_argument(f, types[f.name]))
         added = group._group_actions[before:]
-        for action in added:  # the spelling tinymcf's documents name first: usage lines and messages use it
+        for action in added:  # the spelling the docs use first: usage lines and messages show it
             action.option_strings.sort(key=lambda option: "_" in option)
         if f.default is True:  # HF gives --no-X the help of --X
             added[-1].help = f"{f.metadata['off']} (default: {f.name.replace('_', ' ')} on)"
