@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import logging
 
+from transformers import TrainerCallback
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
 from ..trackers.table import TRACKERS, requested
 from ..trackers.tracker import Tracker
 
@@ -57,9 +60,15 @@ def reporter_sinks(runs: dict[str, dict | None], args, key: str, *, numbers: boo
         if sink is not None:
             sinks.append(sink)
     reached = {sink.name for sink in sinks}
-    left = [name for name in requested(args.report_to) if name not in reached | failed]
+    left = [name for name in requested(args.report_to) if name not in reached | failed and _shows_numbers(name)]
     if numbers and left:
         logger.warning("moral probe [%s]: report_to names %s, which the probe's numbers reach only through "
                        "Trainer.log: pass trainer=trainer to MoralProbeCallback (they are in state.log_history)", key,
                        ", ".join(left))
     return sinks
+
+
+def _shows_numbers(name: str) -> bool:
+    """Whether the Trainer's reporter ``name`` shows logged numbers (codecarbon and flyte take none)."""
+    reporter = INTEGRATION_TO_CALLBACK.get(name)
+    return reporter is None or reporter.on_log is not TrainerCallback.on_log
