@@ -351,3 +351,18 @@ def test_a_restarted_follower_sends_an_offline_wandb_run_only_what_its_files_do_
             if record.WhichOneof("record_type") == "history" and "eval/moral_scifi/score" in items:
                 steps.append(json.loads(items["train/global_step"]))
     assert sorted(steps) == [0, 3, 6]  # each point once, in the three followers' files together
+
+
+def test_without_trainer_a_reporter_the_table_cannot_reach_is_said_once(caplog):
+    """Only a reporter that shows logged numbers (neptune, not codecarbon), only when no Trainer.log carries them."""
+    from types import SimpleNamespace
+
+    from tinymcf_callback.training.reporters import reporter_sinks
+
+    args = SimpleNamespace(report_to=["codecarbon", "neptune"], output_dir=".")
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        assert reporter_sinks({}, args, "scifi", numbers=False) == []
+        assert not caplog.records
+        assert reporter_sinks({}, args, "scifi", numbers=True) == []
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "neptune" in said and "codecarbon" not in said and "trainer=trainer" in said
