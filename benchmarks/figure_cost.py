@@ -59,7 +59,7 @@ def local_trackers(folder: Path, figure):
     from tinymcf_callback.trackers.sinks import Sink, Trackers
     from tinymcf_callback.trackers.tensorboard import TensorBoardWriter
     from tinymcf_callback.trackers.trackio import TrackioWriter
-    from tinymcf_callback.trackers.wandb import wandb_sender
+    from tinymcf_callback.trackers.wandb import WandbTracker
 
     client = mlflow.tracking.MlflowClient(f"sqlite:///{folder}/mlflow.db")
     experiment = client.create_experiment("bench", artifact_location=(folder / "mlruns").as_uri())  # not ./mlruns
@@ -69,7 +69,7 @@ def local_trackers(folder: Path, figure):
     sinks = [Sink("tensorboard", TensorBoardWriter(SummaryWriter(str(folder / "tb"))).send, figure=True),
              Sink("mlflow", MlflowWriter(client, run_id).send, figure=True),
              Sink("trackio", TrackioWriter(trackio_run).send, figure=True),
-             Sink("wandb", wandb_sender(wandb_run), figure=True)]
+             WandbTracker(wandb_run)]
     return Trackers(sinks, strict=True, figure=figure), (trackio_run, wandb_run)
 
 

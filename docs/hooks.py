@@ -13,16 +13,18 @@ from dataclasses import MISSING, fields
 
 
 def _settings_table() -> str:
-    from tinymcf_callback.cli.options import flag
+    import argparse
+
+    from tinymcf_callback.cli.options import add_probe_options
     from tinymcf_callback.config import ProbeConfig
 
+    parser = argparse.ArgumentParser()
+    add_probe_options(parser)  # the options as the command line has them
     rows = ["| setting | default | on the command line | what it does |", "|---|---|---|---|"]
     for f in fields(ProbeConfig):
+        action = [a for a in parser._actions if a.dest == f.name][-1]  # a switch on by default: its --no- form
+        option = action.option_strings[0] + (f" {action.metavar or 'VALUE'}" if action.nargs is None else "")
         default = f.default if f.default is not MISSING else None
-        if isinstance(default, bool):
-            option = flag(f.name) if not default else "--no-" + f.name.replace("_", "-")
-        else:
-            option = f"{flag(f.name)} {f.metadata.get('metavar') or 'VALUE'}"
         rows.append(f"| `{f.name}` | `{default!r}` | `{option}` | {f.metadata['help'].replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers.cli_checks import one_error_line
 from helpers.runs import env_for, start_model, train_run
-from helpers.trackers import probe_tensorboard, tensorboard_scalars
+from helpers.trackers import probe_scalars, probe_tensorboard
 from helpers.trainer_utils import make_trainer
 
 from tinymcf_callback import Benchmark, MoralProbeCallback, compare_steps
@@ -65,16 +65,16 @@ def test_lm_eval_through_the_bridge_equals_lm_eval_on_its_own(tiny_dir, tiny_qwe
 
 # ---- a run's start, middle and end -----------------------------------------------------------------------------
 def test_the_callback_scores_start_middle_and_end_without_changing_the_training(tmp_path, qwen_tok):
-    def run(out, **bench):
+    def run(out, given, **bench):
         trainer = make_trainer(out, qwen_tok, max_steps=6, save_steps=2, eval=False, per_device_train_batch_size=2,
                                report_to=("tensorboard",))
         trainer.add_callback(MoralProbeCallback(name="scifi", limit=2, n_resamples=0, events="save", verbose=False,
-                                                trainer=trainer, **bench))
+                                                trainer=trainer if given else None, **bench))
         trainer.train()
         return [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer
 
-    plain_losses, _ = run(tmp_path / "plain")
-    losses, trainer = run(tmp_path / "bench", prefs=str(PLAIN), lm_eval=TASK,
+    plain_losses, _ = run(tmp_path / "plain", True)
+    losses, trainer = run(tmp_path / "bench", False, prefs=str(PLAIN), lm_eval=TASK,
                           benchmark={"lm_eval_include": str(TASKS), "per_config": 3})
     assert losses == plain_losses  # bit for bit: observing the run changed nothing in it
     lines = read_bench(tmp_path / "bench" / BENCH_FILE)
@@ -84,11 +84,13 @@ def test_the_callback_scores_start_middle_and_end_without_changing_the_training(
     probe = {line["step"]: line for _, line in read_lines(tmp_path / "bench" / "moral_probe_scifi.jsonl")}
     for line in lines:  # the same weights as the probe's line of the step: the checkpoint just saved
         assert line["fingerprint"] == probe[line["step"]]["fingerprint"] and line["by"] == "callback"
-    # the dashboards at the Trainer's steps, beside the probe's
-    accuracy = tensorboard_scalars(tmp_path / "bench", "eval/moral_scifi/prefs/accuracy")
+    # the dashboards at the Trainer's steps, beside the probe's (no trainer=: in the probe's own TensorBoard folder)
+    accuracy = probe_scalars(tmp_path / "bench", "eval/moral_scifi/prefs/accuracy")
     assert sorted(accuracy) == [0, 2, 6]
-    assert accuracy[6] == pytest.approx(lines[-1]["prefs"]["accuracy"], abs=1e-6)
-    assert sorted(tensorboard_scalars(tmp_path / "bench", f"eval/moral_scifi/lm_eval/{TASK}/acc")) == [0, 2, 6]
+    assert accuracy[6] == pytest.approx(lines[-1]["prefs"]["accuracy"], abs=1e-6)  # TensorBoard stores float32
+    assert sorted(probe_scalars(tmp_path / "bench", f"eval/moral_scifi/lm_eval/{TASK}/acc")) == [0, 2, 6]
+    logged = [h["step"] for h in trainer.state.log_history if "eval_moral_scifi/prefs/accuracy" in h]
+    assert logged == [0, 2, 6]
 
 
 @pytest.fixture(scope="module")

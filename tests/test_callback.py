@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.trackers import probe_tensorboard, tensorboard_scalars, wandb_run_records
+from helpers.trackers import probe_scalars, probe_tensorboard, tensorboard_scalars, tensorboard_tags, wandb_run_records
 from helpers.trainer_utils import make_trainer
 from transformers import TrainerCallback
 
@@ -26,12 +26,17 @@ def probe_entries(log_history, key=SCORE):
 
 
 @pytest.mark.slow
-def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, monkeypatch):
+@pytest.mark.parametrize("given", [False, True], ids=["add_callback", "trainer="])
+def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, monkeypatch, given):
+    """Either way the numbers reach each reporter at the Trainer's steps: without trainer= through the table of
+    trackers (TensorBoard: the probe's own folder; wandb: the Trainer's run), with it through Trainer.log (the
+    Trainer's own TensorBoard folder)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_PROJECT", "tinymcf-test")
-    cb = MoralProbeCallback(name="scifi", limit=3, verbose=False)
-    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "wandb"))
+    trainer = make_trainer(tmp_path / "out", qwen_tok, report_to=("tensorboard", "wandb"))
+    cb = MoralProbeCallback(name="scifi", limit=3, verbose=False, trainer=trainer if given else None)
+    trainer.add_callback(cb)
     trainer.train()
     import wandb
 
@@ -61,18 +66,23 @@ def test_metrics_reach_tensorboard_wandb_and_log_history(tmp_path, qwen_tok, mon
     assert entries[2][names["score_change"]] != 0.0 and 0.0 <= entries[2][names["score_change_p"]] <= 1.0
     assert entries[2][names["score_change"]] == pytest.approx(entries[2][SCORE] - entries[0][SCORE], abs=1e-12)
 
-    assert cb.trainer is trainer  # no trainer= given: found on the call stack
+    assert cb.trainer is (trainer if given else None)
 
-    tb = tensorboard_scalars(tmp_path / "out")
+    # the numbers: in the Trainer's own TensorBoard folder through Trainer.log, else in the probe's own folder
+    scalars = tensorboard_scalars if given else probe_scalars
+    tb = scalars(tmp_path / "out")
     assert sorted(tb) == [0, 2, 4]
-    assert [tb[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
-    assert tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other")
-    assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/score_change_p")) == [0, 2, 4]
-    assert not tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_self_lo")
+    assert [tb[s] for s in (0, 2, 4)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)  # float32 storage
+    assert scalars(tmp_path / "out", "eval/moral_scifi/care/align_other")
+    assert sorted(scalars(tmp_path / "out", "eval/moral_scifi/score_change_p")) == [0, 2, 4]
+    assert not scalars(tmp_path / "out", "eval/moral_scifi/care/align_self_lo")
+    if not given:  # nothing of the probe's in the Trainer's own folder: one writer per folder
+        assert not [tag for tag in tensorboard_tags(tmp_path / "out") if "moral" in tag]
     # the probe's own folder beside the Trainer's: the margin charts' layout and the figure at each probe
     probe_tb = probe_tensorboard(tmp_path / "out")
     assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
-    assert probe_tb.Tags()["tensors"] == ["custom_scalars__config__"] and not probe_tb.Tags()["scalars"]
+    assert probe_tb.Tags()["tensors"] == ["custom_scalars__config__"]
+    assert bool(probe_tb.Tags()["scalars"]) is not given
     assert not tensorboard_scalars(tmp_path / "out", "train/moral_scifi/score")
 
     # wandb (offline): read the run file back
@@ -142,7 +152,7 @@ def test_wandb_table_only_when_report_to_asks_for_wandb(tmp_path, qwen_tok, monk
     finally:
         wandb.finish()
     assert [e["step"] for e in probe_entries(trainer.state.log_history)] == [0, 2]
-    assert sorted(tensorboard_scalars(tmp_path / "out")) == [0, 2]
+    assert sorted(probe_scalars(tmp_path / "out")) == [0, 2]
     rows, metrics, _ = wandb_run_records(tmp_path)
     assert any("user/marker" in r for r in rows)  # the run file was read
     assert not [k for r in rows for k in r if "moral" in k]
@@ -398,22 +408,43 @@ class Forwarder(TrainerCallback):
         return self.inner.on_save(*args, **kwargs)
 
 
-@pytest.mark.parametrize("explicit", [True, False], ids=["trainer=", "stack walk"])
-def test_trainer_argument_reaches_reporters_where_the_stack_walk_cannot(tmp_path, qwen_tok, caplog, explicit):
-    trainer = make_trainer(tmp_path, qwen_tok, max_steps=2, report_to=("tensorboard",))
-    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False, trainer=trainer if explicit else None)
+class Ledger(TrainerCallback):
+    """A reporter the table of trackers does not know (as Comet or Neptune): the rows Trainer.log gives it."""
+
+    rows: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        Ledger.rows.append({"step": state.global_step, **logs})
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["trainer=", "add_callback"])
+def test_the_numbers_reach_the_reporters_either_way_and_an_unknown_one_is_said(tmp_path, qwen_tok, caplog, monkeypatch,
+                                                                               given):
+    """Driven by another callback (nothing of the Trainer's on the way): with trainer= every reporter gets the numbers
+    through Trainer.log; without, TensorBoard gets them through the table (the probe's own folder), and the one
+    reporter the table does not know is said once, naming trainer=."""
+    from transformers.integrations import integration_utils
+
+    monkeypatch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, "ledger", Ledger)
+    monkeypatch.setattr(Ledger, "rows", [])
+    trainer = make_trainer(tmp_path, qwen_tok, max_steps=2, report_to=("tensorboard", "ledger"))
+    cb = MoralProbeCallback(name="scifi", limit=1, verbose=False, trainer=trainer if given else None)
     trainer.add_callback(Forwarder(cb))
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         trainer.train()
     entries = probe_entries(trainer.state.log_history)
     assert [e["step"] for e in entries] == [0, 2]  # log_history either way
-    warned = [r for r in caplog.records if "no Trainer found" in r.getMessage()]
-    tb = tensorboard_scalars(tmp_path)
-    if explicit:
-        assert sorted(tb) == [0, 2] and not warned
-        assert [tb[s] for s in (0, 2)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)
+    assert all("epoch" in e for e in entries)  # as Trainer.log keeps a row
+    warned = [r.getMessage() for r in caplog.records if "report_to names" in r.getMessage()]
+    tb = (tensorboard_scalars if given else probe_scalars)(tmp_path)
+    assert sorted(tb) == [0, 2]
+    assert [tb[s] for s in (0, 2)] == pytest.approx([e[SCORE] for e in entries], abs=1e-6)  # float32 storage
+    ledgered = [row["step"] for row in Ledger.rows if SCORE in row]
+    if given:
+        assert ledgered == [0, 2] and not warned
     else:
-        assert tb == {} and warned and "pass trainer=" in warned[0].getMessage()
+        assert ledgered == [] and len(warned) == 1
+        assert "ledger" in warned[0] and "tensorboard" not in warned[0] and "trainer=trainer" in warned[0]
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from tinymcf_callback.trackers.table import resolve
 from tinymcf_callback.trackers.tensorboard import TensorBoardTracker, margin_layout, probe_folder, tensorboard_folder
 
 STEPS = (0, 3, 6)
+SCORE = "eval_moral_scifi/score"
 
 
 @pytest.fixture(scope="module")
@@ -387,10 +388,15 @@ def test_a_trackio_run_must_be_named(tmp_path):
 
 # ---- the callback in the training process ---------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch,
-                                                                       trackio_home):
+@pytest.mark.parametrize("given", [False, True], ids=["add_callback", "trainer="])
+def test_the_callback_gives_each_reporter_its_numbers_figure_tables_and_layout(tmp_path, qwen_tok, monkeypatch,
+                                                                               trackio_home, given):
+    """``trainer.add_callback(MoralProbeCallback(name="scifi"))``: the numbers reach TensorBoard (the probe's own
+    folder), MLflow's sqlite store and trackio at the Trainer's steps through the table of trackers; with trainer=,
+    through Trainer.log (the Trainer's own TensorBoard folder, MLflowCallback, TrackioCallback). The figure, the
+    tables and the layout go through the trackers either way."""
     monkeypatch.chdir(tmp_path)  # MLflow's sqlite store keeps artifacts in ./mlruns
-    from helpers.trackers import probe_tensorboard, tensorboard_scalars
+    from helpers.trackers import probe_scalars, probe_tensorboard, tensorboard_scalars
     from helpers.trainer_utils import make_trainer
     from mlflow.tracking import MlflowClient
 
@@ -398,20 +404,25 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    cb = MoralProbeCallback(name="scifi", limit=3, n_resamples=100, verbose=False)
-    trainer = make_trainer(tmp_path / "out", qwen_tok, [cb], report_to=("tensorboard", "mlflow", "trackio"),
+    trainer = make_trainer(tmp_path / "out", qwen_tok, report_to=("tensorboard", "mlflow", "trackio"),
                            project="in-process")
+    trainer.add_callback(MoralProbeCallback(name="scifi", limit=3, n_resamples=100, verbose=False,
+                                            trainer=trainer if given else None))
     trainer.train()
     from trackio.sqlite_storage import SQLiteStorage
 
+    scores = {e["step"]: e[SCORE] for e in trainer.state.log_history if SCORE in e}
+    assert sorted(scores) == [0, 2, 4]
     logs = SQLiteStorage.get_logs("in-process", RunRecord.read(tmp_path / "out").trackers["trackio"]["name"])
     figures = [log["train/global_step"] for log in logs if "eval/moral_scifi/figure" in log]
-    assert figures == [0, 2, 4]  # beside the Trainer's own rows (TrackioCallback: the numbers)
+    assert figures == [0, 2, 4]  # beside the Trainer's own rows
     by_step = {log["step"]: log for log in logs}  # trackio's own step (its default x axis) -> the row
     for log in logs:
-        if "eval/moral_scifi/figure" in log:  # the row right before it: the Trainer's, with the probe's numbers
-            before = by_step[log["step"] - 1]
-            assert "eval/moral_scifi/score" in before and before["train/global_step"] == log["train/global_step"]
+        if "eval/moral_scifi/figure" in log:  # the row right before it: the Trainer's of the same step (the step-0
+            before = by_step.get(log["step"] - 1)  # baseline without trainer= comes before any of the Trainer's)
+            assert before["train/global_step"] == log["train/global_step"] if before or given else log["step"] == 0
+            numbers = before if given else log  # TrackioCallback's row, else the probe's own
+            assert numbers["eval/moral_scifi/score"] == pytest.approx(scores[log["train/global_step"]], rel=1e-12)
     assert sorted(log["train/global_step"] for log in logs if "eval/moral_scifi/score_hi" in log) == [0, 2, 4]
     assert all(len(log["eval/moral_scifi/vignette_rows"]["_value"]) == 3 for log in logs
                if "eval/moral_scifi/vignette_rows" in log)
@@ -421,14 +432,19 @@ def test_the_callback_gives_each_reporter_its_figure_tables_and_layout(tmp_path,
     run_id = record.trackers["mlflow"]["run_id"]
     client = MlflowClient(uri)
     assert {m.step for m in client.get_metric_history(run_id, "eval_moral_scifi/care/align_other_hi")} == {0, 2, 4}
+    history = client.get_metric_history(run_id, "eval_moral_scifi/score")  # each step once, the value logged
+    assert {m.step: m.value for m in history} == pytest.approx(scores, rel=1e-12) and len(history) == 3
     images = {p.path.split("+step+")[1].split("+")[0] for p in client.list_artifacts(run_id, "images")}
     assert images == {"0", "2", "4"}
     assert pd_read(client, run_id, "moral_probe_scifi/vignettes.json").groupby("step").size().to_dict() == {
         0: 3, 2: 3, 4: 3}
-    probe_tb = probe_tensorboard(tmp_path / "out")  # beside the Trainer's folder; the scalars are in the Trainer's
-    assert "custom_scalars__config__" in probe_tb.Tags()["tensors"] and not probe_tb.Tags()["scalars"]
+    probe_tb = probe_tensorboard(tmp_path / "out")  # beside the Trainer's folder
+    assert "custom_scalars__config__" in probe_tb.Tags()["tensors"]
     assert [i.step for i in probe_tb.Images("eval/moral_scifi/figure")] == [0, 2, 4]
-    assert sorted(tensorboard_scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")) == [0, 2, 4]
+    scalars = tensorboard_scalars if given else probe_scalars  # the Trainer's folder through Trainer.log, else its own
+    assert sorted(scalars(tmp_path / "out", "eval/moral_scifi/care/align_other_lo")) == [0, 2, 4]
+    assert scalars(tmp_path / "out") == pytest.approx(scores, abs=1e-6)  # TensorBoard stores float32
+    assert bool(probe_tb.Tags()["scalars"]) is not given
 
 
 def test_figure_false_leaves_the_figure_out(tmp_path, qwen_tok):
@@ -482,7 +498,7 @@ def test_the_wandb_band_chart_is_a_panel_of_the_run_over_the_curve_so_far(tmp_pa
     monkeypatch.setitem(wandb_trackers._presets, "my-team", True)
     run = wandb.init(project="p", entity="my-team", dir=str(tmp_path))
     try:
-        trackers = Trackers([Sink("wandb", wandb_trackers.wandb_sender(run), figure=True)])
+        trackers = Trackers([wandb_trackers.WandbTracker(run)])
         line_list, report = lines
         for line in line_list:
             assert trackers.send(line, rows=rows_of(probe, report, line["step"]))

@@ -16,6 +16,7 @@ from helpers.cli_checks import one_error_line
 
 from tinymcf_callback import evaluate
 from tinymcf_callback.cli.main import main as tinymcf
+from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import FOUNDATIONS, md5
 from tinymcf_callback.probe import Probe
@@ -107,6 +108,37 @@ def test_cli_bad_input(tiny_dir, tmp_path, capsys, args, needle):
     rc = tinymcf(["eval", "--model", str(tiny_dir), "--out", str(tmp_path), "--no-progress", *args])
     one_error_line(rc, capsys.readouterr().err, needle)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, argv, settings", [
+    ("eval", ["--limit", "4", "--token-budget", "100", "--max-batch-size", "8"],
+     {"limit": 4, "token_budget": 100, "max_batch_size": 8}),
+    ("eval", ["--per-foundation", "2", "--subset-seed", "3"], {"per_foundation": 2, "subset_seed": 3}),
+    ("eval", ["--per_foundation", "2"], {"per_foundation": 2}),  # HfArgumentParser's spelling too
+    ("eval", ["--name", "clifford", "--answer-format", "json"], {"name": "clifford", "answer_format": "json"}),
+    ("eval", ["--answer-prefix", ""], {"answer_prefix": ""}),
+    ("eval", ["--no-share-prefix", "--keep-autocast", "--no-self-check"],
+     {"share_prefix": False, "keep_autocast": True, "self_check": False}),
+    ("eval", ["--share-prefix", "false", "--self-check", "true"], {"share_prefix": False}),
+    ("eval", ["--level", "0.9", "--n-resamples", "0", "--seed", "5"], {"level": 0.9, "n_resamples": 0, "seed": 5}),
+    ("eval", ["--self-check-tolerance", "0.01", "--self-check-budget", "0.5"],
+     {"self_check_tolerance": 0.01, "self_check_budget": 0.5}),
+    ("eval", ["--until", "change", "--width", "0.1", "--sd-floor", "0.25"],
+     {"until": "change", "width": 0.1, "sd_floor": 0.25}),
+    ("sweep", ["--target", "Care", "--per-foundation", "2"], {"target": "Care", "per_foundation": 2}),
+    ("watch", [], {}),
+])
+def test_every_probe_option_sets_its_field(command, argv, settings):
+    """Each ProbeConfig field is an option (eval leaves out --target, sweep and watch --keep-autocast); the options
+    given set their fields, the others keep ProbeConfig's defaults."""
+    from tinymcf_callback.cli.main import build_parser
+    from tinymcf_callback.cli.options import probe_config
+    from tinymcf_callback.config import field_names
+
+    args = build_parser().parse_args([command, *(["--model", "m"] if command == "eval" else ["run"]), *argv])
+    assert probe_config(args) == ProbeConfig(**settings)
+    left_out = {"eval": {"target"}}.get(command, {"keep_autocast"})
+    assert {name for name in field_names() if hasattr(args, name)} == set(field_names()) - left_out
 
 
 def test_a_model_saved_without_its_tokenizer_takes_one_with_tokenizer(tiny_qwen, tiny_dir, tmp_path, capsys):

@@ -5,6 +5,7 @@ Each case by its exit status, its one message and the history afterwards (tiny r
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from pathlib import Path
@@ -15,6 +16,7 @@ from helpers.cli_checks import one_error_line
 from helpers.reports import made_up_scores
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tinymcf_callback.cli.main import build_parser
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import PromptError
 from tinymcf_callback.probe import Probe
@@ -130,14 +132,31 @@ def test_compare_of_a_report_with_itself_gives_no_change_with_p_one(tmp_path, qw
     assert score.split()[-4:] == ["+0.000", "[+0.000,", "+0.000]", "1.000"]
 
 
-@pytest.mark.parametrize("option, says", [
-    ("--no-share-prefix", "score every prompt whole"),
-    ("--no-self-check", "skip the self-check"),
-    ("--answer-prefix", "(default: 'Answer:')"),
+def help_of(command: str, option: str) -> str:
+    """The help ``tinymcf COMMAND --help`` shows for ``option``."""
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return next(a.help for a in commands.choices[command]._actions if option in a.option_strings)
+
+
+@pytest.mark.parametrize("command, option, says", [
+    ("eval", "--no-share-prefix", "score every prompt whole"),
+    ("eval", "--share-prefix", "compute shared prompt prefixes once"),
+    ("eval", "--no-self-check", "skip the self-check"),
+    ("eval", "--answer-prefix", "(default: 'Answer:')"),
+    ("eval", "--until", "level: the score's interval is narrower than width; change: the interval of the change since "
+                        "the baseline excludes 0 or is narrower than width"),
+    ("watch", "--reload", "vllm (a vLLM in VLLM_SERVER_DEV_MODE=1"),
 ])
-def test_the_help_of_switches_says_what_they_do(option, says, capsys):
-    assert tinymcf(["eval", "--help"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
-    start = text.index(option + " ") if option != "--answer-prefix" else text.index("--answer-prefix TEXT the")
-    end = text.index(" --", start + len(option) + 1)  # this option's help, up to the next option
-    assert says in text[start:end] and text.count("(default:", start, end) == 1
+def test_the_help_of_an_option_says_what_it_does(command, option, says, capsys):
+    assert tinymcf([command, "--help"]) == 0 and option in capsys.readouterr().out
+    text = help_of(command, option)
+    assert says in text and text.count("(default:") == (option != "--reload")
+
+
+def test_reload_help_lists_the_routes_of_the_table():
+    from tinymcf_callback.served.reload import RELOADS, Route
+
+    assert all(f"{route.name} ({route.summary})" in help_of("sweep", "--reload") for route in RELOADS.values())
+    with RELOADS.scoped():  # a route registered is a route the help names
+        RELOADS.register("mine", Route("mine", None, None, None, summary="my server's own update route"))
+        assert "mine (my server's own update route), or a shell command" in help_of("watch", "--reload")

@@ -119,8 +119,8 @@ def test_two_restarts_in_one_second_keep_both_histories(tmp_path, monkeypatch):
     import time
 
     from tinymcf_callback.config import ProbeConfig
+    from tinymcf_callback.follow.session import restart_history
     from tinymcf_callback.follow.settings import RunSettings
-    from tinymcf_callback.follow.sweep import restart_history
 
     monkeypatch.setattr(time, "strftime", lambda *a: "20261205-071900")
     settings = RunSettings(tmp_path, ProbeConfig(name="scifi", limit=2), restart=True)

@@ -402,8 +402,8 @@ def test_a_watcher_says_a_quiet_training_apart_from_a_dead_one(tmp_path, capsys,
 
 
 def test_saved_steps_that_are_gaps_give_their_own_status_and_say_which():
+    from tinymcf_callback.cli.followed import said_failures
     from tinymcf_callback.cli.options import EXIT_GAPS
-    from tinymcf_callback.cli.sweep import said_failures
     from tinymcf_callback.follow.rounds import RunResult
 
     assert said_failures(RunResult(Path("h.jsonl"))) == 0
@@ -418,7 +418,7 @@ def test_saved_steps_that_are_gaps_give_their_own_status_and_say_which():
 def test_the_exit_status_a_follower_prints_is_the_one_it_exits_with(capsys, what, status):
     """Each problem is said once, without a number; the last line names the status returned (a sweep with an
     unreadable checkpoint and a gap printed "exit status 4" and exited 1)."""
-    from tinymcf_callback.cli.sweep import said_failures
+    from tinymcf_callback.cli.followed import said_failures
     from tinymcf_callback.follow.rounds import RunResult
     from tinymcf_callback.follow.scoring import Outcome
 

@@ -16,14 +16,14 @@ from transformers import TrainerCallback
 
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.config import ProbeConfig
-from tinymcf_callback.errors import ConfigError, SweepError
+from tinymcf_callback.errors import ConfigError, RegistryError, SweepError
 from tinymcf_callback.figures.tracked import probe_figure
+from tinymcf_callback.follow.session import open_run_trackers
 from tinymcf_callback.follow.settings import RunSettings
-from tinymcf_callback.follow.sweep import open_run_trackers
 from tinymcf_callback.probe import Probe
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.sinks import Point, Trackers, line_probe_key
-from tinymcf_callback.trackers.table import register, unregister
+from tinymcf_callback.trackers.table import TRACKERS, register
 from tinymcf_callback.trackers.tracker import Tracker
 
 
@@ -49,18 +49,17 @@ class LedgerTracker(Tracker):
     name = "ledger"
     option = ("--ledger-file", "PATH", "the ledger to write to (default: the one moral_probe_run.json records)")
 
-    def __init__(self, path: Path, by: str):
+    def __init__(self, path: Path, by: str, *, numbers: bool = True):
         super().__init__(f"ledger {path}")
-        self.path, self.by = Path(path), by
+        self.path, self.by, self.numbers = Path(path), by, numbers
 
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
-        found = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LedgerCallback)]
-        return {"file": str(found[0].path)} if found else None
+    def recorded(cls, args, trainer=None) -> dict | None:
+        return {"file": str(Path(args.output_dir) / "ledger.jsonl")}  # where LedgerCallback writes
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> LedgerTracker | None:
-        return cls(Path(run["file"]), "callback") if run else None
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> LedgerTracker | None:
+        return cls(Path(run["file"]), "callback", numbers=numbers) if run else None
 
     @classmethod
     def reopen(cls, run_dir: Path, recorded: dict | None, given: str | None, key: str) -> LedgerTracker:
@@ -71,7 +70,7 @@ class LedgerTracker(Tracker):
 
     def send(self, point: Point) -> None:
         row = {"by": self.by, "step": point.step, "key": line_probe_key(point.line), "figure": point.figure is not None,
-               "metrics": point.line["metrics"] if self.by == "follower" else {}}
+               "metrics": point.line["metrics"] if self.numbers else {}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -93,9 +92,9 @@ def ledger_tracker(monkeypatch):
     from transformers.integrations import integration_utils
 
     monkeypatch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, "ledger", LedgerCallback)
-    register(LedgerTracker)
-    yield LedgerTracker
-    unregister("ledger")
+    with TRACKERS.scoped():
+        register(LedgerTracker)
+        yield LedgerTracker
 
 
 def test_a_tracker_of_ones_own_is_used_by_the_callback_the_sweep_and_the_watcher(tmp_path, qwen_tok, ledger_tracker,
@@ -139,7 +138,7 @@ def test_the_table_refuses_a_name_taken_and_lists_what_it_holds(ledger_tracker, 
     class Another(LedgerTracker):
         pass
 
-    with pytest.raises(ConfigError, match="'ledger' is registered already"):
+    with pytest.raises(RegistryError, match="a tracker named 'ledger' is registered already"):
         register(Another)
     with pytest.raises(ConfigError, match="unknown tracker.*neptune; choose from auto, tensorboard, wandb, mlflow, "
                                           "trackio, .*ledger"):
@@ -352,3 +351,18 @@ def test_a_restarted_follower_sends_an_offline_wandb_run_only_what_its_files_do_
             if record.WhichOneof("record_type") == "history" and "eval/moral_scifi/score" in items:
                 steps.append(json.loads(items["train/global_step"]))
     assert sorted(steps) == [0, 3, 6]  # each point once, in the three followers' files together
+
+
+def test_without_trainer_a_reporter_the_table_cannot_reach_is_said_once(caplog):
+    """Only a reporter that shows logged numbers (neptune, not codecarbon), only when no Trainer.log carries them."""
+    from types import SimpleNamespace
+
+    from tinymcf_callback.training.reporters import reporter_sinks
+
+    args = SimpleNamespace(report_to=["codecarbon", "neptune"], output_dir=".")
+    with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
+        assert reporter_sinks({}, args, "scifi", numbers=False) == []
+        assert not caplog.records
+        assert reporter_sinks({}, args, "scifi", numbers=True) == []
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "neptune" in said and "codecarbon" not in said and "trainer=trainer" in said

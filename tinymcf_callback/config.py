@@ -113,7 +113,9 @@ def _check_budget(value, what):
 
 
 def setting(default, help: str, check, **cli):
-    """A :class:`ProbeConfig` field: its default, help text, check and command-line details (``metavar``, ...)."""
+    """A :class:`ProbeConfig` field: its default, help text, check and command-line details (``metavar``,
+    ``choices``; ``shown_default``: the default as ``--help`` says it; ``off``: the help of a switch's ``--no-``
+    form)."""
     return field(default=default, metadata={"help": help, "check": check, **cli})
 
 
@@ -134,12 +136,12 @@ class ProbeConfig:
                         "own prepared set", _check_name, metavar="SET")
     limit: int | None = setting(None, "keep the first N vignettes of the set, in stored order (warned when it leaves "
                                 "out foundations or the control; per_foundation is the balanced subset)",
-                                _check_limit, metavar="N")
+                                _check_limit, metavar="N", shown_default="the whole set")
     per_foundation: int | None = setting(None, "keep N vignettes of each of the 7 foundations, Social Norms included, "
                                          "picked by subset_seed (the cheap, balanced probe)", _check_per_foundation,
-                                         metavar="N")
+                                         metavar="N", shown_default="the whole set")
     subset_seed: int = setting(0, "which vignettes per_foundation picks (the same seed, the same vignettes)",
-                               _check_seed)
+                               _check_seed, metavar="N")
     answer_format: str = setting(DEFAULT_ANSWER_FORMAT, "how the model answers: yesno (Yes or No after 'Answer:') "
                                  'or json ({"is_wrong": true|false}, P(true) read)', _check_format,
                                  choices=tuple(ANSWER_FORMATS))
@@ -160,7 +162,7 @@ class ProbeConfig:
     level: float = setting(DEFAULT_LEVEL, "confidence level of the intervals", lambda v, w: check_level(v, w))
     n_resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples per interval (0: no intervals)",
                                lambda v, w: check_resamples(v, w), metavar="N")
-    seed: int = setting(0, "the bootstrap's seed (the same seed gives the same intervals)", _check_seed)
+    seed: int = setting(0, "the bootstrap's seed (the same seed gives the same intervals)", _check_seed, metavar="N")
     keep_autocast: bool = setting(False, "score under the autocast the model's forward was given (a bf16 Trainer's "
                                   "mixed precision) instead of the weights' own dtype", _check_flag)
     self_check: bool = setting(True, "compare checked prompts with each prompt scored alone (other ones at each "
@@ -173,10 +175,10 @@ class ProbeConfig:
     self_check_budget: float = setting(0.045, "the share of a run's probe time the self-check spends (a model's "
                                        "first probe is checked whatever it costs)", _check_budget, metavar="X")
     until: str | None = setting(None, "a precision target instead of a vignette count: ask the vignettes in a seeded, "
-                                "foundation-balanced order and stop at the first look where the score's interval "
-                                "(level) or the change since the baseline (change: excludes 0, or) is narrower than "
-                                "width; per_foundation caps it", check_until, choices=("level", "change"),
-                                metavar="WHAT")
+                                "foundation-balanced order and stop at the first look where level: the score's "
+                                "interval is narrower than width; change: the interval of the change since the "
+                                "baseline excludes 0 or is narrower than width (per_foundation caps the vignettes "
+                                "asked)", check_until, choices=("level", "change"), metavar="WHAT")
     width: float = setting(0.05, "with until: the interval's width (hi - lo) to stop at", check_width, metavar="W")
     sd_floor: float | None = setting(None, "with until: the least spread (sd of a vignette's align_other) the "
                                      "interval it stops on assumes in each foundation, for sets where a few "

@@ -35,9 +35,9 @@ def read_wandb_records(path):
             yield rec
 
 
-def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
-    """{step: value} of one scalar tag in the Trainer's single tensorboard event file ({} when absent); the probe's
-    own folder (``moral_probe_<name>/``, its layout and figure) is not the Trainer's."""
+def trainer_events(out_dir):
+    """The Trainer's single TensorBoard event file under ``out_dir``, read by TensorBoard's reader; the probe's own
+    folder (``moral_probe_<name>/``) is not the Trainer's."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = [e for e in glob.glob(str(out_dir / "**" / "events.out.tfevents*"), recursive=True)
@@ -45,7 +45,18 @@ def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
     assert len(events) == 1, events
     acc = EventAccumulator(events[0])
     acc.Reload()
+    return acc
+
+
+def tensorboard_scalars(out_dir, tag="eval/moral_scifi/score"):
+    """{step: value} of one scalar tag in the Trainer's own event file ({} when absent)."""
+    acc = trainer_events(out_dir)
     return {s.step: s.value for s in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+def tensorboard_tags(out_dir) -> list[str]:
+    """The scalar tags of the Trainer's own event file."""
+    return trainer_events(out_dir).Tags()["scalars"]
 
 
 def probe_tensorboard(out_dir, key="scifi"):
@@ -58,6 +69,12 @@ def probe_tensorboard(out_dir, key="scifi"):
     acc = EventAccumulator(str(folders.pop()), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
     acc.Reload()
     return acc
+
+
+def probe_scalars(out_dir, tag="eval/moral_scifi/score", key="scifi"):
+    """{step: value} of one scalar tag in the probe's own folder ({} when absent): a callback given no trainer=."""
+    acc = probe_tensorboard(out_dir, key)
+    return {s.step: s.value for s in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
 def wandb_run_records(wandb_dir, wait_s=60):

@@ -22,6 +22,7 @@ from .options import add_home, add_loading, add_probe_options, add_progress, add
 
 NAME = "eval"
 SUMMARY = "score one model and write its JSON report"
+USAGE = "%(prog)s --model PATH_OR_ID [options, by group below]"
 
 
 def add_arguments(p) -> None:

@@ -10,8 +10,9 @@
     tinymcf show --name myset                     spot-check a set's rewrites
 
 Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)``
-and ``run(args)``; the outcome maps to the exit status in one place (:func:`.options.run`):
-0 done, 2 bad input (one ``error:`` line), 1 a bug (with its traceback), 130 interrupted.
+and ``run(args)`` (and ``USAGE``, a short usage line, where its options are many and come in groups); the outcome
+maps to the exit status in one place (:func:`.options.run`): 0 done, 2 bad input (one ``error:`` line), 1 a bug
+(with its traceback), 130 interrupted.
 ``python -m tinymcf_callback`` is the same command, and ``python -m tinymcf_callback.prepare`` its
 ``prepare`` subcommand (the name the project's design gives the offline step).
 """
@@ -33,7 +34,8 @@ def build_parser(prog: str = PROG) -> Parser:
     parser.add_argument("--version", action="version", version=f"tinymcf_callback {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
-        p = sub.add_parser(command.NAME, help=command.SUMMARY, description=(command.__doc__ or "").split("\n\n")[0])
+        p = sub.add_parser(command.NAME, help=command.SUMMARY, usage=getattr(command, "USAGE", None),
+                           description=(command.__doc__ or "").split("\n\n")[0])
         command.add_arguments(p)
         p.set_defaults(command_module=command)
     return parser

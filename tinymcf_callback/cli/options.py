@@ -3,9 +3,9 @@
 - :class:`Parser`: an ``argparse`` parser whose mistakes are one ``error: ...`` line (exit 2), not
   a usage block.
 - :func:`add_probe_options`: one option per :class:`~tinymcf_callback.config.ProbeConfig` field
-  (``--limit``, ``--answer-format``, ``--no-share-prefix``, ...), made from the fields themselves,
-  and :func:`probe_config`, which builds the config back from the parsed options; a bad value is
-  named by its option.
+  (``--limit``, ``--answer-format``, ``--no-share-prefix``, ...), made from the fields by transformers'
+  ``HfArgumentParser``, and :func:`probe_config`, which builds the config back from the parsed options; a bad value
+  is named by its option.
 - :func:`add_home`, :func:`add_loading`: the options of the data home and of loading a model.
 - :func:`run`: the one mapping from what happened to the exit status: done 0; bad input (a
   :class:`~tinymcf_callback.errors.TinymcfError`) one ``error:`` line and 2; Ctrl-C 130; anything
@@ -16,15 +16,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import logging
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import MISSING, fields
+from dataclasses import Field, fields
+from types import MappingProxyType
+from typing import get_type_hints
+
+from transformers import HfArgumentParser
 
 from ..config import ProbeConfig
 from ..data.home import HOME_VAR, using_home
 from ..errors import ConfigError, TinymcfError
+from ..served.reload import RELOADS
 from ..trackers.table import TRACKERS
 
 EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
@@ -40,51 +46,43 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
 
 
-def flag(field_name: str) -> str:
-    """The option of a setting: ``token_budget`` -> ``--token-budget``."""
-    return "--" + field_name.replace("_", "-")
-
-
-def add_probe_options(parser, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:
-    """One option per ProbeConfig field (or per field in ``only``, less ``skip``), with the field's help and default."""
+def add_probe_options(parser, skip: tuple[str, ...] = ()) -> None:
+    """One option per ProbeConfig field (less ``skip``), made by transformers' ``HfArgumentParser`` from the field's
+    type, default and help: ``--per-foundation`` (and HF's ``--per_foundation``), ``--no-share-prefix`` and
+    ``--share-prefix [BOOL]`` for a switch on by default, ``--keep-autocast`` for one off."""
     group = parser.add_argument_group("the probe (any tinymcf_callback.ProbeConfig setting)")
+    types = get_type_hints(ProbeConfig)
     for f in fields(ProbeConfig):
-        if (only is not None and f.name not in only) or f.name in skip:
+        if f.name in skip:
             continue
-        meta, default = f.metadata, f.default if f.default is not MISSING else None
-        if isinstance(default, bool):
-            # a switch that changes the default: --no-share-prefix, --keep-autocast, --no-self-check
-            option = flag(f.name) if not default else "--no-" + f.name.replace("_", "-")
-            shown = f"{meta['off']} (default: {f.name.replace('_', ' ')} on)" if default else f"{meta['help']} " \
-                f"(default: off)"
-            group.add_argument(option, dest=f.name, action="store_false" if default else "store_true",
-                               default=None, help=shown)
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("limit", "per_foundation", "token_budget", "max_batch_size"):
-            kind = int
-        elif f.name in ("self_check_tolerance", "sd_floor"):
-            kind = float
-        group.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=meta.get("metavar"),
-                           choices=meta.get("choices"),
-                           help=f"{meta['help']} (default: {_shown_default(f.name, default)})")
+        before = len(group._group_actions)
+        HfArgumentParser._parse_dataclass_field(group, _as_argument(f, types[f.name]))
+        added = group._group_actions[before:]
+        for action in added:  # the spelling the docs use first: usage lines and messages show it
+            action.option_strings.sort(key=lambda option: "_" in option)
+        if f.default is True:  # HF gives --no-X the help of --X
+            added[-1].help = f"{f.metadata['off']} (default: {f.name.replace('_', ' ')} on)"
 
 
-def _shown_default(name: str, default) -> str:
-    shown = next((f.metadata.get("shown_default") for f in fields(ProbeConfig) if f.name == name), None)
-    if shown:
-        return shown
-    if name in ("limit", "per_foundation"):
-        return "the whole set"
-    return "none" if default is None else str(default)
+def _as_argument(f: Field, kind) -> Field:
+    """``f`` as ``HfArgumentParser`` reads a field: its resolved type, and of its metadata what ``add_argument`` takes
+    (the help with its default said, metavar, choices)."""
+    shown = f.metadata.get("shown_default") or ("none" if f.default is None else f.default)
+    if isinstance(f.default, bool):
+        shown = "on" if f.default else "off"
+    argument = copy.copy(f)
+    argument.type = kind
+    argument.metadata = MappingProxyType({"help": f"{f.metadata['help']} (default: {shown})",
+                                          **{k: f.metadata[k] for k in ("metavar", "choices") if k in f.metadata}})
+    return argument
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
-    """The ProbeConfig of the options given (the others keep their defaults); a bad value names its option."""
-    given = {f.name: getattr(args, f.name) for f in fields(ProbeConfig) if getattr(args, f.name, None) is not None}
-    names = {name: flag(name) for name in given}
-    values = ProbeConfig.checked(given, names)  # a ConfigError here says --limit, not limit
-    return ProbeConfig(**values)
+    """The ProbeConfig of the options (those a subcommand leaves out keep their defaults); a bad value names its
+    option."""
+    given = {f.name: getattr(args, f.name) for f in fields(ProbeConfig) if hasattr(args, f.name)}
+    names = {name: "--" + name.replace("_", "-") for name in given}
+    return ProbeConfig(**ProbeConfig.checked(given, names))  # a ConfigError here says --limit, not limit
 
 
 def add_home(parser) -> None:
@@ -114,12 +112,11 @@ def add_served(parser, *, run: bool = False) -> None:
                             "after --reload has loaded it there (API key, if any: $TINYMCF_API_KEY or $OPENAI_API_KEY)")
         g.add_argument("--served-model", default=None, metavar="NAME",
                        help="the name the server serves the model under (default: the one it lists)")
+        routes = ", ".join(f"{route.name} ({route.summary})" for route in RELOADS.values())
         g.add_argument("--reload", default=None, metavar="CMD",
-                       help="how each checkpoint is loaded into the server: vllm (a vLLM in VLLM_SERVER_DEV_MODE=1: "
-                            "weights reloaded in place), sglang (/update_weights_from_disk), lora (a vLLM with "
-                            "--enable-lora: the adapter loaded in place under --served-model), or a shell command "
-                            "that exits 0 once the server serves it ({checkpoint} and {step} are replaced; also "
-                            "$TINYMCF_CHECKPOINT, $TINYMCF_STEP and $TINYMCF_PID, the follower's process)")
+                       help=f"how each checkpoint is loaded into the server: {routes}, or a shell command that exits "
+                            f"0 once the server serves it ({{checkpoint}} and {{step}} are replaced; also "
+                            f"$TINYMCF_CHECKPOINT, $TINYMCF_STEP and $TINYMCF_PID, the follower's process)")
         g.add_argument("--reload-timeout", type=float, default=1800.0, metavar="S",
                        help="seconds a reload may take before the step is left unscored (default 1800)")
         g.add_argument("--no-reload-check", dest="reload_check", action="store_false",
@@ -201,28 +198,23 @@ def _given(args: argparse.Namespace, option: str) -> bool:
 def add_dashboards(parser, *, default: str) -> None:
     """``--report-to`` (the table of trackers' names), for each tracker the option naming its run when the run's record
     does not, and ``--no-figure``."""
-    parser.add_argument("--report-to", default=default, metavar="NAMES",
-                        help=f"log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
-                             f"report_to, as the run's moral_probe_run.json records it), {', '.join(TRACKERS)}, "
-                             f"comma-separated, or none (default: {default})")
+    g = parser.add_argument_group("the run's dashboards (--report-to)")
+    g.add_argument("--report-to", default=default, metavar="NAMES",
+                   help=f"log each line into the run's dashboards, as the callback does: auto (the Trainer's own "
+                        f"report_to, as the run's moral_probe_run.json records it), {', '.join(TRACKERS)}, "
+                        f"comma-separated, or none (default: {default})")
     for tracker in TRACKERS.values():
         if tracker.option is not None:
             option, metavar, text = tracker.option
-            parser.add_argument(option, default=None, metavar=metavar, help=text)
-    parser.add_argument("--no-figure", action="store_true",
-                        help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s "
-                             "a line)")
+            g.add_argument(option, default=None, metavar=metavar, help=text)
+    g.add_argument("--no-figure", action="store_true",
+                   help="no figure of the curve so far in the dashboards at each line (it costs about 0.2 s a line)")
 
 
 def named_runs(args: argparse.Namespace) -> dict[str, str]:
     """The runs the trackers' options name (tracker name -> the option's value), for the run's settings."""
-    runs = {}
-    for name, tracker in TRACKERS.items():
-        if tracker.option is not None:
-            value = getattr(args, tracker.option[0].lstrip("-").replace("-", "_"), None)
-            if value:
-                runs[name] = value
-    return runs
+    dests = {tracker.name: tracker.option[0][2:].replace("-", "_") for tracker in TRACKERS.values() if tracker.option}
+    return {name: getattr(args, dest) for name, dest in dests.items() if getattr(args, dest, None)}
 
 
 def add_progress(parser) -> None:

@@ -10,23 +10,25 @@ up where the history says it was.
 
 from __future__ import annotations
 
-from .sweep import add_run_arguments, check_retries, counts, in_processes, said_failures, settings_of
+from .followed import add_run_arguments, check_retries, counts, in_processes, said_failures, settings_of
 
 NAME = "watch"
 SUMMARY = "follow a training run: score each checkpoint once it is saved, into the history and the run's dashboards"
+USAGE = "%(prog)s RUN_DIR [options, by group below]"
 
 
 def add_arguments(p) -> None:
     add_run_arguments(p, dashboards="auto")
-    p.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between two looks (default: 10)")
-    p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
-                   help="stop when no new checkpoint came for S seconds (default: wait for the run's end)")
-    p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
-                   help="stop once the checkpoint of STEP (or a later one) is scored")
-    p.add_argument("--dead-after", type=float, default=900.0, metavar="S",
-                   help="a training on another machine that gave no sign of life (its heartbeat in "
-                        "moral_probe_run.json) for S seconds is taken for dead (default: 900; on the same machine "
-                        "its process is asked)")
+    stop = p.add_argument_group("when to look, and when to stop")
+    stop.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between two looks (default: 10)")
+    stop.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                      help="stop when no new checkpoint came for S seconds (default: wait for the run's end)")
+    stop.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                      help="stop once the checkpoint of STEP (or a later one) is scored")
+    stop.add_argument("--dead-after", type=float, default=900.0, metavar="S",
+                      help="a training on another machine that gave no sign of life (its heartbeat in "
+                           "moral_probe_run.json) for S seconds is taken for dead (default: 900; on the same machine "
+                           "its process is asked)")
 
 
 def run(args) -> int:

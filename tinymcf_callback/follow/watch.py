@@ -42,8 +42,8 @@ from ..rundir.record import GONE, QUIET, RUN_INFO, UNKNOWN, RunRecord
 from .planner import Plan, Planner
 from .processes import agree, process_state
 from .rounds import Rounds, RunResult
+from .session import look, open_run_trackers, take_history
 from .settings import WatchSettings
-from .sweep import look, open_run_trackers, take_history
 
 logger = logging.getLogger(__name__)
 

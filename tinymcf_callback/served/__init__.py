@@ -9,8 +9,24 @@ payload/parse pair), ``transport`` (batched requests through a bounded pool), ``
 loaded into the server).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .config import ServedConfig
 from .forms import FORMS
-from .model import ServedModel
+
+if TYPE_CHECKING:
+    from .model import ServedModel
 
 __all__ = ["FORMS", "ServedConfig", "ServedModel"]
+
+
+def __getattr__(name: str):
+    """``ServedModel`` loaded on first use (it brings torch): the package's light parts (its settings, the reload
+    routes that ``tinymcf --help`` lists) load without it."""
+    if name == "ServedModel":
+        from .model import ServedModel
+
+        return ServedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,6 +72,7 @@ class Route:
             exactly (``folder``: one of its checkpoints, else its starting model), or None.
         adapter: it loads a LoRA adapter in place under ``--served-model``: the server names what it serves by the
             adapter's folder (not a version), and the run's step 0 is the model the adapter sits on.
+        summary: what it drives, as ``--reload``'s help says it.
     """
 
     name: str
@@ -79,6 +80,7 @@ class Route:
     serving: Callable[[ServerClient, str | None], str | None]
     inexact: Callable[[ServerClient, str, str | None], str | None]
     adapter: bool = False
+    summary: str = ""
 
 
 RELOADS: Registry[Route] = Registry("--reload built-in")  # its records are at the end of the module
@@ -338,9 +340,11 @@ def _lora_inexact(client: ServerClient, folder: str, model: str | None) -> str |
 
 
 for _route in (
-    Route("vllm", _send_vllm, lambda client, model: weight_version(client, "vllm"), _vllm_inexact),
+    Route("vllm", _send_vllm, lambda client, model: weight_version(client, "vllm"), _vllm_inexact,
+          summary="a vLLM in VLLM_SERVER_DEV_MODE=1: weights reloaded in place"),
     Route("sglang", _send_sglang, lambda client, model: weight_version(client, "sglang"),
-          lambda client, folder, model: None),
-    Route("lora", _send_lora, adapter_root, _lora_inexact, adapter=True),
+          lambda client, folder, model: None, summary="SGLang's /update_weights_from_disk"),
+    Route("lora", _send_lora, adapter_root, _lora_inexact, adapter=True,
+          summary="a vLLM with --enable-lora: the adapter loaded in place under --served-model"),
 ):
     RELOADS.register(_route.name, _route)

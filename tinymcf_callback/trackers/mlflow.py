@@ -123,17 +123,6 @@ def check_store(uri: str) -> None:
         raise SweepError(f"no MLflow tracking server answers at {shown} ({why}): start it, or {fix}") from None
 
 
-def active_run_facts() -> dict | None:
-    """The MLflow run open in this process (the Trainer's ``MLflowCallback`` opens it at train begin): its id,
-    experiment, name and tracking URI (without credentials); None when none is open."""
-    mlflow = require("mlflow")
-    run = mlflow.active_run()
-    if run is None:
-        return None
-    return {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "run_name": run.info.run_name,
-            "tracking_uri": public_uri(mlflow.get_tracking_uri())}
-
-
 class MlflowTracker(Tracker):
     """The training's MLflow run (see the module). The record keeps its ``run_id``, ``experiment_id``, ``run_name``
     and ``tracking_uri`` (without credentials)."""
@@ -149,17 +138,24 @@ class MlflowTracker(Tracker):
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
-        return active_run_facts()
+    def recorded(cls, args, trainer=None) -> dict | None:
+        """The run open in this process (the Trainer's ``MLflowCallback`` opens it at train begin)."""
+        mlflow = require("mlflow")
+        run = mlflow.active_run()
+        if run is None:
+            return None
+        return {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "run_name": run.info.run_name,
+                "tracking_uri": public_uri(mlflow.get_tracking_uri())}
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> MlflowTracker | None:
-        """The figure and the tables into the run ``MLflowCallback`` opened (looked up once, at train begin: ``run``),
-        through a client of this process's tracking URI; its metrics went through ``Trainer.log``."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> MlflowTracker | None:
+        """The figure and the tables (with ``numbers``, the metrics too, at the Trainer's step) into the run
+        ``MLflowCallback`` opened (looked up once, at train begin: ``run``), through a client of this process's
+        tracking URI."""
         if not run:
             return None
         mlflow = require("mlflow")
-        return cls(mlflow.tracking.MlflowClient(), run["run_id"], "the training's", metrics=False)
+        return cls(mlflow.tracking.MlflowClient(), run["run_id"], "the training's", metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod

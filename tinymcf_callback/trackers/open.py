@@ -1,7 +1,7 @@
 """The trackers a run folder names, opened for probes scored outside the training process (sweep, watch).
 
-Each line the watcher or the sweep writes goes, on the main process, to the same places the callback's metrics reach
-through ``Trainer.log``, under the same names, at the Trainer's global step: each tracker of ``--report-to`` (the
+Each line the watcher or the sweep writes goes, on the main process, to the same places the callback's metrics reach,
+under the same names, at the Trainer's global step: each tracker of ``--report-to`` (the
 table, :mod:`.table`) reopens the training's run from what the run's ``moral_probe_run.json`` keeps under its name,
 or the run named on the command line (its option, e.g. ``--mlflow-run``); ``auto`` takes the Trainer's own
 reporters, as the record keeps them.

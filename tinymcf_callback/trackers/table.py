@@ -4,7 +4,8 @@ logs (the callback, the sweep, the watcher, the ``--report-to`` options), as tra
 
 ``report_to`` is read here once (:func:`requested`: a string, comma-separated as ``--report-to`` takes it, or
 ``TrainingArguments.report_to``'s list), and ``auto`` replaced by the names the run's record keeps
-(:func:`resolve`). A tracker of one's own is added with :func:`register`::
+(:func:`resolve`). The table is a :class:`~tinymcf_callback.registry.Registry` (a name taken twice refused;
+``TRACKERS.scoped()`` for a test's own); a tracker of one's own is added with :func:`register`::
 
     @register
     class MyTracker(Tracker):
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import ConfigError
+from ..registry import Registry
 from .accelerated import accelerate_trackers
 from .mlflow import MlflowTracker
 from .tensorboard import TensorBoardTracker
@@ -27,24 +29,20 @@ from .wandb import WandbTracker
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"  # the Trainer's own reporters, as the run's moral_probe_run.json records them
-TRACKERS: dict[str, type[Tracker]] = {cls.name: cls for cls in (TensorBoardTracker, WandbTracker, MlflowTracker,
-                                                              TrackioTracker, *accelerate_trackers())}
+TRACKERS: Registry[type[Tracker]] = Registry("tracker")
 
 
 def register(cls: type[Tracker]) -> type[Tracker]:
     """Add ``cls`` to the table under its :attr:`~.tracker.Tracker.name` (a name taken already is a
-    :class:`ConfigError`); usable as a class decorator."""
+    :class:`~tinymcf_callback.errors.RegistryError`); usable as a class decorator."""
     if not (isinstance(cls, type) and issubclass(cls, Tracker)) or not cls.name:
         raise ConfigError(f"register takes a Tracker subclass with a name, got {cls!r}")
-    if TRACKERS.get(cls.name, cls) is not cls:
-        raise ConfigError(f"a tracker named {cls.name!r} is registered already ({TRACKERS[cls.name].__name__})")
-    TRACKERS[cls.name] = cls
+    TRACKERS.register(cls.name, cls)
     return cls
 
 
-def unregister(name: str) -> None:
-    """Take the tracker ``name`` out of the table (a test's own, say)."""
-    TRACKERS.pop(name, None)
+for _tracker in (TensorBoardTracker, WandbTracker, MlflowTracker, TrackioTracker, *accelerate_trackers()):
+    register(_tracker)
 
 
 def requested(report_to) -> list[str]:

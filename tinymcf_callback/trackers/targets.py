@@ -6,8 +6,8 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..extras import available
 from .sinks import Sink, line_metrics
-from .tensorboard import tensorboard_sender
-from .wandb import wandb_sender
+from .tensorboard import TensorBoardWriter
+from .wandb import WandbTracker
 
 
 def as_sink(target) -> Sink:
@@ -19,9 +19,9 @@ def as_sink(target) -> Sink:
     if module.startswith("accelerate") and callable(getattr(target, "log", None)):
         return Sink("accelerate.Accelerator.log", lambda point: target.log(line_metrics(point.line), step=point.step))
     if module.startswith("wandb") and callable(getattr(target, "log", None)):
-        return Sink(f"wandb run {getattr(target, 'id', '')}".strip(), wandb_sender(target), figure=True)
+        return WandbTracker(target)  # into the loop's own run, which the loop finishes
     if callable(getattr(target, "add_scalar", None)):
-        return Sink(f"the {type(target).__name__}", tensorboard_sender(target), figure=True)
+        return Sink(f"the {type(target).__name__}", TensorBoardWriter(target).send, figure=True)
     if callable(target) and not isinstance(target, type):
         return Sink(getattr(target, "__name__", type(target).__name__),
                     lambda point: target(line_metrics(point.line), point.step))

@@ -3,7 +3,7 @@
 **Why a folder of its own.** TensorBoard reads a folder's event files in order and, with its default
 ``--reload_multifile=false``, only the newest one once it has moved on: a second writer in the Trainer's own folder
 (an earlier version wrote ``*.tinymcf`` there) makes a live TensorBoard stop showing the training's later points
-until it restarts. The probe's writer (the watcher's, the sweep's, and the callback's figure and layout) writes to
+until it restarts. The probe's writer (the watcher's, the sweep's, the callback's) writes to
 ``<logging folder>/moral_probe_<name>/``: TensorBoard shows it as a run of its own next to the training's
 (``<time>_<host>/moral_probe_scifi`` beside ``<time>_<host>``), and each folder has one writer.
 
@@ -95,11 +95,6 @@ class TensorBoardWriter:
             self.writer.flush()
 
 
-def tensorboard_sender(writer):
-    """``send(point)`` for a ``SummaryWriter`` of one's own (``ProbeLogger(to=writer)``): everything at the step."""
-    return TensorBoardWriter(writer).send
-
-
 def tensorboard_folder(run_dir: Path, recorded: dict | None, given: str | None = None) -> tuple[Path, str]:
     """Where the Trainer's TensorBoard events are, and how that was decided (said when the trackers open): given (a
     folder that is not there is refused: a typo creates nothing); recorded by the callback (moved along with a run
@@ -137,12 +132,17 @@ def _recorded(run_dir: Path, recorded: Path, output_dir: str | None) -> tuple[Pa
     return recorded, "the run's record names it"
 
 
-def tensorboard_logging_dir(trainer) -> str | None:
-    """The folder the Trainer's ``TensorBoardCallback`` writes to (set at its ``on_train_begin``), or None."""
+def training_logging_dir(args, trainer=None) -> str:
+    """The folder the Trainer's ``TensorBoardCallback`` writes to: the callback's own (set at its ``on_train_begin``)
+    when the Trainer is given; else from what every callback is handed: ``args.logging_dir`` (transformers 4),
+    ``TENSORBOARD_LOGGING_DIR``, else the newest ``<output_dir>/runs/*`` (the reporter made it at train begin, before
+    this package's callback, which comes after the reporters)."""
     for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
         if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", None):
             return os.path.abspath(cb.logging_dir)
-    return None
+    if getattr(args, "logging_dir", None):
+        return os.path.abspath(args.logging_dir)
+    return os.path.abspath(tensorboard_folder(Path(args.output_dir), None)[0])
 
 
 class TensorBoardTracker(Tracker):
@@ -162,21 +162,15 @@ class TensorBoardTracker(Tracker):
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
-        folder = tensorboard_logging_dir(trainer)
-        output_dir = getattr(getattr(trainer, "args", None), "output_dir", None)
-        return None if folder is None else {"dir": folder, "output_dir": os.path.abspath(output_dir or ".")}
+    def recorded(cls, args, trainer=None) -> dict | None:
+        return {"dir": training_logging_dir(args, trainer), "output_dir": os.path.abspath(args.output_dir)}
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> TensorBoardTracker | None:
-        """The layout and the figure, in the probe's own folder (never a second file in the Trainer's), whose metrics
-        reach the Trainer's own writer through ``Trainer.log``."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> TensorBoardTracker | None:
+        """The layout and the figure (with ``numbers``, the scalars too) in the probe's own folder inside the
+        Trainer's, never a second file in the Trainer's own folder."""
         require("tensorboard")
-        if not run:
-            logger.warning("moral probe: the Trainer reports to tensorboard but no TensorBoardCallback with a logging "
-                           "folder was found: its dashboard gets the numbers, not the margin charts or the figure")
-            return None
-        return cls(probe_folder(run["dir"], key), metrics=False)
+        return cls(probe_folder(run["dir"] if run else training_logging_dir(args), key), metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod

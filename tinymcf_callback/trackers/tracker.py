@@ -6,8 +6,8 @@ integration:
 
 - **in the training** (the callback, main process, once at train begin): :meth:`Tracker.recorded` says which run
   the Trainer's own reporter has open (what ``moral_probe_run.json`` keeps under the tracker's name), and
-  :meth:`Tracker.in_training` gives that run what the probe shows besides its numbers (the numbers went through
-  ``Trainer.log``): the figure, the tables, a layout;
+  :meth:`Tracker.in_training` gives that run what the probe shows besides its numbers (the figure, the tables, a
+  layout) and, when the callback was given no Trainer to log them through, the numbers too, at the Trainer's step;
 - **in another process** (``tinymcf sweep``, ``tinymcf watch``): :meth:`Tracker.reopen` opens that run again from
   what the record keeps (or the run named on the command line, the tracker's :attr:`Tracker.option`), never a new
   one;
@@ -28,7 +28,8 @@ from .sinks import Sink
 
 class Tracker(Sink):
     """One tracker (see the module). Subclasses set :attr:`name` and implement :meth:`reopen` and ``send``; the
-    methods of the training process are optional (a tracker without them gets the numbers, through ``Trainer.log``).
+    methods of the training process are optional (a tracker without them gets the numbers only through
+    ``Trainer.log``: from a callback given ``trainer=``).
     """
 
     name: ClassVar[str] = ""  # its name in report_to (TrainingArguments' and --report-to)
@@ -40,15 +41,18 @@ class Tracker(Sink):
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
+    def recorded(cls, args, trainer=None) -> dict | None:
         """The run the Trainer's reporter has open in this process (its id, where it is: never a secret), as the run's
-        record keeps it for a follower; None when there is none. Called once, at train begin."""
+        record keeps it for a follower; None when there is none. Called once, at train begin, with the Trainer's
+        ``TrainingArguments`` and, when the callback was given it, the Trainer; else the tracker's library says (its
+        current run)."""
         return None
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> Tracker | None:
-        """What the callback's probe ``key`` gives the run ``run`` (:meth:`recorded`'s) besides its numbers, which
-        reach it through ``Trainer.log``; None: nothing more."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> Tracker | None:
+        """What the callback's probe ``key`` gives the run ``run`` (:meth:`recorded`'s): what it shows besides the
+        numbers and, with ``numbers``, the numbers too (the callback has no Trainer whose ``log`` reaches the
+        reporter); None: nothing."""
         return None
 
     # ---- another process -----------------------------------------------------------------------------------

@@ -73,19 +73,6 @@ class TrackioWriter:
             self.run.log({**payload, "train/global_step": point.step}, step=self.step(point))
 
 
-def active_run_facts() -> dict | None:
-    """The trackio run open in this process (the Trainer's ``TrackioCallback`` opens it): project, name, id, the
-    local folder, and the Space or server it syncs to (never a token); None when none is open."""
-    trackio = require("trackio")
-    run = trackio.context_vars.current_run.get()
-    if run is None:
-        return None
-    space = trackio.context_vars.current_space_id.get()
-    server = None if space else trackio.context_vars.current_server.get()
-    return {"project": run.project, "name": run.name, "id": run.id, "dir": str(_trackio_dir()),
-            "space_id": space, "server_url": server}
-
-
 def _trackio_dir() -> Path:
     from trackio.utils import TRACKIO_DIR
 
@@ -100,24 +87,33 @@ class TrackioTracker(Tracker):
     option = ("--trackio-run", "PROJECT/RUN", "the trackio run to log into (default: the one moral_probe_run.json "
               "records)")
 
-    def __init__(self, run, where: str, *, follower: bool = True, owned: bool = False):
+    def __init__(self, run, where: str, *, metrics: bool = True, follower: bool = True, owned: bool = False):
         super().__init__(f"trackio run {run.name} of {run.project}{' (' + where + ')' if where else ''}")
         self.run, self._owned = run, owned
-        # in the training its rows (figure, tables) come right after the Trainer's own row of the probe's metrics; a
-        # follower sends the metrics too, each point placed beside the Trainer's rows of its step
-        self.writer = TrackioWriter(run, metrics=follower, step=self.anchor if follower else (lambda point: None))
+        # in the training its rows come right after the Trainer's own row of the probe's step; a follower places each
+        # point beside the Trainer's rows of its step
+        self.writer = TrackioWriter(run, metrics=metrics, step=self.anchor if follower else (lambda point: None))
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
-        return active_run_facts()
+    def recorded(cls, args, trainer=None) -> dict | None:
+        """The run open in this process (the Trainer's ``TrackioCallback`` opens it): project, name, id, the local
+        folder, and the Space or server it syncs to (never a token)."""
+        trackio = require("trackio")
+        run = trackio.context_vars.current_run.get()
+        if run is None:
+            return None
+        space = trackio.context_vars.current_space_id.get()
+        server = None if space else trackio.context_vars.current_server.get()
+        return {"project": run.project, "name": run.name, "id": run.id, "dir": str(_trackio_dir()),
+                "space_id": space, "server_url": server}
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> TrackioTracker | None:
-        """The figure and the tables into the run ``TrackioCallback`` opened (its metrics went through
-        ``Trainer.log``): the next rows, beside the Trainer's row of the probe's step."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> TrackioTracker | None:
+        """The figure and the tables (with ``numbers``, the metrics too, with their ``train/global_step``) into the
+        run ``TrackioCallback`` opened: the next rows, beside the Trainer's row of the probe's step."""
         live = require("trackio").context_vars.current_run.get()
-        return None if live is None else cls(live, "the training's", follower=False)
+        return None if live is None else cls(live, "the training's", metrics=numbers, follower=False)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod

@@ -191,17 +191,6 @@ def _preset(entity: str) -> bool:
     return _presets[entity]
 
 
-def wandb_sender(run):
-    """``send(point)`` into ``run``: one :class:`WandbWriter` per probe (set and answer format)."""
-    writers: dict[str, WandbWriter] = {}
-
-    def send(point: Point) -> None:
-        key = line_probe_key(point.line) or "probe"
-        writers.setdefault(key, WandbWriter(key)).write(run, point)
-
-    return send
-
-
 def active_wandb_run():
     """The current wandb run, or None (no run started); :func:`~tinymcf_callback.extras.require` names the
     ``[wandb]`` extra when wandb is missing."""
@@ -222,7 +211,7 @@ class WandbTracker(Tracker):
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
-    def recorded(cls, trainer) -> dict | None:
+    def recorded(cls, args, trainer=None) -> dict | None:
         run = active_wandb_run()
         if run is None:
             return None
@@ -231,11 +220,11 @@ class WandbTracker(Tracker):
                 "mode": getattr(settings, "mode", None), "dir": getattr(settings, "root_dir", None)}
 
     @classmethod
-    def in_training(cls, trainer, key: str, run: dict | None) -> WandbTracker | None:
-        """The tables, the figure and the band chart, into the run the Trainer's ``WandbCallback`` opened (its
-        metrics went through ``Trainer.log``)."""
+    def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> WandbTracker | None:
+        """The tables, the figure and the band chart (with ``numbers``, the metrics too, against
+        ``train/global_step``), into the run the Trainer's ``WandbCallback`` opened."""
         live = active_wandb_run()
-        return None if live is None else cls(live, metrics=False)
+        return None if live is None else cls(live, metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
     @classmethod

@@ -5,7 +5,7 @@ When (:mod:`~tinymcf_callback.benchmark.schedule`, ``at=`` of the config, defaul
 predicted from ``save_steps``; when the run saves otherwise, the first save past half-way), and at the run's last
 save (``max_steps``), or at ``on_train_end`` when that step was not saved. Each result is a line of
 ``moral_bench_<name>.jsonl`` beside the probe's history, with the fingerprint of the checkpoint just saved, and its
-metrics go through ``Trainer.log`` at the Trainer's step, so every reporter shows them beside the probe's.
+metrics go where the probe's go (``Trainer.log``, or the trackers), at the Trainer's step, beside the probe's.
 
 It scores the live model inside the probe's mode (eval and inference mode, every module flag and RNG state restored
 after), so the training it observes goes on unchanged; a benchmark that fails is a warning (``strict``: the error).
@@ -97,13 +97,13 @@ class TrainingBenchmark:
         return tuple(dict.fromkeys(w for w in why if w == "step" or w not in done))
 
     def score(self, model, state, *, event: str, why: tuple[str, ...], fingerprint: str | None,
-              write: bool) -> dict[str, float]:
-        """Score ``model`` now: its lines into the benchmark history (``write``: on the main process), the metrics
-        returned for ``Trainer.log``; ``{}`` when it failed (warned) or this step's result is already there."""
+              write: bool) -> list[dict]:
+        """Score ``model`` now: its lines into the benchmark history (``write``: on the main process), and returned
+        (their metrics for the reporters); ``[]`` when it failed (warned) or this step's result is already there."""
         step = state.global_step
         if self._already(step, fingerprint):
             self.scored[step] = why
-            return {}
+            return []
         try:
             result = self.bench.run(model)
         except Exception as e:  # noqa: BLE001 - the benchmark must never stop the training it observes
@@ -111,7 +111,7 @@ class TrainingBenchmark:
                 raise
             logger.warning("benchmark [%s] failed at step %d (%s): %s: %s; training continues", self.name, step,
                            event, type(e).__name__, e)
-            return {}
+            return []
         self.scored[step] = why
         event = BASELINE_EVENT if step == 0 else event
         lines = result_lines(result, name=self.name, answer_format=self.answer_format, step=step, epoch=state.epoch,
@@ -127,7 +127,7 @@ class TrainingBenchmark:
                 except OSError as e:
                     logger.warning("benchmark [%s]: could not write to %s (%s); step %d's %s result is lost, training "
                                    "goes on", self.name, self.path, e.strerror or e, step, line["kind"])
-        return {k: v for line in lines for k, v in line["metrics"].items()}
+        return lines
 
     def _already(self, step: int, fingerprint: str | None) -> bool:
         """A resumed run's step whose every result is in the history, of these weights."""

@@ -1,29 +1,19 @@
 """``MoralProbeCallback``: the probe inside Hugging Face training.
 
-    trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
+    trainer.add_callback(MoralProbeCallback(name="scifi"))
 
 At the start of training (a step-0 baseline) and on each evaluation and/or save, the
 callback scores the live model on a vignette set, through the same :class:`Probe` as
 ``evaluate`` (its batches shared among the processes of a distributed run), and logs the alignment
-metrics through the Trainer's own logging path, so they reach every reporter in
-``report_to`` (wandb, tensorboard, ...) at the right global step and land in
-``state.log_history``. The class decides *when* to probe and *where* the result goes; the
-writers below (history line, checkpoint report, wandb table) do the writing.
-
-Each probe logs the headline numbers with their interval bounds and, when the run has a
-step-0 baseline, the paired change of the score since it (``score_change``, ``score_change_p``).
-The baseline's per-vignette scores are kept in the callback's saved state, so a resumed run
-(even into another output folder) measures its change from the same baseline.
-
-With ``answer_format="json"`` (true/false answers) everything the callback writes carries the
-format in its name: metrics under ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``,
-``moral_probe_<name>_json.json``; Yes/No (the default) keeps the plain names. So two formats never
-share a curve, a file or a dashboard panel, and both can probe one run side by side.
+metrics at the Trainer's global step into ``state.log_history`` and the dashboards of ``report_to``: through
+``Trainer.log`` when it is given the Trainer (``trainer=``, as TRL's callbacks take it: every reporter, and the
+``on_log`` event of every other callback), else through the table of trackers (TensorBoard, wandb, MLflow, trackio:
+the Trainer's own runs). The class decides *when* to probe and *where* the result goes; the writers below (history
+line, checkpoint report, the trackers) do the writing.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from pathlib import Path
@@ -61,18 +51,19 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     with its p-value, sanity figures and per-foundation ``align_other`` / ``align_self`` /
     ``self_other_gap``.
 
-    Example (``trainer=`` first: the callback then logs through that Trainer):
+    Example:
 
         trainer = Trainer(model, args, train_dataset=ds, processing_class=tok)
-        trainer.add_callback(MoralProbeCallback(name="scifi", trainer=trainer))
+        trainer.add_callback(MoralProbeCallback(name="scifi"))
         trainer.train()
 
-    ``trainer=`` is the way to say which Trainer logs the metrics (transformers hands a callback
-    no Trainer). Without it (``Trainer(..., callbacks=[MoralProbeCallback(name="scifi")])``, the
-    design's ``trainer.add_callback(MoralProbeCallback(name="scifi"))``) the callback looks once,
-    at ``on_train_begin``, for the Trainer whose callback handler holds it among its callers
-    (:func:`trainer_holding`), and says so; that fails when another callback forwards the events
-    to it, and the metrics then reach ``state.log_history`` only, with a warning.
+    Everything the callback needs comes with the Trainer's events (its arguments, state, model and
+    ``processing_class``). transformers hands a callback no Trainer, so the metrics reach the dashboards of
+    ``report_to`` through the table of trackers (:mod:`~tinymcf_callback.trackers.table`), each into the run the
+    Trainer's own reporter opened, at the Trainer's global step, and ``state.log_history``; a reporter the table does
+    not know (Comet, Neptune, ...) is said once. ``trainer=trainer`` (as TRL's callbacks take it) sends them through
+    ``Trainer.log`` instead: every reporter, under the Trainer's own names and in its own TensorBoard folder, and the
+    ``on_log`` event of every other callback.
 
     Its counters (events seen for ``every``, the last probed and attempted steps, whether
     the baseline ran) and the baseline's per-vignette scores are saved in each checkpoint's
@@ -89,7 +80,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         baseline: probe once at ``on_train_begin`` (step 0) so every curve starts from the untrained model
             (not when resuming from a checkpoint).
         tokenizer: tokenizer to use; default: the Trainer's ``processing_class``.
-        trainer: the Trainer whose ``log`` reaches the reporters (recommended); default: :func:`trainer_holding`.
+        trainer: the Trainer whose ``log`` carries the metrics to every reporter; default: none, the table of
+            trackers carries them to the ones it knows.
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         verbose: print the sanity lines and the table at every probe on the main process.
         hand_off: probe nothing in this process: leave every probe, the step-0 baseline included, to
@@ -117,8 +109,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     from a live one. A run resumed from a checkpoint before the newest probed step sets the history's
     later lines aside (a resume line: the branch the training abandoned) and probes those steps again.
 
-    With ``answer_format="json"`` a probe logs under ``eval/moral_<name>_json/`` and writes
-    ``moral_probe_<name>_json.jsonl``, so both formats can watch one run. With the default
+    With ``answer_format="json"`` everything the callback writes carries the format in its name (metrics under
+    ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``): two formats never share a curve, a file or a
+    dashboard panel, and both can probe one run side by side. With the default
     ``keep_autocast=False`` the probe scores in the weights' own dtype, so the number at step N is
     ``eval`` of ``checkpoint-N``; every report and history line records the precision either way.
     """
@@ -156,7 +149,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             verbose=verbose)
         self.keeper: RunKeeper | None = None  # moral_probe_run.json (and the hand-off queue), on the main process
         self._tokenizer = tokenizer
-        self.trainer = trainer  # the Trainer that logs the metrics: given, or looked up once at on_train_begin
+        self.trainer = trainer  # the Trainer whose log carries the metrics (None: the table of trackers does)
         # the set tokenised once: at construction with tokenizer=, else at train begin
         self.probe: Probe | AdaptiveProbe | None = None
         self.logger: ProbeLogger | None = None  # the run's history, baseline and change: one per run (its output_dir)
@@ -207,8 +200,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             self._ensure_probe(kwargs)  # a missing tokenizer is a setup error: raise now, at step 0
         if kwargs.get("model") is not None and self.endpoint is None:
             check_causal_lm(kwargs["model"])  # a model the probe cannot read is a setup error too
-        if self.trainer is None:
-            self.trainer = trainer_holding(self)
         self.runs = reported_runs(args, self.trainer) if state.is_world_process_zero else {}
         if state.is_world_process_zero and args.should_save:
             self.keeper = RunKeeper(self.name, probe_key(self.name, self.answer_format), args.output_dir,
@@ -310,12 +301,13 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if not why:
             return
         fingerprint_ = self._saved(args, state, "save") if (saved or ended) and state.global_step else None
-        metrics = self.bench.score(model, state, event=event, why=why, fingerprint=fingerprint_,
-                                   write=state.is_world_process_zero)
-        if metrics and self.trainer is not None:
-            self.trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
-        elif metrics:
-            state.log_history.append({**metrics, "step": state.global_step})
+        lines = self.bench.score(model, state, event=event, why=why, fingerprint=fingerprint_,
+                                 write=state.is_world_process_zero)
+        if lines:
+            self._log(state, {k: v for line in lines for k, v in line["metrics"].items()})
+        if lines and self.trainer is None and state.is_world_process_zero and self.logger is not None:
+            for line in lines:  # beside the curve, not on it, as a follower sends them
+                self.logger.trackers.send(line, label=f"benchmark [{self.name}]")
 
     def _saved(self, args, state, event) -> str | None:
         """What a probe at ``on_save`` scored: the checkpoint the Trainer has just written (its fingerprint, as a
@@ -329,19 +321,23 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- where to log ----------------------------------------------------------------------------
     def _publish(self, args, state, report, metrics):
-        """Reporters and log_history on every rank (Trainer.log), then, on the main process, what those reporters
-        show besides numbers (figure, tables, layout: :func:`~.reporters.reporter_sinks`).
+        """The metrics into log_history on every rank (:meth:`_log`), then, on the main process, the trackers
+        (:func:`~.reporters.reporter_sinks`: figure, tables, layout; the numbers too without ``trainer=``).
 
         The history line and the baseline's report were written by :meth:`ProbeLogger.record`.
         """
-        if self.trainer is not None:
-            self.trainer.log(dict(metrics))  # reporters + state.log_history, at this global step
-        else:
-            state.log_history.append({**metrics, "step": state.global_step})
-            logger.warning("moral probe [%s]: no Trainer found to reach the reporters; metrics kept in "
-                           "state.log_history only (pass trainer= to MoralProbeCallback)", self.name)
+        self._log(state, metrics)
         if state.is_world_process_zero:
             self.logger.publish(report)  # a tracker's trouble is a warning: the training goes on
+
+    def _log(self, state, metrics: dict) -> None:
+        """``Trainer.log`` (every reporter, state.log_history, other callbacks' ``on_log``) with ``trainer=``; else
+        ``state.log_history`` as ``Trainer.log`` keeps it (the trackers get the numbers from the history line)."""
+        if self.trainer is not None:
+            self.trainer.log(dict(metrics))
+            return
+        epoch = {} if state.epoch is None else {"epoch": state.epoch}
+        state.log_history.append({**metrics, **epoch, "step": state.global_step})
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def _build_probe(self, tok) -> None:
@@ -355,7 +351,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if publishes and self.runs is None:  # an evaluation outside trainer.train(): the reporters' runs now
             self.runs = reported_runs(args, self.trainer)
         key = probe_key(self.name, self.answer_format)
-        extras = reporter_sinks(self.runs, self.trainer, key) if publishes else []
+        extras = reporter_sinks(self.runs, args, key, numbers=self.trainer is None) if publishes else []
         self.logger = ProbeLogger(self.probe, args.output_dir, to=extras, baseline=self.baseline, resume=False,
                                   strict=self.strict, verbose=self.verbose, figure=self.figure)
         if self.baseline_record is not None:
@@ -391,26 +387,4 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         for attribute, value in saved.get("attributes", {}).items():
             if attribute in known:
                 setattr(self, attribute, value)
-
-
-def trainer_holding(callback):
-    """The Trainer whose callback handler holds ``callback``, found among the callers of the current event.
-
-    transformers passes a callback no Trainer; ``MoralProbeCallback(trainer=...)`` says it outright. Without
-    it this looks once, at ``on_train_begin``, and logs which it found; None when the event was not called by
-    a Trainer's handler (another callback forwarding it, a test calling the method).
-    """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            obj = frame.f_locals.get("self")
-            handler = getattr(obj, "callback_handler", None)
-            if handler is not None and any(cb is callback for cb in getattr(handler, "callbacks", ())):
-                logger.info("moral probe: logging through the %s that holds the callback (pass trainer= to say "
-                            "which)", type(obj).__name__)
-                return obj
-            frame = frame.f_back
-    finally:
-        del frame
-    return None
 

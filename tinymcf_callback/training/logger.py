@@ -18,8 +18,8 @@ a TensorBoard ``SummaryWriter`` (torch's or tensorboardX's), or any callable
 Trainer's reporters show for the callback.
 
 ``MoralProbeCallback`` is a ProbeLogger driven by Trainer events: it calls :meth:`ProbeLogger.score`
-and :meth:`ProbeLogger.record`, then hands the metrics to ``Trainer.log``. So the two write the same
-lines and compute the same change.
+and :meth:`ProbeLogger.record`, then :meth:`ProbeLogger.publish` to the trackers of ``report_to`` (and, given
+``trainer=``, hands the metrics to ``Trainer.log``). So the two write the same lines and compute the same change.
 
 Under ``torch.distributed`` every process must call :meth:`log` at the same steps (the probe's
 batches are split among them and gathered); the files and the trackers are written by the main

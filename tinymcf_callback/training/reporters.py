@@ -1,14 +1,14 @@
 """The Trainer's reporters, as the callback meets them (main process, once at train begin).
 
-The callback's metrics reach every reporter in ``report_to`` through ``Trainer.log``, under the Trainer's names and
-at its global step. For each reporter the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and
-only for one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once:
+For each reporter of ``report_to`` the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and only for
+one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once:
 
 - which run the reporter has open (:meth:`~tinymcf_callback.trackers.tracker.Tracker.recorded`), what the run's
   record keeps for a follower (:func:`reported_runs`);
-- what the probe shows there besides its numbers (:meth:`~tinymcf_callback.trackers.tracker.Tracker.in_training`,
+- what the probe gives that run (:meth:`~tinymcf_callback.trackers.tracker.Tracker.in_training`,
   :func:`reporter_sinks`): TensorBoard's margin charts and figure (in the probe's own folder inside the Trainer's
-  logging folder), wandb's tables, figure and band chart, MLflow's figure and tables, trackio's figure and tables.
+  logging folder), wandb's tables, figure and band chart, MLflow's figure and tables, trackio's figure and tables;
+  and the numbers too when the callback has no Trainer whose ``log`` reaches every reporter (no ``trainer=``).
 
 A reporter whose package is missing, whose run cannot be read, or whose writer cannot be made, is a warning: the
 training goes on.
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import logging
 
+from transformers import TrainerCallback
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
 from ..trackers.table import TRACKERS, requested
 from ..trackers.tracker import Tracker
 
 logger = logging.getLogger("tinymcf_callback")
 
 
-def reported_runs(args, trainer) -> dict[str, dict | None]:
+def reported_runs(args, trainer=None) -> dict[str, dict | None]:
     """The run each tracker of ``args.report_to`` has open in this process, by tracker name (None: none, or it could
     not be read, warned: a follower then needs it named, ``--mlflow-run`` say)."""
     runs = {}
@@ -32,7 +35,7 @@ def reported_runs(args, trainer) -> dict[str, dict | None]:
         if name not in TRACKERS:
             continue
         try:
-            runs[name] = TRACKERS[name].recorded(trainer)
+            runs[name] = TRACKERS[name].recorded(args, trainer)
         except Exception as e:  # noqa: BLE001 - a run that cannot be read costs the follower's default, not the training
             logger.warning("moral probe: the %s run the Trainer reports to could not be read (%s: %s); a tinymcf watch "
                            "or sweep of this run must be told which it is", name, type(e).__name__, e)
@@ -40,16 +43,32 @@ def reported_runs(args, trainer) -> dict[str, dict | None]:
     return runs
 
 
-def reporter_sinks(runs: dict[str, dict | None], trainer, key: str) -> list[Tracker]:
-    """What probe ``key`` gives each reporter of ``runs`` (:func:`reported_runs`) besides its numbers."""
-    sinks = []
+def reporter_sinks(runs: dict[str, dict | None], args, key: str, *, numbers: bool) -> list[Tracker]:
+    """What probe ``key`` gives each reporter of ``runs`` (:func:`reported_runs`); ``numbers``: its numbers too (no
+    ``Trainer.log`` carries them). Without ``numbers``, a reporter of ``report_to`` that gets none of them is said
+    once, naming ``trainer=``."""
+    sinks, failed = [], set()
     for name, run in runs.items():
         try:
-            sink = TRACKERS[name].in_training(trainer, key, run)
+            sink = TRACKERS[name].in_training(args, key, run, numbers=numbers)
         except Exception as e:  # noqa: BLE001 - a dashboard's extras must never stop the training
-            logger.warning("moral probe [%s]: %s gets the probe's numbers only (%s: %s)", key, name, type(e).__name__,
+            logger.warning("moral probe [%s]: %s gets %s (%s: %s)", key, name,
+                           "none of the probe's numbers" if numbers else "the probe's numbers only", type(e).__name__,
                            e)
+            failed.add(name)
             continue
         if sink is not None:
             sinks.append(sink)
+    reached = {sink.name for sink in sinks}
+    left = [name for name in requested(args.report_to) if name not in reached | failed and _shows_numbers(name)]
+    if numbers and left:
+        logger.warning("moral probe [%s]: report_to names %s, which the probe's numbers reach only through "
+                       "Trainer.log: pass trainer=trainer to MoralProbeCallback (they are in state.log_history)", key,
+                       ", ".join(left))
     return sinks
+
+
+def _shows_numbers(name: str) -> bool:
+    """Whether the Trainer's reporter ``name`` shows logged numbers (codecarbon and flyte take none)."""
+    reporter = INTEGRATION_TO_CALLBACK.get(name)
+    return reporter is None or reporter.on_log is not TrainerCallback.on_log
