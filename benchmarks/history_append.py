@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tinymcf_callback.results.history import newest_per_step
 from tinymcf_callback.rundir.curve import Curve
+from tinymcf_callback.rundir.history import newest_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 LINES = 10_000

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, fields
 
 from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
-from .results.sequential import check_sd_floor, check_until, check_width
-from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, GPU_BATCH_CAP
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
+from .stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
+from .stats.sequential import check_sd_floor, check_until, check_width
 
 
 def _positive_int_or_none(value, what: str, unit: str):

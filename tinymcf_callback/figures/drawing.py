@@ -21,8 +21,8 @@ import numpy as np
 from .._io import atomic_write_bytes
 from ..errors import HistoryError
 from ..extras import require
-from ..results.curves import History, Series
 from ..scoring.prompts import answer_format_of
+from ..views.curves import History, Series
 
 logger = logging.getLogger("tinymcf_callback")
 

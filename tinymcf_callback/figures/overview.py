@@ -18,8 +18,8 @@ import math
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import FOUNDATION_METRICS, History, Series, subset_label
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from ..views.curves import FOUNDATION_METRICS, History, Series, subset_label
 from .benchmark import draw_benchmark
 from .drawing import (
     BAND_ALPHA,

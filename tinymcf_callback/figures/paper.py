@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from ..scoring.prompts import answer_format_of
+from ..views.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from .benchmark import draw_benchmark
 from .drawing import (
     Labelled,
@@ -93,7 +93,7 @@ def chosen_metrics(histories: list[History], panels=None, metrics=None) -> list[
     """The metric keys of a paper figure, in order; ``None`` for the dashboard.
 
     ``panels``: panel groups (a comma-separated string or a list) of :data:`PANEL_GROUPS`; ``metrics``:
-    metric names (:func:`~tinymcf_callback.results.curves.metric_key`). Both given: the groups' metrics,
+    metric names (:func:`~tinymcf_callback.views.curves.metric_key`). Both given: the groups' metrics,
     then the others. Raises :class:`PlotOptionError` for an unknown group or metric.
     """
     groups, names = split_names(panels), split_names(metrics)

@@ -21,7 +21,7 @@ Two kinds of figure (:func:`draw`):
 
 What both draw with (run colours and markers, interval bands, the dose-response marks, the image
 formats) is in :mod:`~tinymcf_callback.figures.drawing`. Reading the histories needs only numpy
-(:mod:`tinymcf_callback.results.curves`); drawing needs matplotlib, the optional ``[plot]`` extra,
+(:mod:`tinymcf_callback.views.curves`); drawing needs matplotlib, the optional ``[plot]`` extra,
 imported when a figure is made.
 
 Which line is drawn when a history repeats itself (both rules are documented in the README):
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..results.curves import History, PlotOptionError, load_histories
+from ..views.curves import History, PlotOptionError, load_histories
 from .benchmark import benchmark_points
 from .drawing import image_format, save_figure
 from .overview import draw_dashboard

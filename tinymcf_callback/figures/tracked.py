@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import History, history_of
-from ..results.metrics import probe_key
+from ..stats.metrics import probe_key
+from ..views.curves import History, history_of
 from .drawing import RUN_COLOURS, RUN_MARKERS, Style, at_least, draw_series, require_matplotlib, zero_line
 
 SIZE = (10.0, 3.6)  # inches

@@ -10,7 +10,7 @@ one result of them all: the looks of a probe with a precision target
 ``evaluate``, the ``tinymcf eval`` command, the sweep and ``MoralProbeCallback`` all go through
 it: one code path for "score these prompts".
 
-Every report carries its uncertainty (:mod:`~tinymcf_callback.results.readout`), its
+Every report carries its uncertainty (:mod:`~tinymcf_callback.stats.readout`), its
 ``prompt_digest`` (which prompts were asked, so that ``compare`` can refuse two reports that
 asked different ones), its answer format, and what it was scored on and in which precision.
 """
@@ -27,8 +27,6 @@ import numpy as np
 
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
-from ..results.analysis import analyse
-from ..results.readout import HEADLINE_FIELDS, sanity_warnings
 from ..scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
 from ..scoring.engine import ScoreResult, run_batches
 from ..scoring.mode import probe_mode
@@ -44,6 +42,8 @@ from ..scoring.model_info import (
 from ..scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from ..scoring.ranks import Ranks
 from ..scoring.selfcheck import Memory, Rotation, score_checked
+from ..stats.analysis import analyse
+from ..stats.readout import HEADLINE_FIELDS, sanity_warnings
 
 logger = logging.getLogger("tinymcf_callback")
 

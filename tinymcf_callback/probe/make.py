@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ..config import ProbeConfig, make_config
-from ..results.text import sanity_lines
+from ..views.text import sanity_lines
 from .adaptive import AdaptiveProbe
 from .fixed import Probe
 

@@ -14,7 +14,7 @@ import re
 import warnings
 
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .stats import VignetteScores, paired_change, selectivity, vignette_scores
+from .bootstrap import VignetteScores, paired_change, selectivity, vignette_scores
 
 BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 

@@ -1,7 +1,7 @@
 """A history's curves: one :class:`History` per run file, numpy arrays per metric, ready to draw.
 
 Reading needs only numpy (drawing, in :mod:`tinymcf_callback.figures.plot`, needs matplotlib). The
-lines kept are the history's own rules (:mod:`~tinymcf_callback.results.history`): the current
+lines kept are the history's own rules (:mod:`~tinymcf_callback.rundir.history`): the current
 run, the last line of each step. Where a line carries interval bounds (``score_lo``/``score_hi``
 at the top level, ``align_other_lo``/``align_other_hi`` in a table row, ...) the curve has them.
 
@@ -32,8 +32,7 @@ import numpy as np
 
 from ..data.sets import FOUNDATIONS
 from ..errors import HistoryError, PlotOptionError
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .history import (
+from ..rundir.history import (
     DOSE_DIRECTIONS,
     DOSE_LINE_FIELDS,
     current_run,
@@ -45,7 +44,8 @@ from .history import (
     read_lines,
     resolve_history_path,
 )
-from .precision import Precision
+from ..rundir.precision import Precision
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 logger = logging.getLogger("tinymcf_callback")
 

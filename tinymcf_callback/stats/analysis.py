@@ -26,8 +26,8 @@ import pandas as pd
 
 from ..data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from .bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .readout import with_intervals
-from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 
 def _corr(a, b) -> float | None:

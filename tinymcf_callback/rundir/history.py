@@ -40,9 +40,9 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import BASELINE_EVENT, baseline_record, change_metrics, count_tests, probe_key, report_metrics
+from ..stats.metrics import BASELINE_EVENT, baseline_record, change_metrics, count_tests, probe_key, report_metrics
+from ..stats.readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .precision import Precision
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
 
 logger = logging.getLogger("tinymcf_callback")
@@ -138,7 +138,8 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
 
 def vignette_s(report: dict) -> dict:
     """Each vignette's ``s`` in the four conditions (``CONDITIONS`` order), as plain values: a history line holds
-    them so that any two of its steps compare paired, as two reports do (:func:`~.comparison.line_report`)."""
+    them so that any two of its steps compare paired, as two reports do
+    (:func:`~tinymcf_callback.views.comparison.line_report`)."""
     record = baseline_record(report, 0)
     return {k: record[k] for k in ("id", "foundation_coarse", "s")}
 
@@ -149,9 +150,9 @@ def probe_line(name: str, report: dict, *, baseline: dict | None = None, target:
 
     The one recipe from a report to what is logged and written, for the callback, :class:`ProbeLogger`,
     the sweep and the dose-response alike: ``line["metrics"]`` holds the logged names
-    (:func:`~tinymcf_callback.results.metrics.report_metrics`, then
-    :func:`~tinymcf_callback.results.metrics.change_metrics` against ``baseline``, a
-    :func:`~tinymcf_callback.results.metrics.baseline_record`; with a ``target`` foundation its selectivity).
+    (:func:`~tinymcf_callback.stats.metrics.report_metrics`, then
+    :func:`~tinymcf_callback.stats.metrics.change_metrics` against ``baseline``, a
+    :func:`~tinymcf_callback.stats.metrics.baseline_record`; with a ``target`` foundation its selectivity).
     """
     metrics = {**report_metrics(name, report), **change_metrics(name, baseline, report, target)}
     return history_line(name, report, metrics, step=step, epoch=epoch, event=event)

@@ -18,7 +18,7 @@ import pandas as pd
 from .._io import atomic_write_json
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
+from ..stats.readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)

@@ -17,7 +17,7 @@ used up: :class:`Schedule`.
 **The interval at a look.** The score is a stratified mean (the mean over the six real foundations of each one's
 ``align_other``), so its variance is the sum of the foundations' variances of their means. At a look each
 foundation's is computed exactly from its vignettes (:func:`moments`): the variance that the probe's bootstrap
-(:mod:`~tinymcf_callback.results.stats`, vignettes resampled within foundations, scaled by ``n / (n - 1)``)
+(:mod:`~tinymcf_callback.stats.bootstrap`, vignettes resampled within foundations, scaled by ``n / (n - 1)``)
 estimates by resampling, here without the resampling's noise, so that a stop does not depend on a random draw.
 A change since the baseline is the same over each vignette's difference (paired).
 
@@ -86,7 +86,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_rank
-from .stats import VignetteScores, t_cdf, t_quantile
+from .bootstrap import VignetteScores, t_cdf, t_quantile
 
 UNTIL = ("level", "change")  # what a precision target asks for: the score to within a width, or has it moved
 FIRST_LOOK = 2  # vignettes per foundation at the first look: the fewest with a spread to measure
@@ -262,7 +262,7 @@ def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_flo
     spread at least this much (its variance at least ``sd_floor**2 / n``): the remedy for sets where a few
     vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md). ``df``:
     ``"fewest"`` (the looks', see the module's docstring) or ``"welch"`` (Welch-Satterthwaite's, the fixed-size
-    intervals' of :mod:`~tinymcf_callback.results.stats`)."""
+    intervals' of :mod:`~tinymcf_callback.stats.bootstrap`)."""
     terms = []
     for f in REAL_FOUNDATIONS:
         rows = now.foundation_coarse == f

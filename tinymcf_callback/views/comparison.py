@@ -6,7 +6,7 @@ A report is a dict from ``evaluate`` / ``Probe.run``, or a JSON report: ``eval -
 ``eval_<name>_<tag>.json``, ``MoralProbeCallback`` writes ``checkpoint-<step>/moral_probe_<name>.json``
 and the step-0 ``moral_probe_<name>_baseline.json``. The change ``B - A`` of every headline and
 per-foundation metric gets an interval and a two-sided p-value from a paired bootstrap over
-vignettes (:func:`tinymcf_callback.results.stats.paired_change`): both reports are resampled with the same
+vignettes (:func:`tinymcf_callback.stats.bootstrap.paired_change`): both reports are resampled with the same
 vignettes, so what a vignette always does cancels out.
 
 A paired change means something only when both reports asked the model the same questions, so
@@ -30,11 +30,19 @@ import pandas as pd
 
 from ..data.sets import CONDITIONS
 from ..errors import CompareError
+from ..rundir.precision import Precision
+from ..rundir.report import PRECISION_FIELDS, answer_format, check_report, load_report
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .precision import Precision
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
-from .report import PRECISION_FIELDS, answer_format, check_report, load_report
-from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, selectivity, vignette_scores
+from ..stats.bootstrap import (
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    HEADLINE,
+    METRICS,
+    paired_change,
+    selectivity,
+    vignette_scores,
+)
+from ..stats.readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
 _SHOWN_IDS = 3
@@ -189,7 +197,7 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
     also holds ``"selectivity"``: ``{"target", "off_target_foundations", "on_target", "off_target",
     "selectivity"}``, each of the last three ``{"change", "lo", "hi", "p"}``: the target's
     ``align_other`` change, the mean change of the other real foundations, and their difference
-    (:func:`~tinymcf_callback.results.stats.selectivity`, the same paired resamples).
+    (:func:`~tinymcf_callback.stats.bootstrap.selectivity`, the same paired resamples).
     """
     a, b = (load_report(r) if isinstance(r, (str, Path)) else check_report(r, label)
             for r, label in zip((report_a, report_b), labels, strict=True))

@@ -1,7 +1,7 @@
 """The report a probe returns, built from its scored prompts: the analysis, its intervals, its warnings.
 
-Pure pandas/numpy on top of :mod:`~tinymcf_callback.results.analysis` and
-:mod:`~tinymcf_callback.results.stats`: the per-foundation table gets ``<metric>_lo`` /
+Pure pandas/numpy on top of :mod:`~tinymcf_callback.stats.analysis` and
+:mod:`~tinymcf_callback.stats.bootstrap`: the per-foundation table gets ``<metric>_lo`` /
 ``<metric>_hi`` columns, the headline numbers (``score``, ``gap``, ``sn`` and
 ``score_minus_sn``, the score's distance from the Social Norms control) their bounds, and the
 report its sanity warnings (little answer mass, no answer in the sample's top 3, a low
@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .stats import METRICS, bootstrap_intervals, vignette_scores
+from .bootstrap import METRICS, bootstrap_intervals, vignette_scores
 
 # The headline numbers and their bounds, as named in the report dict, the JSON report and the history line.
 HEADLINE_FIELDS = ("score", "score_lo", "score_hi", "gap", "gap_lo", "gap_hi", "sn", "sn_lo", "sn_hi",
