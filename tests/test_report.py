@@ -24,9 +24,9 @@ from tinymcf_callback.probe import Probe
 from tinymcf_callback.rundir.history import history_line
 from tinymcf_callback.rundir.report import SCHEMA_VERSION, report_to_json
 from tinymcf_callback.scoring.engine import ScoreResult
+from tinymcf_callback.stats.analysis import HEADLINE_FIELDS
 from tinymcf_callback.stats.bootstrap import METRICS, t_quantile
 from tinymcf_callback.stats.metrics import LOGGED_HEADLINE, report_metrics, slug
-from tinymcf_callback.stats.readout import HEADLINE_FIELDS
 from tinymcf_callback.views.curves import load_history
 from tinymcf_callback.views.text import sanity_lines
 

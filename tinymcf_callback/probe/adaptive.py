@@ -71,8 +71,7 @@ class AdaptiveProbe:
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
-        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-        self.config = config = make_config(config, **given, **settings)
+        self.config = config = make_config(config, name, limit, **settings)
         if config.until is None:
             raise ConfigError("an AdaptiveProbe needs until='level' or 'change'; Probe(tok, name) asks a fixed set")
         # every candidate's prompts, formatted and tokenised once: the looks are slices of them
@@ -119,7 +118,7 @@ class AdaptiveProbe:
         if batches is not None:
             raise ConfigError("a probe with a precision target (until=) scores look by look: batches= does not apply")
         seq, until, notes, candidates = self.sequential, self.config.until, [], self.candidates
-        before = self._baseline_rows(baseline, notes)
+        before = self._baseline_rows(baseline)
         covered = -1 if before is None else self._looks_covered(before, notes)
         if covered < 0:
             before = None
@@ -159,7 +158,7 @@ class AdaptiveProbe:
             raise ConfigError(f"the baseline cannot be paired with this probe: {why}")
         return baseline
 
-    def _baseline_rows(self, baseline: dict | None, notes: list[str]) -> VignetteScores | None:
+    def _baseline_rows(self, baseline: dict | None) -> VignetteScores | None:
         """The baseline's scores of the candidates, in the candidates' order (NaN where it did not score one)."""
         if baseline is None:
             return None

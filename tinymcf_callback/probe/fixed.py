@@ -10,7 +10,7 @@ one result of them all: the looks of a probe with a precision target
 ``evaluate``, the ``tinymcf eval`` command, the sweep and ``MoralProbeCallback`` all go through
 it: one code path for "score these prompts".
 
-Every report carries its uncertainty (:mod:`~tinymcf_callback.stats.readout`), its
+Every report carries its uncertainty (:mod:`~tinymcf_callback.stats.analysis`), its
 ``prompt_digest`` (which prompts were asked, so that ``compare`` can refuse two reports that
 asked different ones), its answer format, and what it was scored on and in which precision.
 """
@@ -18,15 +18,20 @@ asked different ones), its answer format, and what it was scored on and in which
 from __future__ import annotations
 
 import logging
+import platform
 import time
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
+import torch
+import transformers
 
+from .._version import __version__
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
+from ..rundir.report import BACKEND_FIELDS
 from ..scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
 from ..scoring.engine import ScoreResult, run_batches
 from ..scoring.mode import probe_mode
@@ -42,8 +47,7 @@ from ..scoring.model_info import (
 from ..scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from ..scoring.ranks import Ranks
 from ..scoring.selfcheck import Memory, Rotation, score_checked
-from ..stats.analysis import analyse
-from ..stats.readout import HEADLINE_FIELDS, sanity_warnings
+from ..stats.analysis import HEADLINE_FIELDS, analyse, sanity_warnings
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -78,8 +82,7 @@ class Probe:
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
-        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-        self.config = config = make_config(config, **given, **settings)
+        self.config = config = make_config(config, name, limit, **settings)
         if config.until is not None:
             raise ConfigError(f"Probe asks a fixed set of vignettes, and until={config.until!r} is a precision "
                               "target: make_probe(tok, config) (or AdaptiveProbe) builds the probe that asks until "
@@ -286,26 +289,15 @@ def scorer_of(model) -> Callable | None:
 
 
 def local_backend() -> dict:
-    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s)."""
-    import transformers
-
-    return {"kind": "transformers", "version": transformers.__version__, "url": None, "served_model": None,
-            "form": "forward", "exact": True, "logprobs_mode": "raw", "pinned_diff": None, "template": "local",
-            "requests": 0, "retries": 0, "concurrency": None, "batch": None, "check_form": None,
-            "weight_version": None, "device": None, "dtype": None, "reload_check": None, "p_yes_bound": None,
-            "mass_bound": None}
+    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s): every field of
+    :data:`~tinymcf_callback.rundir.report.BACKEND_FIELDS`, null where a server's would say something."""
+    return {**dict.fromkeys(BACKEND_FIELDS), "kind": "transformers", "version": transformers.__version__,
+            "form": "forward", "exact": True, "logprobs_mode": "raw", "template": "local", "requests": 0, "retries": 0}
 
 
 def versions() -> dict[str, str]:
     """What made a report: this package's version, torch's, transformers' and Python's (a served report's server
     says its own in ``info.backend.version``)."""
-    import platform
-
-    import torch
-    import transformers
-
-    from .._version import __version__
-
     return {"tinymcf_callback": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 

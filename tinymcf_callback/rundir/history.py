@@ -40,10 +40,18 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from ..stats.metrics import BASELINE_EVENT, baseline_record, change_metrics, count_tests, probe_key, report_metrics
-from ..stats.readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
+from ..stats.analysis import HEADLINE_FIELDS, INTERVAL_SETTINGS
+from ..stats.metrics import (
+    BASELINE_EVENT,
+    answer_format,
+    baseline_record,
+    change_metrics,
+    count_tests,
+    probe_key,
+    report_metrics,
+)
 from .precision import Precision
-from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
+from .report import PRECISION_FIELDS, REPORT_FIELDS, headline_fields, json_records
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -420,7 +428,7 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
     if line["step"] < 0:
         raise HistoryError(f"{path}:{lineno}: step {line['step']} is negative")
     try:
-        answer_format_of(line_format(line))
+        answer_format_of(answer_format(line))
     except ValueError:
         raise HistoryError(f"{path}:{lineno}: {hint}: unknown answer_format {line['answer_format']!r}") from None
     for row in line["table"]:
@@ -480,11 +488,6 @@ def last_line_per_step(path: Path, lines: list[tuple[int, dict]]) -> list[tuple[
             more = "" if len(set(steps)) <= _SHOWN_STEPS else ", ..."
             logger.warning("%s: step(s) %s%s %s; drawing the last line of each", path, shown, more, why)
     return [by_step[s] for s in sorted(by_step)]
-
-
-def line_format(line: dict) -> str:
-    """The answer format of a history line; lines written before formats existed are Yes/No."""
-    return line.get("answer_format", DEFAULT_ANSWER_FORMAT)
 
 
 def line_precisions(kept: list[tuple[int, dict]]) -> dict[Precision, int]:

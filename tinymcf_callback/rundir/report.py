@@ -18,7 +18,7 @@ import pandas as pd
 from .._io import atomic_write_json
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from ..stats.readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
+from ..stats.analysis import HEADLINE_FIELDS, INTERVAL_SETTINGS, finite
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
@@ -229,7 +229,7 @@ def report_to_json(report: dict, **extra) -> dict:
 
 def headline_fields(report: dict) -> dict:
     """``HEADLINE_FIELDS`` then ``INTERVAL_SETTINGS`` of a report, NaN as ``None`` (JSON report, history line)."""
-    out = {k: _number(report.get(k)) for k in HEADLINE_FIELDS}
+    out = {k: finite(report.get(k)) for k in HEADLINE_FIELDS}
     out.update({k: report.get(k) for k in INTERVAL_SETTINGS})
     return out
 
@@ -309,11 +309,6 @@ def _check_types(record: dict, fields: dict, label: str) -> None:
         if not ok:
             raise CompareError(f"{label}: {name!r} is {value!r}, not a {kind}; the file was edited or is not a probe "
                                f"report: score the model again (tinymcf eval)")
-
-
-def answer_format(report: dict) -> str:
-    """The answer format a report was scored in; reports written before formats existed are Yes/No."""
-    return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
 
 
 def write_report(path, report: dict, **extra) -> Path:

@@ -26,7 +26,7 @@ instead of a verdict it cannot give.
 **Where the model stops answering.** At large coefficients a steered model may no longer say Yes or
 No; its P(Yes) is then renormalised from a small mass and its numbers are soft. Every coefficient's
 Yes+No mass and frame agreement are kept, and a coefficient whose mean mass is below
-:data:`~tinymcf_callback.stats.readout.MIN_YN_MASS` is flagged (``answering`` false).
+:data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged (``answering`` false).
 
 The history (``<output_dir>/moral_probe_<name>_dose.jsonl``) holds the usual history lines with
 ``coefficient``, ``direction`` (``none`` for the unsteered line, ``real``, ``random``) and
@@ -53,9 +53,9 @@ import pandas as pd
 from ..errors import ConfigError
 from ..probe import Probe
 from ..rundir.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
+from ..stats.analysis import MIN_YN_MASS
 from ..stats.bootstrap import paired_change, vignette_scores
 from ..stats.metrics import baseline_record
-from ..stats.readout import MIN_YN_MASS
 from .directions import random_directions
 from .hooks import ResidualSteering
 

@@ -39,13 +39,13 @@ from ..rundir.history import (
     is_dose_history,
     is_point,
     last_line_per_step,
-    line_format,
     line_precisions,
     read_lines,
     resolve_history_path,
 )
 from ..rundir.precision import Precision
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from ..stats.metrics import answer_format
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -351,9 +351,9 @@ def _check_one_set(path: Path, lines: list[tuple[int, dict]]) -> tuple[str, str]
     names = sorted({line["name"] for _, line in lines})
     if len(names) > 1:
         raise HistoryError(f"{path} mixes vignette sets {names}: a history holds one set (moral_probe_<name>.jsonl)")
-    formats = sorted({line_format(line) for _, line in lines})
+    formats = sorted({answer_format(line) for _, line in lines})
     if len(formats) > 1:
-        first = {f: next(n for n, line in lines if line_format(line) == f) for f in formats}
+        first = {f: next(n for n, line in lines if answer_format(line) == f) for f in formats}
         shown = " and ".join(f"{f!r} (first at line {n})" for f, n in first.items())
         raise HistoryError(f"{path} mixes answer formats {shown}: P(Yes) and P(true) are different readings, so "
                            f"one curve cannot hold both; a history holds one format (moral_probe_<name>.jsonl for "
@@ -430,7 +430,7 @@ def history_of(lines: list[dict], path: Path, label: str | None = None) -> Histo
     precisions = line_precisions(kept)
     precision = next(iter(precisions)) if len(precisions) == 1 else None
     return History(path=path, label=label or run_label(path), name=last["name"], steps=np.array(sorted(newest),
-                   dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=line_format(last),
+                   dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=answer_format(last),
                    precision=precision, subset=_subset(kept))
 
 

@@ -12,11 +12,10 @@ table only.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ..data.sets import CONDITIONS
+from ..stats.analysis import finite
 
 ROW_COLUMNS = ("step", "id", "foundation", "foundation_coarse", "text", *(f"s_{c}" for c in CONDITIONS),
                "align_other", "align_self", "yn_mass")
@@ -36,23 +35,19 @@ def vignette_rows(report: dict, step: int, texts: dict[str, str] | None = None) 
     first = sc.drop_duplicates("id").set_index("id")
     rows = []
     for vid in first.index:
-        s = {c: _plain(wide.at[vid, c]) for c in CONDITIONS}
+        s = {c: finite(wide.at[vid, c]) for c in CONDITIONS}
         rows.append({"step": int(step), "id": str(vid), "foundation": str(first.at[vid, "foundation"]),
                      "foundation_coarse": str(first.at[vid, "foundation_coarse"]),
                      "text": (texts or {}).get(str(vid)), **{f"s_{c}": s[c] for c in CONDITIONS},
                      "align_other": _difference(s["other_violate"], s["other_uphold"]),
                      "align_self": _difference(s["self_violate"], s["self_uphold"]),
-                     "yn_mass": _plain(mass.mean().get(vid))})
+                     "yn_mass": finite(mass.mean().get(vid))})
     return rows
 
 
 def vignette_texts(vignettes: list[dict]) -> dict[str, str]:
     """id -> the vignette's original text (``other_violate``), from a probe's vignettes."""
     return {str(v["id"]): str(v.get("other_violate") or "") for v in vignettes}
-
-
-def _plain(x) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
 def _difference(a: float | None, b: float | None) -> float | None:
