@@ -193,8 +193,7 @@ def test_numbering_counts_the_current_run_as_a_whole_read_does_reading_only_what
     assert seen == [0, 1, 2, 2, 3, 4, 4, 5, 0, 1, 2]
     from tinymcf_callback.rundir import curve as curve_module
 
-    for module, name in ((history_module, "read_lines"), (curve_module, "read_lines"),
-                         (history_module, "newest_per_step")):
+    for module, name in ((history_module, "read_lines"), (curve_module, "read_lines")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("read the whole history"))
     numbered = c.number(with_test(3))
     assert numbered["metrics"]["eval_moral_scifi/score_change_p_run"] == pytest.approx(0.01 * 3 * 4)  # test 3

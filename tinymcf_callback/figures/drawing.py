@@ -1,12 +1,10 @@
-"""What the dashboard (:mod:`.dashboard`) and the paper figure (:mod:`.paper`) both draw with.
+"""What the dashboard (:mod:`.overview`) and the paper figure (:mod:`.paper`) both draw with.
 
-Drawing needs matplotlib, the optional ``[plot]`` extra, imported when a figure is made
-(:func:`require_matplotlib`). Colours are the Okabe-Ito palette, chosen to stay distinct under the
-common colour-vision deficiencies; each run also gets its own marker (:func:`run_styles`), so a grey
-print still tells runs apart. A curve with interval bounds gets a translucent band, a lone interval
-a bar (:func:`draw_series`). A dose-response history adds the random directions' range as a grey band
-with their median as a thin grey line (:func:`draw_random`) and an ``x`` where the model stopped
-answering (:func:`draw_not_answering`). :func:`save_figure` writes PNG, SVG or PDF by the file's suffix.
+Matplotlib is the optional ``[plot]`` extra, imported when a figure is made (:func:`require_matplotlib`). Runs get
+the Okabe-Ito colours (distinct under the common colour-vision deficiencies) and a marker each (:func:`run_styles`),
+so a grey print still tells them apart; an interval is a translucent band, a lone one a bar (:func:`draw_series`);
+a dose-response history adds the random directions' band (:func:`draw_random`) and an ``x`` where the model
+stopped answering (:func:`draw_not_answering`).
 """
 
 from __future__ import annotations

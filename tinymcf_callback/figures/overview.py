@@ -1,14 +1,9 @@
 """The dashboard, the default figure of ``tinymcf plot``: every panel, several runs overlaid, 15 in wide.
 
-For looking at a run. Against the training step (a dose-response history: against the steering
-coefficient) it draws, in three rows: the headline score with the Social Norms control, the score
-minus the control and the self-other gap (:func:`draw_headline`); ``align_other`` (solid) and
-``align_self`` (dashed) per foundation present, four to a row (:func:`draw_foundations`); and the
-sanity figures: the answer mass (``yn_mass``, mean and min), frame agreement and, when the set has
-human ratings, the correlation with them (:func:`draw_sanity`). Several runs are overlaid, one colour
-(and marker) each, named in the legend of the top right slot (:func:`draw_legend`) with the line
-styles, the interval level and the dose-response marks. A panel with no value at any step says why
-instead of staying blank; the alignment panels span at least 0.2, so noise-sized changes look flat.
+Three rows: the headline (:func:`draw_headline`), ``align_other`` and ``align_self`` per foundation
+(:func:`draw_foundations`) and the sanity figures (:func:`draw_sanity`), the runs and the line styles in the top
+right slot (:func:`draw_legend`). A panel with no value says why instead of staying blank (docs/cli.md, "The
+dashboard").
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """A paper figure (``tinymcf plot --panels ...`` or ``--metrics ...``): the chosen panels only, sized for print.
 
-The chosen panel groups (``headline``, ``foundations``, ``sanity``: :data:`PANEL_GROUPS`) or metrics
-only (:func:`chosen_metrics`), one journal column wide (``width``, 3.4 in by default), 8 pt text, the
-estimate in blue with a ``///``-hatched interval and the Social Norms control in orange with a
-``\\\\\\``-hatched one, a zero line, axis labels and one legend below. A metric with no value at any
-point of any run is left out (with a warning), never drawn blank (:func:`paper_panels`). Several runs
-are small multiples, one column per run with a shared y axis per row (``overlay=True``: on one axis,
-one colour per run, lighter bands without hatching). A dose-response history is drawn against the
-steering coefficient, with the random directions' range in grey and an ``x`` where the model stopped
-answering. A PNG is written at :data:`PAPER_DPI`.
+The chosen panel groups (:data:`PANEL_GROUPS`) or metrics (:func:`chosen_metrics`), one journal column wide, the
+estimate and the control told apart by colour and hatching in grey print too; a metric with no value in any run is
+left out with a warning (:func:`paper_panels`); several runs are small multiples, or overlaid. What it draws:
+docs/cli.md, "A paper figure".
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """A probe with a precision target: scored look by look until it knows enough.
 
-``AdaptiveProbe(tok, "scifi", until="change", width=0.05)`` (or :func:`~tinymcf_callback.probe.make_probe`, which
-builds it whenever the settings name ``until``) holds every candidate vignette in one
-:class:`~tinymcf_callback.probe.fixed.Probe` (``candidates``: their prompts formatted and tokenised once, the
-order's digest) and asks them in the seeded, foundation-balanced order of :mod:`tinymcf_callback.stats.sequential`.
-Each look is a slice of that one encoding: the candidates' probe scores the prompts of the vignettes it adds
-(``rows=``), batched on their own, checked with the probe's one rotation and memory, at their indices of one
-result of every candidate. The looks are stepped by :meth:`~tinymcf_callback.stats.sequential.Sequential.step`,
-the loop the simulations run too, which puts the interval together and stops once it says what was asked. The
-report is then the report of ``per_foundation=k`` (the vignettes asked: the first ``k`` of each foundation in that
-order), every interval in it built at the per-look level that makes the looks hold together, plus
-``info["adaptive"]``: what was asked, each look, why it stopped.
-
-In float32 the stopped report's numbers are ``per_foundation=k``'s. In bfloat16 (or float16) a prompt's P(Yes)
-moves with the batch it is in, and the looks batch their prompts apart, so the numbers may differ from
-``per_foundation=k`` scored at once by that batch spread (``info.adaptive.batched_by_look`` says so, and the
-report warns).
+``AdaptiveProbe(tok, "scifi", until="change", width=0.05)`` (or :func:`~tinymcf_callback.probe.make_probe`) holds
+every candidate vignette in one :class:`~tinymcf_callback.probe.fixed.Probe` (``candidates``: their prompts
+formatted and tokenised once) and asks them in the order of :mod:`tinymcf_callback.stats.sequential`: each look
+scores the prompts of the vignettes it adds, a slice of that one encoding, and
+:meth:`~tinymcf_callback.stats.sequential.Sequential.step` decides the stop. The report is that of
+``per_foundation=k`` (the vignettes asked), every interval at the per-look level, plus ``info["adaptive"]``. In a
+half precision the looks' separate batches may move the numbers by the batch spread (``batched_by_look``; the
+report warns). The method: docs/statistics.md; the API: docs/python.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """One probe's curve in a run folder: the history file and the baseline report beside it, written one way by all.
 
 The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` (inside the training), the sweep and the
-watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here,
-once:
-
-- **where**: ``moral_probe_<name>.jsonl`` (``..._<name>_json.jsonl`` with JSON answers) and
-  ``moral_probe_<name>_baseline.json`` beside it (:func:`~tinymcf_callback.rundir.history.history_path`);
-- **what the history holds** (:meth:`Curve.read`, a :class:`HistoryView`): the current run's lines on its
-  current branch, and its resume marks;
-- **the saved baseline** (:meth:`Curve.saved_baseline`): the baseline report beside the history, used for the
-  change since step 0 only when it asked this probe's prompts (the same prompt digest); otherwise, or when it
-  cannot be read, the reason why no change is logged (said, never silently dropped);
-- **the baseline report** (:meth:`Curve.append` with ``baseline=``): written with every baseline line, before
-  it (a line without its report misleads), so that the report beside the history is always the current run's
-  step 0; a report already there from an earlier run or scoring is set aside
-  (:func:`~tinymcf_callback.rundir.history.set_aside`), never overwritten or deleted;
-- **the resume marks** (:meth:`HistoryView.resume_line`): when a training resumed from step K and the history
-  holds later steps of the branch it abandoned, one resume line per attempt sets them aside;
-- **numbering** (:meth:`Curve.number`): a line's run-level change p, its test the next of the current run's
-  (:func:`~tinymcf_callback.stats.metrics.with_run_level`), counted by the history's
-  :class:`~tinymcf_callback.rundir.history.CurrentRun`, which reads only what was appended since its last look;
-- **appending** (:meth:`Curve.append`): one line at a time under the history's lock
-  (:func:`~tinymcf_callback.rundir.history.append_line`), what an earlier write could not write first, in order;
-  neither it nor numbering re-reads the history, so a line costs the same at line 10,000 as at line 10.
-  A line that cannot be written is kept and written first at the next append (the retry); the caller hears of it
-  (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
+watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here, once:
+what the history holds (:meth:`Curve.read`: the current run's lines on its current branch, and its resume marks);
+the saved baseline, used for the change since step 0 only when it asked this probe's prompts, else the reason why
+(:meth:`Curve.saved_baseline`); the baseline report, written before every baseline line, one already there set aside,
+never overwritten; the resume marks (:meth:`HistoryView.resume_line`); a line's run-level change p, counted by the
+history's :class:`~tinymcf_callback.rundir.history.CurrentRun` (:meth:`Curve.number`); and appending
+(:meth:`Curve.append`). Neither numbering nor appending re-reads the history, so a line costs the same at line
+10,000 as at line 10. A line that cannot be written is kept and written first at the next append; the caller hears of
+it (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
 """
 
 from __future__ import annotations

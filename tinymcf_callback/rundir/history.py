@@ -1,29 +1,12 @@
 """The history file: ``<output_dir>/moral_probe_<name>.jsonl``, one line per probe, the run's whole curve.
 
-This module owns the format. The callback appends a line at every probe, the checkpoint sweep
-appends lines for runs trained without it, and the plot and the sweep read them back; all of
-them go through here:
-
-- where the file is (:func:`history_path`; ``moral_probe_<name>_json.jsonl`` with JSON answers, so
-  one history holds one answer format), and the step-0 report beside it (:func:`baseline_path`);
-- what a line holds (:func:`history_line`) and how it is checked when read (:func:`check_line`);
-- appending (:func:`append_line`): one line at a time, under a file lock, so two writers (the
-  callback and a sweep of the same folder) never tear it, and a crash leaves at most a torn last
-  line, which reading skips (:func:`read_lines`);
-- the current run kept up to date as lines are appended (:class:`CurrentRun`): only what was appended since the
-  last look is read, so an append costs the same at line 10,000 as at line 10;
-- setting a history and its baseline report aside (:func:`set_aside`): renamed ``<file>.set-aside-<time>``, a
-  number added when that name is taken, never replacing a file (two ``--restart`` in one second keep both);
-- which lines belong to the current run (:func:`current_run`): a baseline line (event
-  ``train_begin``) after other lines starts a new run written into the same folder; a resume line
-  (event ``resumed``, at the step the training resumed from) sets aside the lines of later steps
-  written before it, the branch the resumed run abandoned; and, within it, the last line of a step
-  logged twice wins (:func:`last_line_per_step`): a checkpoint saved again with other weights is
-  scored again, and its new line (which names the old one's fingerprint in ``replaces``) supersedes it.
-
-Every line records what it scored: ``fingerprint``, a digest of the checkpoint's weight files
-(:func:`~tinymcf_callback.rundir.checkpoints.fingerprint`), or null when no saved checkpoint was
-scored (the live model between two saves).
+This module owns the format, and every writer (the callback, the sweep, the watcher) and reader (the plot, the
+sweep) goes through it: where the file is (:func:`history_path`, and the step-0 report beside it,
+:func:`baseline_path`), what a line holds (:func:`history_line`, checked when read: :func:`check_line`), appending one
+line under a file lock so two writers never tear it (:func:`append_line`), which lines are the current run
+(:func:`current_run`, and :class:`CurrentRun`, kept up to date by reading only what was appended), the last line of a
+step logged twice (:func:`last_line_per_step`) and setting a history aside, never replacing a file
+(:func:`set_aside`). The fields and every reader's rules: docs/formats.md, "The history".
 """
 
 from __future__ import annotations
@@ -206,7 +189,7 @@ def append_line(path: str | os.PathLike, line: dict, *, once: bool = False, run:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=LOCK_TIMEOUT_S):
         if once and path.exists():
-            newest = run.catch_up().newest if run is not None else newest_per_step(path)
+            newest = (run or CurrentRun(path)).catch_up().newest
             if same_record(newest.get(line["step"]), line):
                 return False
         append_jsonl(path, line)
@@ -320,17 +303,6 @@ def _move_unless_taken(path: Path, target: Path) -> bool:
         return True
     os.unlink(path)
     return True
-
-
-def newest_per_step(path: Path) -> dict[int, dict]:
-    """The current run's newest line of each step in the history at ``path`` ({} when it has no line yet)."""
-    try:
-        lines = read_lines(path)
-    except HistoryError as e:
-        if "is empty" in str(e):
-            return {}
-        raise
-    return {line["step"]: line for _, line in current_run(path, lines, warn=False)}
 
 
 def same_record(old: dict | None, new: dict) -> bool:

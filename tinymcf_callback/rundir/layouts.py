@@ -1,44 +1,12 @@
 """The folders a training run saves its models in, by the trainer that wrote them: one rule for the sweep and the
 watcher of which folders there are, which are complete, and what each holds.
 
-A run folder is read in the first layout below that it holds (each found by its folder names and what they hold):
-
-=============  ===========================================  ===================================================
-layout         a save                                       complete when
-=============  ===========================================  ===================================================
-``trainer``    ``checkpoint-<N>/`` (Hugging Face Trainer,   its ``trainer_state.json`` (written last) parses; in a run
-               TRL, a loop using its naming)                whose checkpoints hold none, its files are steady
-``verl``       ``global_step_<N>/actor/``: the rank shards  ``latest_checkpointed_iteration.txt`` (written last)
-               ``model_world_size_<W>_rank_<R>.pt`` and     names N or later; without it (``async_save``) every
-               ``huggingface/`` (config, tokenizer; the     rank's shard is there and steady
-               weights too with ``save_contents: hf_model``)
-``openrlhf``   ``global_step<N>_hf/`` (``--save_hf_ckpt``)  config, weights and tokenizer (written last) there and
-                                                            steady
-``nemo-rl``    ``step_<N>/`` (``tmp_step_<N>`` renamed when  its name (``tmp_step_<N>`` never is); its weights a torch
-               done); ``policy/weights/`` a torch           distributed checkpoint with ``.metadata``
-               distributed checkpoint
-``torchtitan`` ``step-<N>/``: a torch distributed           ``.metadata`` (written last); an export: its index and
-               checkpoint, or its HF export (safetensors     every shard it names, steady
-               and index, no config)
-``plain``      ``save_pretrained`` folders named            config, weights (every shard of an index) there and
-               ``step_<N>``, ``step-<N>``, ``iter_<N>``,    steady
-               ``checkpoint_<N>``, ...
-=============  ===========================================  ===================================================
-
-"Steady" is one rule for every layout without a completion marker: the save's files are all there and none has
-changed for ``settle`` seconds (the newest file time at least that old), so a sweep after the fact and a watcher
-during the run accept and refuse the same folders. What the model needs from elsewhere is named on the save:
-verl's rank shards take their config from ``huggingface/``; a torch distributed checkpoint (NeMo-RL, torchtitan)
-and torchtitan's export take the architecture from the run's starting model (``--base-model``).
-
-**The table.** Each row above is one :class:`Layout` record in :data:`LAYOUTS`: how its saves are found (``find``: a
-run folder's subfolder to its step and the folder its model is read from), when one is complete and what it holds
-(``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or None), and the weight formats it brings
-(``formats``: each a :class:`~tinymcf_callback.rundir.checkpoints.Format`, its weight files and what loading it
-needs). The sweep, the watcher, the planner, the fingerprint and the loader all read this table; adding a trainer's
-layout is one record passed to :func:`register_layout` (tried before ``plain``, the catch-all) and its test
-(``tests/test_layouts.py``; docs/development.md says how). A layout whose saves hold a format of its own brings
-that format's record, its loader with it.
+Each trainer's layout (``trainer``, ``verl``, ``openrlhf``, ``nemo-rl``, ``torchtitan``, and ``plain``, the
+catch-all) is one :class:`Layout` record of :data:`LAYOUTS`, tried in order: how its saves are found (``find``),
+when one is complete and what it holds (``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or
+None) and the weight formats it brings. A save without a completion marker counts once it is "steady" (no file
+changed for ``settle`` seconds), one rule for a sweep after the fact and a watcher during the run. The layouts'
+table: docs/rl.md; adding one (:func:`register_layout`): docs/development.md.
 """
 
 from __future__ import annotations

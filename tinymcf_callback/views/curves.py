@@ -1,23 +1,11 @@
 """A history's curves: one :class:`History` per run file, numpy arrays per metric, ready to draw.
 
-Reading needs only numpy (drawing, in :mod:`tinymcf_callback.figures.plot`, needs matplotlib). The
-lines kept are the history's own rules (:mod:`~tinymcf_callback.rundir.history`): the current
-run, the last line of each step. Where a line carries interval bounds (``score_lo``/``score_hi``
-at the top level, ``align_other_lo``/``align_other_hi`` in a table row, ...) the curve has them.
-
-A **dose-response history** (``moral_probe_<key>_dose.jsonl``, read with ``x="coefficient"``) has
-the same lines plus ``coefficient`` (float), ``direction`` (``"none"`` for the unsteered c=0
-line, ``"real"`` or ``"random"``), ``direction_index`` (0..k-1 for the random directions) and
-optionally ``answering`` (false: Yes+No mass fell below 0.5 there). Its ``step`` is only the
-line's index in the sweep: its lines are grouped by (direction, direction_index, coefficient),
-the last line of a repeated key winning, never by step. Its :class:`History` is the real
-direction's curve against the coefficient (the unsteered line at c=0 included), with one
-:class:`History` per random direction in ``random`` and their min/max/median envelope from
-:meth:`History.random_envelope`.
-
-Metrics are named by one string each (:func:`metric_key`): ``score``, ``sn``,
-``score_minus_sn``, ``gap``; ``align_other:<foundation>`` and ``align_self:<foundation>``;
-``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``.
+Reading needs only numpy (drawing, :mod:`tinymcf_callback.figures`, needs matplotlib). The lines kept are the
+history's own rules (:mod:`~tinymcf_callback.rundir.history`: the current run, the last line of each step); a line's
+interval bounds become the curve's. A dose-response history (``moral_probe_<key>_dose.jsonl``, ``x="coefficient"``)
+is the real direction's curve against the coefficient, with one :class:`History` per random direction and their
+envelope (:meth:`History.random_envelope`). Metrics are named by one string each (:func:`metric_key`). What is drawn
+from which lines: docs/cli.md, ``tinymcf plot``.
 """
 
 from __future__ import annotations
@@ -254,18 +242,13 @@ def _check_x(x: str) -> str:
     return x
 
 
-def is_dose_name(path: Path) -> bool:
-    """Whether ``path`` is named like a dose-response history (``moral_probe_<key>_dose.jsonl``)."""
-    return is_dose_history(path)
-
-
 def resolve_curve_path(path: str | Path, x: str = "step") -> Path:
     """The history ``path`` names, as :func:`resolve_history_path`; a run folder holding both a training history and
     a dose-response one gives the dose file with ``x="coefficient"`` and the other with ``x="step"``."""
     path = Path(path)
     if path.is_dir():
         found = sorted(path.glob("moral_probe_*.jsonl"))
-        wanted = [p for p in found if is_dose_name(p) == (x == "coefficient")]
+        wanted = [p for p in found if is_dose_history(p) == (x == "coefficient")]
         if len(found) > 1 and len(wanted) == 1:
             return wanted[0]
     return resolve_history_path(path)
@@ -391,7 +374,11 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     label = label or run_label(path)
     if x == "step":
         kept = last_line_per_step(path, current_run(path, lines))
-        return _training_history(path, label, name, fmt, kept, _warn_precisions(path, kept))
+        precision = _warn_precisions(path, kept)
+        _warn_subsets(path, kept)
+        return History(path=path, label=label, name=name, steps=np.array([line["step"] for _, line in kept],
+                       dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=fmt,
+                       precision=precision, subset=_subset(kept))
     groups = dose_lines(path, current_run(path, lines))
     unsteered = groups.pop(("none", 0), [])
     real = _with_unsteered(unsteered, groups.pop(("real", 0), []))
@@ -407,14 +394,6 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     return History(path=path, label=label, name=name, steps=_coefficients(real), **_curves(path, real),
                    level=interval_level(real), answer_format=fmt, precision=_warn_precisions(path, everything), x=x,
                    answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
-
-
-def _training_history(path: Path, label: str, name: str, fmt: str, kept: list[tuple[int, dict]],
-                      precision: Precision | None) -> History:
-    _warn_subsets(path, kept)
-    return History(path=path, label=label, name=name, steps=np.array([line["step"] for _, line in kept], dtype=float),
-                   **_curves(path, kept), level=interval_level(kept), answer_format=fmt, precision=precision,
-                   subset=_subset(kept))
 
 
 def history_of(lines: list[dict], path: Path, label: str | None = None) -> History:
