@@ -25,8 +25,8 @@ from ..errors import SweepError
 from ..registry import Registry, resolve
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+FULL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", *INDEX_FILES)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 FSDP_FOLDER = re.compile(r"pytorch_model_fsdp_\d+")
@@ -211,7 +211,7 @@ def cut_short(folder: Path, form: str | None = None) -> str | None:
     if form not in (FULL, ADAPTER):
         return None  # sharded formats are read by the library that wrote them, which checks its own files
     files = weight_files(folder, form)
-    for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
+    for index in (folder / name for name in INDEX_FILES):
         if index.is_file():
             try:
                 listed = set(json.loads(index.read_text()).get("weight_map", {}).values())

@@ -111,14 +111,8 @@ def is_dose_history(path: str | os.PathLike) -> bool:
 
 
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
-    """One probe as a history line (its fields: :data:`LINE_FIELDS`); ``event`` says what triggered it.
-
-    Top level: what was scored and in which precision (``model``, ``device``, ``dtype``, ``autocast``),
-    the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
-    ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed``, ``prompt_digest`` and ``answer_format``;
-    table rows carry ``<metric>_lo``/``<metric>_hi``; ``info`` holds the self-check (``info.self_check``)
-    and the precision (``info.precision``). ``None`` where undefined.
-    """
+    """One probe as a history line (its fields: :data:`LINE_FIELDS`, ``None`` where undefined); ``event`` says what
+    triggered it."""
     return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format(report),
             **{key: report.get(key) for key in PRECISION_FIELDS},
             **headline_fields(report),
@@ -153,18 +147,21 @@ def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str, event
     """A saved checkpoint that was not scored: deleted (by ``save_total_limit``) before it could be, or unreadable
     after every try. Recorded, so that a plot shows the gap (no number at that step) and says why; a follower scores
     the step after all if its checkpoint is there again."""
-    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format,
-            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": {event: why}, "table": [],
-            "fingerprint": None}
+    return _mark(name, answer_format, step, epoch, event, {event: why})
 
 
 def resume_line(name: str, answer_format: str, *, step: int, started: float | None, superseded: list[int]) -> dict:
     """The training resumed from ``checkpoint-<step>``: the lines of later steps written before this one belong to
     the branch it abandoned, and readers set them aside (:func:`current_run`). ``started`` names the attempt (its
     start time in the run's record), so that it is marked once."""
-    return {"step": step, "epoch": None, "event": RESUMED_EVENT, "name": name, "answer_format": answer_format,
-            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "table": [], "fingerprint": None,
-            "info": {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}}}
+    return _mark(name, answer_format, step, None, RESUMED_EVENT,
+                 {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}})
+
+
+def _mark(name: str, answer_format: str, step: int, epoch, event: str, info: dict) -> dict:
+    """A line without numbers (a gap, a resume mark): every headline number null, no metrics, no table."""
+    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format,
+            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": info, "table": [], "fingerprint": None}
 
 
 def is_point(line: dict) -> bool:

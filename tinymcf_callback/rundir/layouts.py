@@ -26,6 +26,7 @@ from .checkpoints import (
     CHECKPOINT_NAME,
     FORMATS,
     FULL,
+    INDEX_FILES,
     Checkpoint,
     Format,
     checkpoint_format,
@@ -45,7 +46,6 @@ OPENRLHF_NAME = re.compile(r"global_step(\d+)_hf")
 NEMO_NAME = re.compile(r"step_(\d+)")
 TITAN_NAME = re.compile(r"step-(\d+)")
 PLAIN_NAME = re.compile(r"(?:global_step|step|steps|iter|iteration|ckpt|checkpoint|epoch)[-_]?(\d+)")
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 # ---- the record ------------------------------------------------------------------------------------------------
@@ -63,11 +63,29 @@ class Save:
 
     def steady(self, files: list[Path]) -> bool:
         """All of ``files`` are there and none has changed for ``settle`` seconds."""
-        return _steady(files, self.settle, self.now)
+        try:
+            newest = max(os.stat(p).st_mtime for p in files) if files else None
+        except OSError:
+            return False
+        return newest is not None and self.now - newest >= self.settle
 
     def complete_weights(self, folder: Path | None = None, *, need_config: bool = True) -> bool:
-        """``folder`` (the save's own by default) is a ``save_pretrained`` folder written whole and steady."""
-        return _complete_weights(folder or self.folder, self.settle, self.now, need_config=need_config)
+        """``folder`` (the save's own by default) is a ``save_pretrained`` folder written whole: its config (when
+        needed), its weights (every shard its index names) there, and :meth:`steady`."""
+        folder = folder or self.folder
+        if need_config and not ((folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file()):
+            return False
+        index = next((folder / n for n in INDEX_FILES if (folder / n).is_file()), None)
+        if index is not None:
+            try:
+                named = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return False  # being written
+            if not all((folder / n).is_file() for n in named):
+                return False
+        elif not _has_weights(folder) and not (folder / "adapter_model.safetensors").is_file():
+            return False
+        return self.steady([p for p in folder.iterdir() if p.is_file()])
 
 
 @dataclass(frozen=True)
@@ -295,34 +313,6 @@ def model_files(folder: Path, form: str | None = None) -> list[Path]:
 
 def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors")) or (folder / "pytorch_model.bin").is_file()
-
-
-def _complete_weights(folder: Path, settle: float, now: float, *, need_config: bool = True) -> bool:
-    """A ``save_pretrained`` folder written whole: its config (when needed), its weights (every shard its index
-    names) there, and nothing changed for ``settle`` seconds."""
-    if need_config and not ((folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file()):
-        return False
-    index = next((folder / n for n in INDEX_FILES if (folder / n).is_file()), None)
-    if index is not None:
-        try:
-            named = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return False  # being written
-        if not all((folder / n).is_file() for n in named):
-            return False
-    elif not _has_weights(folder) and not (folder / "adapter_model.safetensors").is_file():
-        return False
-    files = [p for p in folder.iterdir() if p.is_file()]
-    return _steady(files, settle, now)
-
-
-def _steady(files: list[Path], settle: float, now: float) -> bool:
-    """All of ``files`` are there and none has changed for ``settle`` seconds."""
-    try:
-        newest = max(os.stat(p).st_mtime for p in files) if files else None
-    except OSError:
-        return False
-    return newest is not None and now - newest >= settle
 
 
 def _read_int(path: Path) -> int | None:

@@ -201,14 +201,8 @@ def schema_markdown(part: str | dict) -> str:
 
 
 def report_to_json(report: dict, **extra) -> dict:
-    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.
-
-    ``answer_format`` says which answers were read (``"yesno"``; a report without it is Yes/No) and
-    ``frames`` the two questions asked in that format. ``model``, ``device``, ``dtype`` (the weights')
-    and ``autocast`` (the autocast dtype the forward calls ran under, or None) say what was scored
-    and in which precision; ``extra`` fields (``tag``, ``step``, ``epoch``, or a ``model`` path) are
-    added or override them.
-    """
+    """A JSON-ready copy of a report (its fields: :data:`REPORT_FIELDS`), undefined numbers ``None``; ``extra``
+    fields (:data:`EXTRA_FIELDS`: ``tag``, ``step``, ``epoch``, or a ``model`` path) are added or override them."""
     table = report["table"].reset_index()
     answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
     return {

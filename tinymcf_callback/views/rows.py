@@ -1,13 +1,8 @@
 """A probe's per-vignette rows: what a dashboard's table shows when a user drills down from a foundation's curve.
 
-One row per vignette asked: its id, foundation (fine and coarse), the vignette as the probe asked it in its original
-condition (``other_violate``, when the vignettes are at hand), ``s`` in each of the four conditions, the vignette's
-own ``align_other`` (``s(other_violate) - s(other_uphold)``) and ``align_self``, and the Yes+No mass over its
-prompts. The step comes first, so that the rows of every probe can sit in one table (the dashboards keep them all:
-a W&B incremental table, an MLflow table with a step column, a trackio table per step).
-
-Built from the report's ``scenarios`` (pure pandas), never from a history line: the line keeps the per-foundation
-table only.
+One row per vignette asked (:data:`ROW_COLUMNS`), the step first, so that every probe's rows sit in one table (the
+dashboards keep them all: docs/dashboards.md). Built from the report's ``scenarios``, never from a history line,
+which keeps the per-foundation table only.
 """
 
 from __future__ import annotations
