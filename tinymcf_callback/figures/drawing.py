@@ -163,6 +163,12 @@ def legend(target, handles: list, **kwargs):
     return target.legend(hs, labels, **kwargs)
 
 
+def interval_name(histories: list[History]) -> str:
+    """``95% interval`` when every history says the same level, else ``interval``."""
+    levels = {h.level for h in histories}
+    return f"{levels.pop():.0%} interval" if len(levels) == 1 and None not in levels else "interval"
+
+
 def mass_name(histories: list[History]) -> str:
     pos, neg = answer_format_of(histories[0].answer_format).shown
     return f"{pos}+{neg} mass"

@@ -23,6 +23,7 @@ from .drawing import (
     draw_not_answering,
     draw_random,
     draw_series,
+    interval_name,
     legend,
     require_matplotlib,
     run_styles,
@@ -144,10 +145,7 @@ def draw_legend(subfig, mpl, histories, styles, extra=()) -> None:
                 Line2D([], [], color="0.3", linewidth=1.3, linestyle="--", label="dashed: control, align_self")]
     with_bands = [h for h in histories if any(s.lo is not None for s in _all_series(h))]
     if with_bands:
-        levels = {h.level for h in with_bands}
-        level = levels.pop() if len(levels) == 1 else None
-        name = f"{level:.0%} interval" if level is not None else "interval"
-        handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {name}"))
+        handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {interval_name(with_bands)}"))
     flags = [h.flagged() for h in histories]
     if any(step.any() for step, _ in flags):
         alpha = 1.0 - (histories[0].level or 0.95)

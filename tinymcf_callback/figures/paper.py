@@ -25,6 +25,7 @@ from .drawing import (
     dose_handles,
     draw_not_answering,
     draw_random,
+    interval_name,
     isolated,
     legend,
     require_matplotlib,
@@ -352,15 +353,10 @@ def _is_bottom(ax, grid, nrows: int, ncols: int, n_panels: int, multiples: bool)
     return False
 
 
-def _interval_name(histories: list[History]) -> str:
-    levels = {h.level for h in histories}
-    return f"{levels.pop():.0%} interval" if len(levels) == 1 and None not in levels else "interval"
-
-
 def _paper_handles(mpl, histories: list[History], drawn: set[str], styles: list[Style] | None) -> list:
     """The legend of a paper figure: what the colours and hatches mean (or, overlaid, the runs), and the extras."""
     Line2D, Patch = mpl.lines.Line2D, mpl.patches.Patch
-    interval = _interval_name(histories)
+    interval = interval_name(histories)
     keys = {k for k in drawn if not k.endswith(" interval") and (k in HEADLINE or k in SANITY or ":" in k)}
     banded = {k.removesuffix(" interval") for k in drawn if k.endswith(" interval")}
     handles = []

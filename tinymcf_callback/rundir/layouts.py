@@ -162,12 +162,11 @@ def find_saves(run_dir: Path) -> Found:
 
 
 def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
-              expect_state: bool = True, now: float | None = None) -> Checkpoint | None:
+              expect_state: bool = True) -> Checkpoint | None:
     """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete (see the
     module) or holds no model. ``expect_state`` (the trainer layout): the run's checkpoints carry
     ``trainer_state.json``, which marks each complete; without it their files must be steady."""
-    now = time.time() if now is None else now
-    return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, now))
+    return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, time.time()))
 
 
 # ---- the layouts -----------------------------------------------------------------------------------------------

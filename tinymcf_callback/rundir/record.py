@@ -124,14 +124,10 @@ class RunRecord:
                 record.attempts.append(attempt)
         return record
 
-    def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["hand_off_failures"] = {str(k): v for k, v in self.hand_off_failures.items()}
-        return out
-
     def write(self, run_dir: str | os.PathLike) -> None:
         """The whole file, atomically (OSError to the caller)."""
-        atomic_write_json(run_info_path(run_dir), self.to_json())
+        failures = {str(k): v for k, v in self.hand_off_failures.items()}
+        atomic_write_json(run_info_path(run_dir), {**dataclasses.asdict(self), "hand_off_failures": failures})
 
     # ---- what followers ask ---------------------------------------------------------------------------------
     @property
@@ -150,15 +146,13 @@ class RunRecord:
 
 
 @contextlib.contextmanager
-def updating(run_dir: str | os.PathLike, fresh: RunRecord | None = None):
-    """Read, change and write the record under its lock (``.moral_probe_run.json.lock``), so that two callbacks of
-    one run (one per answer format) never undo each other's update: ``with updating(d) as record: ...``.
-
-    ``fresh``: the record to start from when the file has none. OSError (the file cannot be written) to the caller.
-    """
+def updating(run_dir: str | os.PathLike):
+    """Read (a new record when the file has none), change and write the record under its lock
+    (``.moral_probe_run.json.lock``), so that two callbacks of one run (one per answer format) never undo each other's
+    update: ``with updating(d) as record: ...``. OSError (the file cannot be written) to the caller."""
     path = run_info_path(run_dir)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=60):
-        record = RunRecord.read(run_dir) or fresh or RunRecord()
+        record = RunRecord.read(run_dir) or RunRecord()
         yield record
         record.write(run_dir)
 

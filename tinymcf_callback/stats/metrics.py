@@ -18,6 +18,7 @@ import numpy as np
 from ..data.sets import REAL_FOUNDATIONS
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of, where_prompts_part
 from .bootstrap import VignetteScores, paired_change, selectivity, vignette_scores
+from .sequential import by_id
 
 BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 
@@ -240,13 +241,9 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
 
 def _common(a: VignetteScores, b: VignetteScores) -> tuple[VignetteScores, VignetteScores]:
     """Both reports' rows of the vignettes both asked, in ``b``'s order."""
-    if len(a.id) == len(b.id) and all(str(x) == str(y) for x, y in zip(a.id, b.id, strict=True)):
-        return a, b
-    where = {str(i): r for r, i in enumerate(a.id)}
-    keep = [r for r, i in enumerate(b.id) if str(i) in where]
-    pick = [where[str(b.id[r])] for r in keep]
-    return (VignetteScores(a.id[pick], a.foundation_coarse[pick], a.s[pick]),
-            VignetteScores(b.id[keep], b.foundation_coarse[keep], b.s[keep]))
+    in_a = {str(i) for i in a.id}
+    ids = [i for i in b.id if str(i) in in_a]
+    return by_id(a, ids), by_id(b, ids)
 
 
 def _score(scores: VignetteScores) -> float | None:

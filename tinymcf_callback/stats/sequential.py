@@ -74,12 +74,9 @@ class Schedule:
         top = max(counts, default=0)
         return cls(counts, tuple(range(min(FIRST_LOOK, top), top + 1)) if top else ())
 
-    def counts(self, k: int) -> dict[str, int]:
-        """Vignettes per foundation at look ``k``."""
-        return {f: min(self.looks[k], n) for f, n in zip(FOUNDATIONS, self.sizes, strict=True)}
-
     def vignettes(self, k: int) -> int:
-        return sum(self.counts(k).values())
+        """The vignettes asked by look ``k``."""
+        return sum(min(self.looks[k], n) for n in self.sizes)
 
     def boundary(self) -> Boundary:
         return Boundary.of(self)
