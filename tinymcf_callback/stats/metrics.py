@@ -79,31 +79,24 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
     ``self_other_gap`` without (their bounds are in the table of the history line and the checkpoint report).
     """
     names = metric_names(name, answer_format(report))
-    info = report["info"]
+    info, check = report["info"], report["info"].get("self_check")
     values = {names[key + suffix]: report.get(field + suffix)
               for key, field in LOGGED_HEADLINE.items() for suffix in ("", "_lo", "_hi")}
     values.update({
         names["yn_mass"]: info["yn_mass_mean"], names["yn_mass_min"]: info["yn_mass_min"],
         names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
         names["elapsed_s"]: info["elapsed_s"],
-        # how many faster strategies the self-check left at this probe (0: the fast path held): a curve that leaves 0
-        # says the engine met a model it could not score the fast way (docs/engine.md says what to do)
-        names["self_check_fallbacks"]: _fallbacks(info),
+        # how many faster strategies the self-check left at this probe (0: the fast path held; None: the check was
+        # off): a curve that leaves 0 says the engine met a model it could not score the fast way (docs/engine.md)
+        names["self_check_fallbacks"]: float(len(check.get("fallbacks") or [])) if isinstance(check, dict) else None,
         names["vignettes"]: info.get("n_vignettes"),
         names["width_reached"]: (info.get("adaptive") or {}).get("reached"),
     })
-    prefix = f"eval_moral_{probe_key(name, answer_format(report))}"
+    prefix = names["score"].rsplit("/", 1)[0]
     for foundation, row in report["table"].iterrows():
         for col in FOUNDATION_KEYS:
             values[f"{prefix}/{slug(foundation)}/{col}"] = row.get(col)
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
-
-
-def _fallbacks(info: dict) -> float | None:
-    check = info.get("self_check")
-    if not isinstance(check, dict):
-        return None  # the self-check was off
-    return float(len(check.get("fallbacks") or []))
 
 
 # ---- the step-0 baseline: what the change since the start of training is measured from ---------------
