@@ -5,7 +5,7 @@
 Scores every checkpoint of a Trainer output directory (and of its hand-off queue) that the history does not
 hold yet, in step order, and appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl``
 (``..._<name>_json.jsonl`` with JSON answers): the file ``MoralProbeCallback`` writes, each line built by
-the same ``probe_line`` (:mod:`tinymcf_callback.results.history`, with ``event: "sweep"``). What to score,
+the same ``probe_line`` (:mod:`tinymcf_callback.rundir.history`, with ``event: "sweep"``). What to score,
 the step-0 baseline, the precision and what each line scored are the planner's
 (:mod:`~tinymcf_callback.follow.planner`), the same as the watcher's:
 

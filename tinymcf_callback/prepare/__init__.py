@@ -2,7 +2,7 @@
 
 Nothing here runs when the probe scores a model: the probe reads what this prepared (the home's
 ``sets/`` and ``cache/``). It depends only on the data layer (:mod:`tinymcf_callback.data`) and
-the package's base modules, never on scoring or results. The command line is ``tinymcf prepare``,
+the package's base modules, never on scoring or stats. The command line is ``tinymcf prepare``,
 ``tinymcf validate`` and ``tinymcf show`` (:mod:`tinymcf_callback.cli`); ``python -m
 tinymcf_callback.prepare`` is ``tinymcf prepare``.
 

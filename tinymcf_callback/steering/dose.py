@@ -10,7 +10,7 @@
 at the answer position only, on any HF causal LM), a PEFT adapter's scale, a steering library's context.
 For each coefficient the probe gives the full report (with its intervals) and the paired change against
 ``c = 0`` (the unsteered model, scored once; the same vignettes,
-:func:`~tinymcf_callback.results.stats.paired_change`).
+:func:`~tinymcf_callback.stats.bootstrap.paired_change`).
 
 **The random-direction control.** A steering vector moves a model's answers however it was found:
 any push of that size on the residual stream shifts P(Yes) somewhere. So the same intervention
@@ -26,7 +26,7 @@ instead of a verdict it cannot give.
 **Where the model stops answering.** At large coefficients a steered model may no longer say Yes or
 No; its P(Yes) is then renormalised from a small mass and its numbers are soft. Every coefficient's
 Yes+No mass and frame agreement are kept, and a coefficient whose mean mass is below
-:data:`~tinymcf_callback.results.readout.MIN_YN_MASS` is flagged (``answering`` false).
+:data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged (``answering`` false).
 
 The history (``<output_dir>/moral_probe_<name>_dose.jsonl``) holds the usual history lines with
 ``coefficient``, ``direction`` (``none`` for the unsteered line, ``real``, ``random``) and
@@ -52,10 +52,10 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
-from ..results.metrics import baseline_record
-from ..results.readout import MIN_YN_MASS
-from ..results.stats import paired_change, vignette_scores
+from ..rundir.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
+from ..stats.analysis import MIN_YN_MASS
+from ..stats.bootstrap import paired_change, vignette_scores
+from ..stats.metrics import baseline_record
 from .directions import random_directions
 from .hooks import ResidualSteering
 
@@ -67,7 +67,7 @@ class DoseResponse:
     """The probe under ``intervene(c)`` for each coefficient, against the unsteered model and random directions.
 
     ``reports[(direction, index, c)]``: the report of one probe (``("none", 0, 0.0)`` the unsteered
-    one); ``changes[(direction, index, c)]``: its :func:`~tinymcf_callback.results.stats.paired_change`
+    one); ``changes[(direction, index, c)]``: its :func:`~tinymcf_callback.stats.bootstrap.paired_change`
     against the unsteered report. ``seconds[(direction, index, c)]``: the probe's wall time.
     """
 

@@ -2,7 +2,7 @@
 
 One layer below everything that logs (the callback, :class:`~tinymcf_callback.training.logger.ProbeLogger`,
 the sweep and the watcher), the way lm-evaluation-harness keeps its ``loggers/``. A sink takes the history
-line that is already written (:func:`~tinymcf_callback.results.history.probe_line`): its metrics under the
+line that is already written (:func:`~tinymcf_callback.rundir.history.probe_line`): its metrics under the
 dashboard names, its step, its per-foundation table and its precision. Nothing here rebuilds a report.
 
 - :mod:`.sinks`: :class:`~.sinks.Point` (one line at its step), :class:`~.sinks.Sink` (one destination),

@@ -3,7 +3,7 @@
 A :class:`Point` is a history line that was written: its ``metrics`` under the logged names at its ``step``
 (``eval_moral_<name>/score``, ..., or any other metrics at a step: a point need not be the probe's), and for a probe
 line its ``table`` and precision (``dtype``/``autocast``/``compute``/``device``). A point just scored also carries
-what the dashboards show besides the numbers: the per-vignette rows (:mod:`~tinymcf_callback.results.rows`) and,
+what the dashboards show besides the numbers: the per-vignette rows (:mod:`~tinymcf_callback.views.rows`) and,
 for a point of the probe's curve (a line with a ``score``), the figure of the curve so far. A line sent again (a
 sweep or a watch sends the lines an earlier one wrote) carries neither, and goes only to the trackers that do not
 hold it yet (:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..results.history import BASELINE_EVENT, is_point
-from ..results.metrics import dashboard_names, probe_key
+from ..rundir.history import BASELINE_EVENT, is_point
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from ..stats.metrics import dashboard_names, probe_key
 
 logger = logging.getLogger(__name__)
 # Two values of a metric are the same point when they differ by less than float32's precision (2**-23 relative): the
@@ -46,7 +46,7 @@ class Point:
     """One line for the trackers: its metrics at its step; for a line just scored, its rows and figure."""
 
     line: dict
-    rows: list[dict] | None = None  # per-vignette rows (results.rows.vignette_rows); None for a line sent again
+    rows: list[dict] | None = None  # per-vignette rows (views.rows.vignette_rows); None for a line sent again
     figure: object = None  # the curve so far: an RGB uint8 array (height, width, 3), or None
     curve: list[dict] = field(default_factory=list)  # the probe's point lines so far, in step order, this one included
 
