@@ -191,6 +191,7 @@ def test_an_engine_broken_on_purpose_falls_back_and_says_so(name, qwen_tok, monk
     monkeypatch.setattr(engine, attribute, broken)
     unchecked = Probe(qwen_tok, "scifi", limit=3, token_budget=600, share_prefix=share, self_check=False)
     assert np.abs(unchecked.score(model).p_yes - reference.p_yes).max() > 1e-2  # the break is real
+    caplog.clear()  # what building the probes said (limit=3's note); the scoring's own warnings below
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         res = probe.score(model)
     assert res.strategy == "unpadded"
@@ -289,14 +290,15 @@ def test_per_layer_configs_are_read_per_layer(probes):
         assert_each_prompt_as_alone(probe.score(off), alone(off, probes[0]))
 
 
-def test_a_tokenizer_without_a_chat_template_is_said_once_in_the_log_and_every_report(qwen_tok, caplog):
+def test_a_tokenizer_without_a_chat_template_is_said_once_a_probe_in_the_log_and_every_report(qwen_tok, caplog):
     import copy
 
     plain = copy.deepcopy(qwen_tok)
     plain.chat_template = None
     model = build(lambda: T.LlamaForCausalLM(T.LlamaConfig(**decoder())))
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
-        reports = [Probe(plain, "scifi", limit=1).run(model) for _ in range(2)]
+        probe = Probe(plain, "scifi", limit=1)  # said as it is built, not at each of its probes
+        reports = [probe.run(model) for _ in range(2)]
     notes = [r.getMessage() for r in caplog.records if "chat template" in r.getMessage()]
     assert len(notes) == 1 and "plain 'Question: ... Answer:' form" in notes[0]
     for report in reports:

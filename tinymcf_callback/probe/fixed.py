@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import platform
 import time
-import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -105,8 +104,8 @@ class Probe:
         self.rotation = Rotation(seed=config.seed, budget=config.self_check_budget)
         self.memory = Memory()  # the forward scored last, the strategy it needed, what was said in the log
         self.notes = config.subset_notes(self.vignettes) + prompt_notes(tok)
-        for note in self.notes:
-            log_note_once(tok, note)
+        for note in self.notes:  # said once, as the probe is built (it is reused at every checkpoint)
+            logger.warning("moral probe: %s", note)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -304,17 +303,3 @@ def backend_warnings(backend: dict) -> list[str]:
 def prompt_notes(tok) -> list[str]:
     """What the report should say about how the prompts were formatted (today: a missing chat template)."""
     return [] if getattr(tok, "chat_template", None) else [NO_TEMPLATE_NOTE]
-
-
-_NOTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def log_note_once(tok, note: str) -> None:
-    """Log a prompt note once per tokenizer object (every Probe built on it would repeat it)."""
-    try:
-        seen = _NOTED.setdefault(tok, set())
-    except TypeError:
-        seen = set()
-    if note not in seen:
-        seen.add(note)
-        logger.warning("moral probe: %s", note)
