@@ -1,16 +1,9 @@
 """A sink takes one :class:`Point`; :class:`Trackers` feeds several and remembers what did not reach each.
 
-A :class:`Point` is a history line that was written: its ``metrics`` under the logged names at its ``step``
-(``eval_moral_<name>/score``, ..., or any other metrics at a step: a point need not be the probe's), and for a probe
-line its ``table`` and precision (``dtype``/``autocast``/``compute``/``device``). A point just scored also carries
-what the dashboards show besides the numbers: the per-vignette rows (:mod:`~tinymcf_callback.results.rows`) and,
-for a point of the probe's curve (a line with a ``score``), the figure of the curve so far. A line sent again (a
-sweep or a watch sends the lines an earlier one wrote) carries neither, and goes only to the trackers that do not
-hold it yet (:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
-
-``Sink(what, send)``: ``send(point)`` gives the point to one destination; ``what`` names it in messages;
-``figure=True`` when it shows the figure. :func:`~.targets.as_sink` makes one of what a training loop already has;
-:class:`~.tracker.Tracker` is a sink that also knows the training's run (the trackers of ``report_to``).
+A :class:`Point` is a history line that was written (its metrics under the logged names at its step); a point just
+scored also carries the per-vignette rows and, on the probe's curve, the figure so far. A line sent again (a sweep or
+a watch sends the lines an earlier one wrote) carries neither, and goes only to the sinks that do not hold it yet
+(:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
 """
 
 from __future__ import annotations

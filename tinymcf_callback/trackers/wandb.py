@@ -1,24 +1,10 @@
 """The probe in a wandb run: one recipe for the callback, ``ProbeLogger``, the sweep and the watcher.
 
-Once per run (a new run id: a new hyperparameter-search trial, say) every ``eval/moral_<name>/...``
-key is plotted against ``train/global_step`` (``define_metric``): wandb silently drops a row whose own
-step is below the run's current one, which is what a score that comes late is. The probe's precision
-goes into the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``). At each
-probe, at the Trainer's step:
-
-- the metrics (each headline number with its ``_lo``/``_hi``, each foundation's ``align_other`` too);
-- ``eval/moral_<name>/table``, the per-foundation table, and ``eval/moral_<name>/vignette_rows``, the per-vignette
-  rows, both with a ``step`` column and logged as *incremental* tables: each probe adds its rows, and the run keeps
-  every probe's (a table logged whole under one key shows only the newest);
-- ``eval/moral_<name>/figure``, the curve so far with its bands (a ``wandb.Image``);
-- ``eval/moral_<name>/intervals``, a custom chart of each value with its interval as a band, faceted by metric:
-  W&B draws a band only across grouped runs, never from a run's own lo/hi. The chart's Vega-Lite spec is a preset
-  of the run's entity (:data:`BAND_CHART`), created by the first online run that logs it; an offline run (or one
-  whose entity cannot create presets) logs everything else and warns once why the chart is left out (a warning, so
-  that a Trainer script shows it).
-
-A follower started again sends only the points the run does not hold yet (:meth:`WandbTracker.held`): asked of
-W&B's server for an online run, read from the run's own files for an offline one.
+Once per run every ``eval/moral_<name>/...`` key is plotted against ``train/global_step`` (``define_metric``): wandb
+silently drops a row whose own step is below the run's current one, which is what a score that comes late is. The
+tables are *incremental* (a table logged whole under one key shows only the newest probe's rows), and the band chart
+is a Vega-Lite preset of the run's entity (:data:`BAND_CHART`: W&B draws a band only across grouped runs), left out
+with one warning where it cannot be made (an offline run). What a run gets: docs/dashboards.md ("Weights & Biases").
 """
 
 from __future__ import annotations
