@@ -114,7 +114,7 @@ def run(args) -> int:
         if baseline is not None:
             probe.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
-        model = ServedModel.from_config(served, reference=reference)
+        model = ServedModel(config=served, reference=reference)
     else:
         tok = local_tokenizer(args)
         probe = make_probe(tok, config=config)  # bad data fail before the weights

@@ -139,12 +139,14 @@ def add_served(parser, *, run: bool = False) -> None:
                    help="how to ask for log-probabilities: auto (the server's exact form), logprob_token_ids (vLLM), "
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
     g.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="requests in flight at once (default 8; 1 on llama.cpp, whose batching moves the numbers)")
+                   help="requests in flight at once (default: about 8 sequences in flight; 1 on llama.cpp, whose "
+                        "batching moves the numbers)")
     g.add_argument("--check-form", default="auto", metavar="FORM",
                    help="the self-check's second request form (default auto: another route through the server than "
                         "the scoring's, echo on vLLM and SGLang)")
     g.add_argument("--batch-prompts", type=int, default=None, metavar="N",
-                   help="prompts per request where the server takes a list of them (default 16; 1 on llama.cpp)")
+                   help="prompts per request where the server takes a list of them (default 4; 1 for echo and on "
+                        "llama.cpp)")
     g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
                    help="seconds per request before it is retried (default 60)")
     g.add_argument("--request-retries", type=int, default=4, metavar="N",

@@ -95,13 +95,12 @@ class ProbeCache:
             config = self.served_config
             if not config.model:
                 config = config.replace(model=served_name(config.endpoint))
-            self._served = ServedModel.from_config(config)
+            self._served = ServedModel(config=config)
         if not base:
             return self._served
         if self._served_base is None:
             config = self._served.config
-            self._served_base = ServedModel.from_config(config.replace(model=base_name(config.endpoint,
-                                                                                         config.model)))
+            self._served_base = ServedModel(config=config.replace(model=base_name(config.endpoint, config.model)))
         return self._served_base
 
     @property

@@ -32,12 +32,12 @@ class ServerClient:
     never the key.
     """
 
-    def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4, environ=None):
+    def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4):
         try:
             self.root, self.shown = split_url(url)
         except ApiError as e:
             raise ServedError(str(e)) from None
-        key, self.key_source = find_key(KEY_VARS, environ)
+        key, self.key_source = find_key(KEY_VARS)
         # a request that timed out is not sent again: the server is slow, and a second copy only adds to its queue
         self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
                              retry_timeouts=False)

@@ -98,11 +98,6 @@ def setup_of(info) -> dict[str, str]:
     return {k: str(v).removeprefix("torch.") for k, v in found.items() if isinstance(v, str) and v and v != "auto"}
 
 
-def server_setup(client: ServerClient) -> dict[str, str]:
-    """The server's device and precision, as far as it says (:func:`setup_of`)."""
-    return setup_of(server_info(client))
-
-
 def refuse_python_llama_cpp(client: ServerClient) -> None:
     """llama-cpp-python's own server (its FastAPI title says so) takes no token-id prompts and keys log-probabilities
     by detokenized text: refused in one line, with what to run instead."""
