@@ -247,7 +247,7 @@ class Rounds:
                                    "supersedes the old one", o.step, task.why, o.line["fingerprint"], task.replaces)
                 logger.info("step %d (%s%s): %s", o.step, o.folder, where, summary(o.line))
             self._write_benchmark(o)
-            if not task_is_baseline(by_step[o.step]):
+            if not by_step[o.step].checkpoint.baseline:
                 self.planner.queue().scored(o.step, self.planner.settings.consumer)
         if outcomes and outcomes[0].report is not None:
             self._gaps(plan)  # step 0's line is in (it starts the history's run): the gaps follow
@@ -297,10 +297,6 @@ class Rounds:
     def close(self) -> None:
         self.trackers.close()
         self.result.undelivered = self.trackers.undelivered()
-
-
-def task_is_baseline(task: Task) -> bool:
-    return task.checkpoint.baseline
 
 
 def summary(line: dict) -> str:
