@@ -1,28 +1,14 @@
 """The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out (P(true), true+false with JSON answers).
 
-Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]``
-tensor: it asks the model for the last position's logits (``logits_to_keep=1``) on
-left-padded batches, with ``position_ids`` that skip the padding so every prompt sees
-the positions it would see alone (needed for absolute-position models; harmless for
-RoPE). Which prompts share a batch is decided apart from running the model
-(:mod:`tinymcf_callback.scoring.batching`), so a distributed caller can hand each rank its own
-share; the eval/inference mode and the precision are :mod:`tinymcf_callback.scoring.mode`'s.
-
-Three strategies run the batches, fastest first (:data:`STRATEGIES`):
-
-- ``"shared"`` (:class:`SharedPrefixes`): the chat header once, each scenario once for its
-  two frames, the questions on top of the key/value cache;
-- ``"full"`` (:class:`FullPrompts`): each prompt whole, padding at the far left of its row;
-- ``"unpadded"`` (:class:`FullPrompts` with ``padded=False``): each forward call takes
-  prompts of one length only, with no padding at all.
-
-:func:`first_strategy` reads the model's class and config and starts at the fastest
-strategy nothing is known against, saying why in the log when that is not the shared one (once
-per model and cause for each probe: :class:`LogOnce`, held by the probe). Whether the chosen
-strategy really gives each prompt's own score is not left to those rules:
-:mod:`tinymcf_callback.scoring.selfcheck` compares a few prompts with :func:`score_alone` on every
-probe and moves to the next strategy when they disagree. A batch that runs out of memory is halved
-(:func:`split_on_oom`).
+Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]`` tensor: it asks for the last
+position's logits (``logits_to_keep=1``) on left-padded batches, with ``position_ids`` that skip the padding. Which
+prompts share a batch is :mod:`~tinymcf_callback.scoring.batching`'s, the mode and precision
+:mod:`~tinymcf_callback.scoring.mode`'s. Three strategies run the batches, fastest first (:data:`STRATEGIES`):
+``"shared"`` (:class:`SharedPrefixes`: the chat header once, each scenario once for its two frames, the questions on
+the key/value cache), ``"full"`` (:class:`FullPrompts`: each prompt whole) and ``"unpadded"`` (one length per call).
+:func:`first_strategy` starts at the fastest one nothing in the model's class or config is known against; whether it
+gives each prompt's own score is :mod:`~tinymcf_callback.scoring.selfcheck`'s to check. A batch that runs out of
+memory is halved (:func:`split_on_oom`). docs/engine.md.
 """
 
 from __future__ import annotations
@@ -31,7 +17,6 @@ import contextlib
 import copy
 import inspect
 import logging
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +29,7 @@ from .model_info import (
     NEEDS,
     ForwardArgs,
     class_name,
+    held_ref,
     model_device,
     pad_token_id,
     padding_problem,
@@ -62,8 +48,6 @@ STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padde
                   "unpadded": "unpadded prompts (one length per forward call)"}
 
 
-# ---- reading the answer off the logits ---------------------------------------------------------
-
 # ---- running the model: three strategies -----------------------------------------------------
 
 class LogOnce:
@@ -76,28 +60,18 @@ class LogOnce:
     """
 
     def __init__(self):
-        self._model = None  # the model the causes below were said for (a weak reference where it takes one)
+        self._model = None  # the model the causes below were said for (model_info.held_ref: weakly where it can)
         self._said: set = set()
 
     def __call__(self, model, message: str, key=None) -> None:
-        if not self._is(model):
-            self._model, self._said = _ref(model), set()
+        held = held_ref(model)
+        if held != self._model:  # another model (a weak reference equals another only while both hold one model)
+            self._model, self._said = held, set()
         key = message if key is None else key
         if key not in self._said:
             self._said.add(key)
             if _is_main_process():  # under several processes every rank decides alike: one of them says so
                 logger.warning(message)
-
-    def _is(self, model) -> bool:
-        held = self._model
-        return held is not None and (held() is model if isinstance(held, weakref.ref) else held == id(model))
-
-
-def _ref(model):
-    try:
-        return weakref.ref(model)
-    except TypeError:  # not weak-referenceable: known by its id while this probe holds it
-        return id(model)
 
 
 def _is_main_process() -> bool:

@@ -478,17 +478,19 @@ def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
     from torch.nn.modules import module as torch_module
 
     skip = set(ignore)
-    modules = tuple((name, _ref(m), type(m), _hook_ids(m._forward_pre_hooks, skip), _hook_ids(m._forward_hooks, skip),
-                     _ref(m.__dict__.get("forward")), _adapter_state(m)) for name, m in model.named_modules())
+    modules = tuple((name, held_ref(m), type(m), _hook_ids(m._forward_pre_hooks, skip),
+                     _hook_ids(m._forward_hooks, skip), held_ref(m.__dict__.get("forward")), _adapter_state(m))
+                    for name, m in model.named_modules())
     global_hooks = tuple(_hook_ids(getattr(torch_module, name, {}), skip)
                          for name in ("_global_forward_pre_hooks", "_global_forward_hooks"))
     attention = getattr(model_config(model), "_attn_implementation", None)
     return modules, global_hooks, attention, str(model_device(model))
 
 
-def _ref(obj):
-    """``obj`` as a signature holds it: a weak reference (equal while both live and are the same object; never equal
-    to one whose object died), or its id where it cannot be weakly referenced; None stays None."""
+def held_ref(obj):
+    """``obj`` as a signature (or :class:`~.engine.LogOnce`) holds it: a weak reference (equal while both live and are
+    the same object; never equal to one whose object died), or its id where it cannot be weakly referenced; None
+    stays None."""
     if obj is None:
         return None
     try:
