@@ -1,19 +1,12 @@
 """Scoring one checkpoint of a run into its history line, in the run's one precision (any process).
 
-The line records what was scored (``fingerprint``, read before the model loads and again after the probe:
-a checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights) and, when it
-supersedes an earlier line of its step, that line's fingerprint (``replaces``). Through a server
-(``--endpoint``), the run has one :class:`~tinymcf_callback.served.ServedModel`, built once from its
-:class:`~tinymcf_callback.served.ServedConfig`: each checkpoint is loaded into the server by ``--reload``, then
-scored through it, its self-check rotating over the run's probes as a local one does. Each reload is checked on
-the scores (:mod:`~tinymcf_callback.served.verify`): the checkpoint is loaded here too, in float32, and the server's
-answers to a few prompts held to its forward pass.
-
-A checkpoint whose weight files are cut short is never loaded nor sent to a server
-(:class:`~tinymcf_callback.errors.CheckpointIncomplete`): its headers are read again after each back-off (a copy may
-still be in progress), and one that stays short is one line naming the file, its step a gap. A server that did not
-take a checkpoint it was given twice, or a reload check that failed, is not tried again in this run
-(:class:`~tinymcf_callback.errors.CheckpointUnusable`): its step is a gap at once.
+The line records what was scored (``fingerprint``, read before the model loads and again after the probe: a
+checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights). A checkpoint whose weight files
+are cut short is never loaded nor sent to a server (:class:`~tinymcf_callback.errors.CheckpointIncomplete`). Through a
+server (``--endpoint``) the run has one :class:`~tinymcf_callback.served.ServedModel`: each checkpoint is loaded into
+it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`); a checkpoint the
+server did not take, or a failed check, is not tried again in this run
+(:class:`~tinymcf_callback.errors.CheckpointUnusable`).
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """Checkpoints whose model is not one ``save_pretrained`` folder, read in this one process: sharded across files of the
 training's ranks, or written without a config.
 
-- **FSDP** with ``SHARDED_STATE_DICT`` (``checkpoint-<step>/pytorch_model_fsdp_0/``): a torch distributed
-  checkpoint (DCP) holding ``model.<name>`` entries, written by every rank. The Trainer saves no
-  ``config.json`` beside it; the model is built from the run's starting model's config and the shards are
-  read into it by ``torch.distributed.checkpoint.load`` in this one process (no process group needed).
-- **DeepSpeed ZeRO** (``checkpoint-<step>/global_step<N>/``): with ZeRO-3 (and ZeRO-1/2) the float32 weights
-  live in the optimizer states of each rank; DeepSpeed's own ``zero_to_fp32`` utilities gather them
-  (:func:`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, the ``[deepspeed]`` extra).
+- **FSDP** ``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``) and **a torch distributed checkpoint of a whole model**
+  (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``: the model's own names, or torchtitan's,
+  :data:`TITAN_NAMES`): read by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's
+  config, no process group needed;
+- **DeepSpeed ZeRO** (``global_step<N>/``): its float32 weights gathered by DeepSpeed's own ``zero_to_fp32``;
+- **verl** (``actor/model_world_size_<W>_rank_<R>.pt``): each rank's DTensor shards concatenated along their
+  placement's dimension, into the model of ``actor/huggingface/``;
+- **weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
 
-- **verl** (``global_step_<N>/actor/model_world_size_<W>_rank_<R>.pt``): each rank's ``torch.save`` of its FSDP
-  ``SHARDED_STATE_DICT`` (DTensors), merged here: each weight's local shards concatenated along the dimension its
-  placement names, in rank order (one replica of a hybrid-sharded mesh), into the model of ``actor/huggingface/``.
-- **A torch distributed checkpoint of a whole model** (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``): read
-  by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's config; its names are the
-  model's own, with or without a ``model.`` prefix (NeMo-RL), or torchtitan's (:data:`TITAN_NAMES`: Llama 3 with
-  its query and key rows in the interleaved order of its rotary embedding, put back in Hugging Face's; Qwen3).
-- **Weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
-
-Either way the model is built in the run's dtype, every weight is checked to have come from the checkpoint
-(ties to another weight excepted), and the model is returned in eval mode on the device.
-
-Each loader here is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names for its weight
-format (lazily, ``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype,
-device)``, so the follower loads every save one way (``FORMATS[checkpoint.format].load(...)``).
+Every weight is checked to have come from the checkpoint (ties excepted); the model is returned in eval mode on the
+device. Each loader is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype, device)``. docs/rl.md.
 """
 
 from __future__ import annotations
