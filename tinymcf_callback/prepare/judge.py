@@ -94,11 +94,6 @@ def load_judgements(dirs: list[Path]) -> dict[tuple[str, str], dict]:
 # --------------------------------------------------------------------------- planning
 
 
-def unjudged(texts: dict[str, str], known: dict, judge: str) -> dict[str, str]:
-    """The texts (md5 -> text) that ``judge`` has not judged yet, in order."""
-    return {h: t for h, t in texts.items() if (h, judge) not in known}
-
-
 def judge_records(vignettes: list[dict], known: dict, judge: str, failed: dict[str, str]) -> list[dict]:
     """One record per (vignette, condition): expected and judged foundation and valence, flagged or not.
 
@@ -158,7 +153,7 @@ def validate_set(args, secrets: list, say: Callable[[str], None]) -> int:
     judge = args.judge_model or args.model
     texts = {md5(v[c]): v[c] for v in vignettes for c in CONDITIONS}
     known = load_judgements([f.cache])
-    todo = unjudged(texts, known, judge)
+    todo = {h: t for h, t in texts.items() if (h, judge) not in known}  # in order
     n_items = len(vignettes) * len(CONDITIONS)
     if args.dry_run:
         say(f"dry run: would ask {judge} at {args.base_url} for {len(todo)} judgements "

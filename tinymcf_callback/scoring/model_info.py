@@ -1,18 +1,10 @@
-"""What the engine needs to know about a model before running it.
-
-- the model inside the wrappers a training run hands over (FSDP, DDP, DeepSpeed, PEFT,
-  ``torch.compile``), to read its forward signature and config (:func:`unwrap_model`);
-- whether it is a causal language model with its LM head at all (:func:`check_causal_lm`);
-- which optional forward arguments it takes, and where its positions start (:class:`ForwardArgs`);
-- what it computes in (:func:`weights_dtype`) and which token may pad its rows (:func:`pad_token_id`);
-- what one padded token and one prompt's row cost it in memory (:func:`memory_per_token`), and how much
-  memory its device has free (:func:`device_memory`): what a forward call's size is planned from;
-- what left padding, and padding *inside* a shared-prefix cache, would do to its scores
-  (:func:`padding_problem`, :func:`shared_prefix_blocker`);
-- what its forward computes apart from its weights' values (its modules, hooks, adapters, wrappers:
-  :func:`forward_signature`), so a probe sees that it changed between two probes.
-
-All of it reads classes, configs and the device's allocator only; nothing here runs the model.
+"""What the engine needs to know about a model before running it: the model inside its wrappers
+(:func:`unwrap_model`), whether it is a causal LM with its head (:func:`check_causal_lm`), which forward arguments it
+takes (:class:`ForwardArgs`), its dtype, pad token, memory cost per token and its device's free memory, what left
+padding or padding inside a shared-prefix cache would do to its scores (:func:`padding_problem`,
+:func:`shared_prefix_blocker`), and what its forward computes apart from its weights' values
+(:func:`forward_signature`), so a probe sees that it changed. It reads classes, configs and the device's allocator
+only; nothing here runs the model.
 """
 
 from __future__ import annotations

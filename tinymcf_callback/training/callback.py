@@ -132,7 +132,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.last_report: dict | None = None
         self._start_counting()
         if tokenizer is not None:
-            self._build_probe(tokenizer)
+            self.probe = make_probe(tokenizer, config=self.config)  # tokenised once, reused at every probe
 
     @property
     def name(self) -> str:
@@ -313,9 +313,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         state.log_history.append({**metrics, **epoch, "step": state.global_step})
 
     # ---- plumbing ----------------------------------------------------------------------------------
-    def _build_probe(self, tok) -> None:
-        self.probe = make_probe(tok, config=self.config)  # tokenised once, reused at every probe
-
     def _start_logger(self, args) -> None:
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
@@ -341,7 +338,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if tok is None:
             raise ConfigError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
                               "or MoralProbeCallback(tokenizer=tok)")
-        self._build_probe(tok)
+        self.probe = make_probe(tok, config=self.config)
 
     def _resume_counting(self, state) -> None:
         """Take the counters from the checkpoint the run resumed from.
