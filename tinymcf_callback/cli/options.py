@@ -1,15 +1,7 @@
-"""What every subcommand shares: the parser that refuses in one line, the options defined once, the exit codes.
-
-- :class:`Parser`: an ``argparse`` parser whose mistakes are one ``error: ...`` line (exit 2), not
-  a usage block.
-- :func:`add_probe_options`: one option per :class:`~tinymcf_callback.config.ProbeConfig` field
-  (``--limit``, ``--answer-format``, ``--no-share-prefix``, ...), made from the fields by transformers'
-  ``HfArgumentParser``, and :func:`probe_config`, which builds the config back from the parsed options; a bad value
-  is named by its option.
-- :func:`add_home`, :func:`add_loading`: the options of the data home and of loading a model.
-- :func:`run`: the one mapping from what happened to the exit status: done 0; bad input (a
-  :class:`~tinymcf_callback.errors.TinymcfError`) one ``error:`` line and 2; Ctrl-C 130; anything
-  else is a bug, shown with its traceback, 1.
+"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once
+(the probe's, made from :class:`~tinymcf_callback.config.ProbeConfig`'s fields by transformers' ``HfArgumentParser``;
+a served model's; the dashboards'; the data home's), and the one mapping from what happened to the exit status
+(:func:`run`: done 0, bad input one ``error:`` line and 2, Ctrl-C 130, a bug its traceback and 1).
 """
 
 from __future__ import annotations

@@ -38,13 +38,16 @@ def prepare_command(name: str) -> str:
     return f"tinymcf prepare --name {name}"
 
 
-def builtin_sets() -> dict[str, dict]:
-    """The sets shipped with the package (``configs/sets.json``)."""
-    path = shipped_dir("configs") / "sets.json"
+def _json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ProbeDataError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+
+
+def builtin_sets() -> dict[str, dict]:
+    """The sets shipped with the package (``configs/sets.json``)."""
+    return _json(shipped_dir("configs") / "sets.json")
 
 
 def registry() -> dict[str, dict]:
@@ -53,12 +56,8 @@ def registry() -> dict[str, dict]:
     udir = folders().sets
     if udir.is_dir():
         for meta in sorted(udir.glob("*.json")):
-            name = meta.stem
-            if name not in sets:
-                try:
-                    sets[name] = json.loads(meta.read_text(encoding="utf-8"))
-                except json.JSONDecodeError as e:
-                    raise ProbeDataError(f"{meta}:{e.lineno}: malformed JSON ({e.msg})") from None
+            if meta.stem not in sets:
+                sets[meta.stem] = _json(meta)
     return sets
 
 

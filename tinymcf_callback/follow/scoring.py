@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import CheckpointIncomplete, CheckpointUnusable
+from ..errors import CheckpointIncomplete, CheckpointUnusable, one_line
 from ..loading import release_memory
 from ..probe import AdaptiveProbe, Probe, make_probe
 from ..results.history import probe_line
@@ -156,7 +156,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
             raise OSError(f"{checkpoint.folder} was written to while it was scored (fingerprint {before} then "
                           f"{after}): its weights changed under the probe")
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the run's other scores
-        return Outcome(checkpoint.step, checkpoint.name, process, error=describe(e),
+        return Outcome(checkpoint.step, checkpoint.name, process, error=one_line(e, 400),
                        gone=not checkpoint.baseline and not checkpoint.folder.exists(),
                        final=isinstance(e, CheckpointUnusable), incomplete=isinstance(e, CheckpointIncomplete))
     if checkpoint.shown_as:
@@ -190,7 +190,7 @@ def score_bench(bench, model, tokenizer: str, checkpoint: Checkpoint, weights: s
     except (KeyboardInterrupt, torch.OutOfMemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - said by the writer, and the step is tried again at the next sweep or look
-        return [], describe(e)
+        return [], one_line(e, 400)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
@@ -235,9 +235,3 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
         served.loaded = None
         del reference
         release_memory()
-
-
-def describe(error: Exception) -> str:
-    """``Type: message`` on one line (loader messages can run over many)."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"

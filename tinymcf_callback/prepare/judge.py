@@ -1,14 +1,10 @@
 """Judge validation of a prepared set: does each text engage the foundation it is meant to?
 
-``tinymcf validate --name NAME`` asks a judge model, for every
-vignette and each of the four conditions, which of the seven foundations the act
-engages and whether the actor violates or upholds it. Verdicts are cached by
-``(md5 of the judged text, judge model)`` in ``<home>/cache/judgements.jsonl``, so a rerun
-asks only for what is new; the requests go through the same loop as the rewrites
-(:mod:`tinymcf_callback.prepare.request_loop`). The report gives foundation accuracy per condition (the
-original, ``other_violate``, is the ceiling the rewrites can reach), valence accuracy, a
-confusion matrix and the flagged rewrites; one JSON line per judged text goes to
-``--out`` (default ``./validate_<name>.jsonl``).
+``tinymcf validate --name NAME`` asks a judge model, for every vignette and each of the four conditions, which
+foundation the act engages and whether the actor violates or upholds it; verdicts are cached by ``(md5 of the text,
+judge model)`` in ``<home>/cache/judgements.jsonl`` (the same request loop as the rewrites: a rerun asks only for
+what is new). The report: accuracy per condition (the original, ``other_violate``, is the ceiling the rewrites can
+reach), a confusion matrix and the flagged rewrites; one JSON line per judged text goes to ``--out``.
 """
 
 from __future__ import annotations

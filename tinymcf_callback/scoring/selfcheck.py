@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..errors import EngineMismatchError, UnsupportedModelError
+from ..errors import EngineMismatchError, UnsupportedModelError, one_line
 from .batching import batch_layout, padding_per_prompt, seam_padding
 from .engine import (
     STRATEGIES,
@@ -307,12 +307,6 @@ class Memory:
         return changed
 
 
-def describe(error: BaseException) -> str:
-    """``Type: message`` on one line, cut at 300 characters (compiler errors run over pages)."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
-
-
 def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: Ranks | None = None, precision=None,
                   progress: bool = False, tolerance: float | None = None, check: bool = True) -> ScoreResult:
     """Score every prompt of ``job`` on ``model``, checked against each prompt alone; the same on every rank.
@@ -358,7 +352,7 @@ def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: 
             raise
         except Exception as e:  # noqa: BLE001 - any fast-path failure (a compiler error, a cache the model rejects)
             error, share = e, None
-        errors = ranks.gather(None if error is None else describe(error))
+        errors = ranks.gather(None if error is None else one_line(error))
         failed = next((e for e in errors if e), None)
         if failed is not None:
             if level == len(STRATEGIES) - 1:
@@ -506,7 +500,7 @@ def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int, batc
     except (UnsupportedModelError, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - a replay that cannot run costs resolution, never the probe
-        note = f"the float32 replay failed ({describe(e)})"
+        note = f"the float32 replay failed ({one_line(e)})"
     finally:
         if call.n_forward < planned:
             pad_calls(call, planned, job.encoded, device)

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import SweepError
+from ..errors import SweepError, one_line
 from ..extras import require
 from .sinks import Point, line_probe_key
 from .tracker import Tracker
@@ -131,9 +131,9 @@ class MlflowTracker(Tracker):
         try:
             run = client.get_run(run_id)
         except Exception as e:  # noqa: BLE001 - a run that is not there: the user's setup, said in one line
-            raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}); pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI "
-                             f"of the store the training logs to") from None
+            raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({one_line(e, 200)}); "
+                             f"pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI of the store the training logs "
+                             f"to") from None
         if run.info.lifecycle_stage != "active":
             raise SweepError(f"the MLflow run {run_id} at {public_uri(uri)} is deleted: restore it (mlflow runs "
                              f"restore) or pass --mlflow-run RUN_ID of another")

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import one_line
 from ..results.history import BASELINE_EVENT, is_point
 from ..results.metrics import dashboard_names, probe_key
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
@@ -143,7 +144,7 @@ class Trackers:
                 if self.strict:
                     raise
                 ok = False
-                cause = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                cause = one_line(e, 200)
                 self.missed.setdefault(sink.what, []).append(line["step"])
                 self.causes.setdefault(sink.what, cause)
                 logger.warning("%s: step %d not sent to %s: %s", label, line["step"], sink.what, cause)
@@ -160,8 +161,8 @@ class Trackers:
             try:
                 self._held[key] = sink.held(name)
             except Exception as e:  # noqa: BLE001 - not knowing what it holds costs a point sent twice, no more
-                logger.warning("moral probe: could not read which points %s holds (%s: %s); the history's lines are "
-                               "sent to it again", sink.what, type(e).__name__, " ".join(str(e).split())[:200])
+                logger.warning("moral probe: could not read which points %s holds (%s); the history's lines are "
+                               "sent to it again", sink.what, one_line(e, 200))
                 self._held[key] = None
         held = self._held[key]
         return held is not None and holds(held, point.step, value)
@@ -175,8 +176,8 @@ class Trackers:
             if self.strict:
                 raise
             self.figure = None
-            logger.warning("%s: the dashboards get no figure in this run: %s: %s (figure=False, or --no-figure, "
-                           "says so without this warning)", label, type(e).__name__, " ".join(str(e).split())[:300])
+            logger.warning("%s: the dashboards get no figure in this run: %s (figure=False, or --no-figure, says so "
+                           "without this warning)", label, one_line(e))
             return None
 
     def undelivered(self) -> list[str]:

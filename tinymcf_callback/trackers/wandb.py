@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import ConfigError, MissingExtraError, SweepError
+from ..errors import ConfigError, MissingExtraError, SweepError, one_line
 from ..extras import require
 from ..results.metrics import dashboard_names
 from ..results.rows import ROW_COLUMNS
@@ -171,9 +171,8 @@ def _preset(entity: str) -> bool:
             exists = "exist" in str(e).lower()
             _presets[entity] = exists
             if not exists:
-                logger.warning("moral probe: the W&B chart preset %s/%s could not be created (%s: %s); the interval "
-                               "chart is left out, the figure shows the bands", entity, BAND_CHART, type(e).__name__,
-                               " ".join(str(e).split())[:200])
+                logger.warning("moral probe: the W&B chart preset %s/%s could not be created (%s); the interval "
+                               "chart is left out, the figure shows the bands", entity, BAND_CHART, one_line(e, 200))
     return _presets[entity]
 
 
@@ -222,8 +221,8 @@ class WandbTracker(Tracker):
         except (SweepError, ConfigError, MissingExtraError):
             raise  # nothing names a run, or wandb is not installed: the user's setup, said in one line
         except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
-            logger.warning("moral probe: the wandb run could not be opened (%s: %s); lines go to the history and the "
-                           "other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
+            logger.warning("moral probe: the wandb run could not be opened (%s); lines go to the history and the "
+                           "other trackers only", one_line(e))
             return None
         return cls(run, finish=opened_here)
 

@@ -42,8 +42,7 @@ class RunKeeper:
                 setattr(record, field, getattr(facts, field))
             record.hand_off = record.hand_off or hand_off  # a second callback without the hand-off leaves it on
             record.ended, record.global_step = False, None
-            if not any(a.started == self.attempt.started and a.pid == self.attempt.pid for a in record.attempts):
-                record.attempts.append(self.attempt)
+            self._mine(record)  # this attempt, added once
 
         self._update(start)
         if hand_off:
