@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ from .model_info import (
     NEEDS,
     ForwardArgs,
     class_name,
+    forward_params,
     held_ref,
     model_device,
     pad_token_id,
@@ -488,10 +488,7 @@ def score_alone(model, encoded: list[list[int]], idx: list[int], tok, answer_for
     """
     call = call if call is not None else ModelCall(model)
     before = call.n_forward
-    try:
-        params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
-    except (TypeError, ValueError):
-        params = set()
+    params = forward_params(model)
     device = model_device(model)
     rows = []
     for i in idx:

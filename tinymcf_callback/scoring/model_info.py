@@ -161,14 +161,19 @@ class ForwardArgs:
 
     @classmethod
     def of(cls, model) -> ForwardArgs:
-        try:
-            params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
-        except (TypeError, ValueError):
-            params = set()
+        params = forward_params(model)
         if prompt_learning(model):  # the adapter owns positions and the cache (see prompt_learning)
             params -= {"position_ids", "cache", "past_key_values"}
         cache_kw = next((k for k in ("cache", "past_key_values") if k in params), None)
         return cls("position_ids" in params, "logits_to_keep" in params, cache_kw, position_base(model))
+
+
+def forward_params(model) -> set[str]:
+    """The names the forward of the model inside the wrappers takes (none where its signature cannot be read)."""
+    try:
+        return set(inspect.signature(type(unwrap_model(model)).forward).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def position_base(model) -> int:

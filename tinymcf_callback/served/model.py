@@ -1,18 +1,10 @@
 """A model behind an OpenAI-compatible server, scored like a local one: :class:`ServedModel`.
 
 ``Probe.run(ServedModel("http://127.0.0.1:8000", "my-model"))`` gives the same report as a local probe, with
-``info["backend"]`` saying what answered. Each probe, through the parts of this package:
-
-1. **finds the server** and checks the model name (:func:`~.server.discover`);
-2. **checks the template** (:func:`~.server.check_template`) on the sample prompt;
-3. **checks the log-probabilities** (:func:`~.server.check_logprobs`): the sample prompt read at temperature 1,
-   0.5 and 1, every other sampling setting pinned; processed ones are refused;
-4. **scores every prompt** (:mod:`~.transport`): batched requests where the server takes a list of prompts, a
-   bounded pool of them in flight, as the server is really run (prefix caching, continuous batching);
-5. **self-checks** (:mod:`~.selfcheck`): a few prompts of the probe's rotation asked again, later in the queue and
-   in a second form, and optionally scored by a local reference.
-
-Nothing is cached between probes: a model reloaded into the server is read afresh, with a new connection.
+``info["backend"]`` saying what answered. Each probe finds the server (:func:`~.server.discover`), checks its template
+(:func:`~.server.check_template`) and that its log-probabilities are the model's own (:func:`~.server.check_logprobs`),
+scores every prompt through a bounded pool of batched requests (:mod:`~.transport`) and self-checks a few of them
+(:mod:`~.selfcheck`). Nothing is cached between probes: a model reloaded into the server is read afresh.
 """
 
 from __future__ import annotations
