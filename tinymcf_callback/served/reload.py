@@ -122,12 +122,32 @@ class Reloader:
             if not self.builtin:
                 run_command(self.command, folder, step, timeout=self.timeout)
                 return None
-            return Builtin(self.command, self.endpoint, self.model, timeout=self.timeout).load(
-                where, step, version or f"step-{step}")
+            return self._builtin(where, step, version or f"step-{step}")
         except ServedError as e:
             if self.sent[key] >= SENDS:
                 raise CheckpointUnusable(f"{self._given_up()}: {e}") from None
             raise
+
+    def _builtin(self, folder: str, step: int, version: str) -> str:
+        """The built-in route's requests, then a poll until the server answers with the new weights: their version (an
+        adapter's: its folder)."""
+        route = RELOADS[self.command]
+        expected = folder if route.adapter else version
+        client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
+        try:
+            route.send(client, folder, version, self.model)
+            deadline = time.monotonic() + self.timeout
+            while (seen := route.serving(client, self.model)) != expected:
+                if time.monotonic() > deadline:
+                    raise ServedError(f"it still answers with weight version {seen!r}, not {expected!r}, after "
+                                      f"{self.timeout:g} s")
+                time.sleep(POLL_S)
+            return expected
+        except ServedError as e:
+            raise ServedError(f"--reload {route.name} could not load step {step} ({folder}) into the server: {e}; "
+                              "it is not scored on the old weights") from None
+        finally:
+            client.close()
 
     @staticmethod
     def _given_up() -> str:
@@ -180,38 +200,6 @@ def run_command(command: str, checkpoint: str | None, step: int, *, timeout: flo
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:300]
         raise ServedError(f"--reload exited {done.returncode} for step {step} ({last}): {filled}")
-
-
-class Builtin:
-    """One built-in reload (its :class:`Route`) against the server at ``endpoint``, the served name ``model``."""
-
-    def __init__(self, kind: str, endpoint: str, model: str | None, *, timeout: float):
-        self.route = RELOADS[kind]
-        self.endpoint, self.model, self.timeout = endpoint, model, timeout
-
-    def load(self, folder: str, step: int, version: str) -> str:
-        client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
-        try:
-            self.route.send(client, folder, version, self.model)
-            return self._wait(client, folder, version)
-        except ServedError as e:
-            raise ServedError(f"--reload {self.route.name} could not load step {step} ({folder}) into the server: {e}; "
-                              "it is not scored on the old weights") from None
-        finally:
-            client.close()
-
-    def _wait(self, client: ServerClient, folder: str, version: str) -> str:
-        """Poll until the server answers with the new weights; their version (an adapter's: its folder)."""
-        deadline = time.monotonic() + self.timeout
-        expected = folder if self.route.adapter else version
-        while True:
-            seen = self.route.serving(client, self.model)
-            if seen == expected:
-                return expected
-            if time.monotonic() > deadline:
-                raise ServedError(f"it still answers with weight version {seen!r}, not {expected!r}, after "
-                                  f"{self.timeout:g} s")
-            time.sleep(POLL_S)
 
 
 VERSION_ROUTES = {"vllm": "/weight_info", "sglang": "/get_weight_version"}  # a server's kind -> its weight version
