@@ -23,7 +23,7 @@ import torch
 
 from ..errors import UnsupportedModelError
 from .answers import AnswerScores, score_prompts
-from .batching import PrefixPlan
+from .batching import PrefixPlan, encode_prompts
 from .model_info import (
     NEEDS,
     ForwardArgs,
@@ -138,7 +138,7 @@ def encode_batch(tok, prompts: list[str], model=None, *, device=None) -> dict:
     tensors go (default: the model's device, else CPU). Score the logits with
     :func:`~tinymcf_callback.score_prompts`.
     """
-    seqs = tok(list(prompts), add_special_tokens=False)["input_ids"]
+    seqs = encode_prompts(tok, prompts)
     if model is not None:
         args, pad_id = ForwardArgs.of(model), pad_token_id(model, tok)
         device = model_device(model) if device is None else device
