@@ -83,7 +83,7 @@ class WandbWriter:
             self._recorded = run.id
         payload = line_metrics(line) if metrics else {}
         if point.fresh:
-            table = self._table(f"eval/{self.key}/table", ["step", *_columns(line.get("table"))],
+            table = self._table(f"eval/{self.key}/table", ["step", *(line.get("table") or [{}])[0]],
                                 [_foundation_rows(earlier) for earlier in point.curve[:-1]])
             if table is not None and self._add(table, _foundation_rows(line)):
                 payload[f"eval/{self.key}/table"] = table
@@ -140,10 +140,6 @@ class WandbWriter:
                                 {"title": f"{self.key}: each value with its interval"})
 
 
-def _columns(table: list[dict] | None) -> list[str]:
-    return list((table or [{}])[0].keys())
-
-
 def _foundation_rows(line: dict) -> list[dict]:
     return [{"step": line["step"], **row} for row in line.get("table") or []]
 
@@ -176,12 +172,6 @@ def _preset(entity: str) -> bool:
     return _presets[entity]
 
 
-def active_wandb_run():
-    """The current wandb run, or None (no run started); :func:`~tinymcf_callback.extras.require` names the
-    ``[wandb]`` extra when wandb is missing."""
-    return getattr(require("wandb"), "run", None)
-
-
 class WandbTracker(Tracker):
     """The training's wandb run (see the module). The record keeps its ``id``, ``project``, ``entity``, ``mode``
     (offline or online) and ``dir`` (the folder its files are in)."""
@@ -197,7 +187,7 @@ class WandbTracker(Tracker):
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
     def recorded(cls, args, trainer=None) -> dict | None:
-        run = active_wandb_run()
+        run = require("wandb").run  # the current run, None when none was started
         if run is None:
             return None
         settings = getattr(run, "settings", None)
@@ -208,7 +198,7 @@ class WandbTracker(Tracker):
     def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> WandbTracker | None:
         """The tables, the figure and the band chart (with ``numbers``, the metrics too, against
         ``train/global_step``), into the run the Trainer's ``WandbCallback`` opened."""
-        live = active_wandb_run()
+        live = require("wandb").run
         return None if live is None else cls(live, metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
