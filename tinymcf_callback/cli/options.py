@@ -217,12 +217,6 @@ def add_progress(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def check_home(args: argparse.Namespace) -> None:
-    home = getattr(args, "home", None)
-    if home is not None and not home.strip():
-        raise ConfigError("--home needs a folder")
-
-
 class Say(logging.Handler):
     """What the package logs, as the command's own lines on stderr (``[tinymcf] ...``), between progress bars."""
 
@@ -261,8 +255,10 @@ def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     ``scrub`` removes secrets (API keys) from anything printed.
     """
     try:
-        check_home(args)
-        with using_home(getattr(args, "home", None)), saying(scrub):
+        home = getattr(args, "home", None)
+        if home is not None and not home.strip():
+            raise ConfigError("--home needs a folder")
+        with using_home(home), saying(scrub):
             return command(args)
     except TinymcfError as e:
         print(f"error: {scrub(str(e))}", file=sys.stderr)

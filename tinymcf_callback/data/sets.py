@@ -1,12 +1,10 @@
 """Vignette sets and the rewrite cache: the data layer under everything else.
 
-A *set* is a list of vignettes (one third-person violation each, the ``other_violate``
-condition) with fine and coarse foundation labels. Its three rewrites per vignette
-(``other_uphold``, ``self_violate``, ``self_uphold``) live in the rewrite cache, keyed
-by the md5 of the exact original text plus the condition. The shipped ``configs/``
-and ``cache/`` hold the ``scifi`` set and the rewrites of both built-in sets; sets
-made by ``tinymcf prepare`` (``clifford`` after its download, and
-users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.data.home`).
+A *set* is a list of vignettes (one third-person violation each, the ``other_violate`` condition) with fine and
+coarse foundation labels; its three rewrites per vignette live in the rewrite cache, keyed by the md5 of the exact
+original text and the condition. The shipped ``configs/`` and ``cache/`` hold the ``scifi`` set and the rewrites of
+both built-in sets; sets made by ``tinymcf prepare`` and their new rewrites live in the home
+(:mod:`tinymcf_callback.data.home`).
 """
 
 from __future__ import annotations

@@ -21,11 +21,9 @@ logger = logging.getLogger(__name__)
 
 
 def open_run_trackers(settings: RunSettings) -> Trackers:
-    """The trackers ``--report-to`` names, opened on the main process, with the lines an earlier sweep or watch wrote
-    sent to each that does not hold them yet first: a follower killed after writing a line may not have got it to its
-    trackers (they write from buffers), and a tracker that failed then (a full disk) gets its points now; a point a
-    tracker holds is not sent again (it would be drawn twice). The history's lines start the curve each figure
-    draws."""
+    """The trackers ``--report-to`` names, opened on the main process, first sent the lines an earlier sweep or watch
+    wrote that they do not hold yet (a follower killed before its trackers flushed, a tracker that failed then); a
+    point a tracker holds is not sent again (it would be drawn twice). The history's lines start each figure's curve."""
     if not settings.report_to:
         return Trackers()
     history = settings.history

@@ -430,16 +430,11 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
                 strategy: str | None = None, calls: int | None = None, say: LogOnce | None = None) -> ScoreResult:
     """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
 
-    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the
-    probe's :class:`LogOnce`, when it is not the shared one; without ``say``, at every call). ``answer_format``
-    names the answer tokens read at the answer position (``prompts.ANSWER_FORMATS``): the prompts must have been
-    formatted for it. ``calls``:
-    make exactly this many forward calls, adding one-token calls whose results are dropped when
-    the batches need fewer (every rank of a sharded model must make the same number; see
-    :func:`tinymcf_callback.scoring.selfcheck.score_checked`). A batch that runs out of memory is split in
-    two and retried; a prompt that does not fit alone re-raises. NaN or infinite logits raise
-    ``FloatingPointError``. The caller chooses the mode (eval, inference); see :func:`probe_mode`.
-    No check against each prompt alone happens here.
+    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the probe's
+    :class:`LogOnce`). ``answer_format``: the answer tokens read (the prompts must have been formatted for it).
+    ``calls``: make exactly this many forward calls, one-token fillers where the batches need fewer (every rank of a
+    sharded model must make the same number). A batch that runs out of memory is split; NaN or infinite logits raise
+    ``FloatingPointError``. The caller chooses the mode (:func:`probe_mode`); nothing is checked here.
     """
     res = empty_result(len(encoded))
     if pad_id is None:

@@ -311,16 +311,12 @@ def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: 
                   progress: bool = False, tolerance: float | None = None, check: bool = True) -> ScoreResult:
     """Score every prompt of ``job`` on ``model``, checked against each prompt alone; the same on every rank.
 
-    ``job`` is a :class:`~tinymcf_callback.probe.Probe` (its ``encoded``, ``batches``, ``tok``,
-    ``prefix_plan``, ``sample_index``, ``answer_format`` and ``name`` are read). ``precision``: the
-    :class:`~tinymcf_callback.scoring.mode.Precision` of the running
-    :func:`~tinymcf_callback.scoring.mode.probe_mode`, which gives the tolerance (``tolerance``
-    overrides it). The result's ``check`` holds the :class:`SelfCheck` record. Raises
-    :class:`EngineMismatchError` when no strategy agrees with each prompt alone, and the last
-    strategy's own error when every strategy raised. ``check=False`` scores with the first strategy
-    and compares nothing (``res.check`` is None). ``batches``: only the prompts of these (a look of a probe with a
-    precision target, batched on its own), checked among themselves with the probe's one rotation and memory; the
-    result holds every prompt of ``job``, NaN outside them.
+    ``job`` is a :class:`~tinymcf_callback.probe.Probe`; ``precision`` the running
+    :class:`~tinymcf_callback.scoring.mode.Precision`, which gives the tolerance (``tolerance`` overrides it). The
+    result's ``check`` holds the :class:`SelfCheck` record (None with ``check=False``: the first strategy, unchecked).
+    Raises :class:`EngineMismatchError` when no strategy agrees with each prompt alone, the last strategy's own error
+    when every one raised. ``batches``: only the prompts of these (a look of a probe with a precision target), the
+    result holding every prompt of ``job``, NaN outside them.
     """
     ranks, memory = ranks or Ranks(), job.memory
     rows = None if batches is None else sorted(i for b in batches for i in b)

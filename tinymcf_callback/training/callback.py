@@ -144,12 +144,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- saved in checkpoints (transformers' ExportableState) ------------------------------------
     def state(self) -> dict:
-        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``.
-
-        ``args`` are this callback's keyword arguments (the probe's settings, then ``events``, ``every``,
-        ``baseline``, ``strict``, ``verbose``): the Trainer rebuilds the callback from them with
-        ``restore_callback_states_from_checkpoint=True`` and sets ``attributes`` on it.
-        """
+        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``: ``args``, this
+        callback's keyword arguments (the Trainer rebuilds it from them with ``restore_callback_states_from_checkpoint
+        =True`` and sets ``attributes`` on it)."""
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
                      "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose,
@@ -317,7 +314,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
         callback's state), never read back from the output folder."""
-        publishes = self._is_main(args) and not self.hand_off  # with the hand-off the watcher logs every probe
+        # the main process publishes; with the hand-off the watcher logs every probe
+        publishes = getattr(args, "process_index", 0) == 0 and not self.hand_off
         if publishes and self.runs is None:  # an evaluation outside trainer.train(): the reporters' runs now
             self.runs = reported_runs(args, self.trainer)
         key = probe_key(self.name, self.answer_format)
@@ -326,10 +324,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
                                   strict=self.strict, verbose=self.verbose, figure=self.figure)
         if self.baseline_record is not None:
             self.logger.use_baseline(self.baseline_record)
-
-    @staticmethod
-    def _is_main(args) -> bool:
-        return getattr(args, "process_index", 0) == 0
 
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
