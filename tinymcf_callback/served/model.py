@@ -151,11 +151,11 @@ class ServedModel:
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
         # echo carries a sequence per (prompt, answer token): one per request where the server takes no list
         one_each = single and form.name == "echo"
-        main = requests(form, "main", rows, prompts, size, one_each, [*yes, *no])
-        repeat = requests(form, "repeat", checked, prompts, size, one_each, [*yes, *no])
+        main = asks(form, "main", rows, prompts, size, one_each, [*yes, *no])
+        repeat = asks(form, "repeat", checked, prompts, size, one_each, [*yes, *no])
         alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
-        second_asks = requests(second, "second", checked, prompts, size, alone, pair,
-                               only=pair if second.name == "echo" else None)
+        second_asks = asks(second, "second", checked, prompts, size, alone, pair,
+                           only=pair if second.name == "echo" else None)
         extra = list(repeat) + ([] if alone else list(second_asks))
         if form.name in ("logprob_token_ids", "echo"):  # their readings hold no top tokens: the sample's, asked apart
             top_form = self.form("top_logprobs" if form.name == "logprob_token_ids" else "echo", tok, yes, no, server,
@@ -316,8 +316,8 @@ class ServedModel:
             self.client = None
 
 
-def requests(form, kind: str, indices: list[int], prompts: list[list[int]], size: int, one_each: bool,
-             answers: list[int], **options) -> list[Ask]:
+def asks(form, kind: str, indices: list[int], prompts: list[list[int]], size: int, one_each: bool,
+         answers: list[int], **options) -> list[Ask]:
     """The requests of the prompts ``indices``, each keyed ``(kind, index)``: one sequence each (``one_each``: each
     prompt with one of ``answers``, on a server that takes no list of them), else in batches of ``size``."""
     keyed = [((kind, i), prompts[i]) for i in indices]
