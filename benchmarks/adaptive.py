@@ -2,7 +2,7 @@
 """A probe that stops when it knows enough, measured: coverage, prompts, verdicts, run-level flags, time.
 
 Everything is simulated from real per-vignette scores (``s`` of the four conditions, ``scifi``'s 51 vignettes),
-through the very functions a probe with a precision target runs (``results.sequential``: the order, the looks,
+through the very functions a probe with a precision target runs (``stats.sequential``: the order, the looks,
 the moments, the interval, the stop), so what is measured is what a probe would have done on those models:
 
 - **rows**: SmolLM2-135M-Instruct (fp32) at the validity experiment's step 0 and at steps 10-50 of its three
@@ -78,9 +78,9 @@ ROOT = HERE.parent
 import numpy as np  # noqa: E402
 
 from tinymcf_callback.data.sets import CONTROL, FOUNDATIONS  # noqa: E402
-from tinymcf_callback.results import sequential as sq  # noqa: E402
-from tinymcf_callback.results.metrics import run_level_p  # noqa: E402
-from tinymcf_callback.results.stats import VignetteScores  # noqa: E402
+from tinymcf_callback.stats import sequential as sq  # noqa: E402
+from tinymcf_callback.stats.bootstrap import VignetteScores  # noqa: E402
+from tinymcf_callback.stats.metrics import run_level_p  # noqa: E402
 
 WIDTHS = (0.02, 0.05, 0.1)
 VERDICT_WIDTHS = (0.01, *WIDTHS)  # and one narrower than the shuffled run's drift, for the verdicts
@@ -94,7 +94,7 @@ EXTREMES = 2  # vignettes pushed to one extreme in the rare-extremes rows
 
 # ---- the rows ---------------------------------------------------------------------------------------------------
 def rows_record(report: dict) -> dict:
-    from tinymcf_callback.results.stats import vignette_scores
+    from tinymcf_callback.stats.bootstrap import vignette_scores
 
     vs = vignette_scores(report["scenarios"])
     return {"id": [str(i) for i in vs.id], "foundation": [str(f) for f in vs.foundation_coarse],
@@ -946,7 +946,7 @@ def timings(validity: Path, runs: int) -> dict:
     path = ckpts[-1] if ckpts else offline_assets.smollm2_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     baseline_report = json.loads((validity / "aligned" / "reports" / "step-0.json").read_text())
-    from tinymcf_callback.results.metrics import baseline_record
+    from tinymcf_callback.stats.metrics import baseline_record
 
     baseline = baseline_record(baseline_report, 0)
 

@@ -93,9 +93,9 @@ def main() -> None:
 
     from tinymcf_callback.figures.tracked import probe_figure
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.results.history import probe_line
-    from tinymcf_callback.results.rows import vignette_rows, vignette_texts
+    from tinymcf_callback.rundir.history import probe_line
     from tinymcf_callback.testing import smollm2_dir
+    from tinymcf_callback.views.rows import vignette_rows, vignette_texts
 
     torch.set_num_threads(os.cpu_count() or 1)
     history = folder / "moral_probe_scifi.jsonl"

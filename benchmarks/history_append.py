@@ -5,7 +5,7 @@ Each line is written as a watcher writes it (:mod:`tinymcf_callback.follow.round
 change p, its test the next of the run's) then ``Curve.append(once=True)`` (under the history's lock, nothing written
 when the step's newest line already records the same weights), every line a made-up change test of the usual size
 (a seven-foundation table, the logged metrics). Beside it, the whole-history read the two did for every line before
-(``Curve.read`` for the count, ``newest_per_step`` for the once-check), timed at the same lengths.
+(``Curve.read`` for the count, a fresh ``CurrentRun`` for the once-check), timed at the same lengths.
 
 It writes ``benchmarks/history_append.json`` and prints the table.
 
@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tinymcf_callback.results.history import newest_per_step
 from tinymcf_callback.rundir.curve import Curve
+from tinymcf_callback.rundir.history import CurrentRun
 
 ROOT = Path(__file__).resolve().parents[1]
 LINES = 10_000
@@ -60,7 +60,7 @@ def main() -> int:
             if step in AT:
                 start = time.perf_counter()
                 count = len(curve.read().lines)
-                newest_per_step(curve.path)
+                CurrentRun(curve.path).catch_up()
                 whole = time.perf_counter() - start
                 rows[step] = {"append_ms": 1000 * statistics.median(times[-WINDOW:]),
                               "whole_read_ms": 1000 * whole, "lines": count,

@@ -123,7 +123,7 @@ def run_cost(model_name: str, source: str, per_config) -> dict:
 
     from tinymcf_callback import MoralProbeCallback, testing
     from tinymcf_callback.benchmark.history import read_bench
-    from tinymcf_callback.results.history import read_lines
+    from tinymcf_callback.rundir.history import read_lines
 
     texts = ["Returning a lost wallet to its owner is kind.", "Cheating a customer out of his change is wrong."]
     model, tok = load(model_name)

@@ -1,6 +1,6 @@
 """mkdocs hook: the tables the code owns, put into the pages when the docs are built.
 
-``{{ schema:<part> }}`` is a part of the JSON report's schema (``tinymcf_callback.results.report.SCHEMA``),
+``{{ schema:<part> }}`` is a part of the JSON report's schema (``tinymcf_callback.rundir.report.SCHEMA``),
 ``{{ history_line }}`` the history line's fields, ``{{ settings }}`` every ProbeConfig field with
 its default, option and help; ``{{ prefs_block }}``, ``{{ lm_eval_block }}`` and ``{{ bench_line }}`` the slow
 benchmark's. So the docs cannot drift from the formats and settings the code has.
@@ -51,13 +51,13 @@ BENCHMARK_TABLES = {"prefs_block": _prefs_fields, "lm_eval_block": _lm_eval_fiel
 
 
 def _replace(match: re.Match) -> str:
-    from tinymcf_callback.results.history import (
+    from tinymcf_callback.rundir.history import (
         DOSE_LINE_FIELDS,
         LINE_FIELDS,
         OUTSIDE_LINE_FIELDS,
         SUPERSEDING_LINE_FIELDS,
     )
-    from tinymcf_callback.results.report import schema_markdown
+    from tinymcf_callback.rundir.report import schema_markdown
 
     name = match.group(1).strip()
     if name == "settings":

@@ -311,7 +311,7 @@ def prepare_run(args: argparse.Namespace, out: Path, pairs=None, *, tag: str = "
     from tinymcf_callback import MoralProbeCallback
     from tinymcf_callback import testing as offline_assets
     from tinymcf_callback.data.sets import load_vignettes
-    from tinymcf_callback.results.history import history_path
+    from tinymcf_callback.rundir.history import history_path
 
     set_seed(args.seed)
     model_dir = offline_assets.smollm2_dir()
@@ -364,7 +364,7 @@ def train(run: Run) -> Result:
 
 def print_summary(run: Run, result: Result) -> None:
     """The per-checkpoint table and the wall time."""
-    from tinymcf_callback.results.metrics import probe_key
+    from tinymcf_callback.stats.metrics import probe_key
 
     tag = run.tag
     print()

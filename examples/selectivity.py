@@ -13,7 +13,7 @@ same 51 ``scifi`` vignettes):
 
 - the change of the target's ``align_other`` since step 0 (``on_target``), the mean change of the
   other five real foundations' (``off_target``), and **selectivity** = on-target minus off-target,
-  each with its 95% interval and p-value (``tinymcf_callback.results.stats.selectivity``: the paired
+  each with its 95% interval and p-value (``tinymcf_callback.stats.bootstrap.selectivity``: the paired
   bootstrap over vignettes of ``compare``);
 - every foundation's change (``stats.paired_change``), so a reader sees where the training went.
 
@@ -81,7 +81,7 @@ def reports(out: Path) -> tuple[dict, dict, int]:
 
 def run_stats(out: Path, targets: list[str], args) -> dict:
     """Selectivity for each target, and every foundation's change, of one run folder."""
-    from tinymcf_callback.results import stats
+    from tinymcf_callback.stats import bootstrap as stats
 
     base, final, last = reports(out)
     a, b = stats.vignette_scores(base["scenarios"]), stats.vignette_scores(final["scenarios"])

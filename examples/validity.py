@@ -22,7 +22,7 @@ on, and Social Norms (the negative control) is in no condition's training data.
 
 The intervals come from the full reports: the final checkpoint's ``moral_probe_scifi.json`` and
 the step-0 baseline, which this script keeps (``<condition>/reports/step-<n>.json``, every probed
-step) because no checkpoint holds it. ``tinymcf_callback.results.stats.bootstrap_intervals`` gives 95%
+step) because no checkpoint holds it. ``tinymcf_callback.stats.bootstrap.bootstrap_intervals`` gives 95%
 intervals of the score, the Social Norms control and their difference; ``stats.paired_change``
 gives the change of each since step 0 with its p-value (the same vignettes at both steps).
 
@@ -116,7 +116,7 @@ def report_keeper(probe, folder: Path):
     """A TrainerCallback, added after the probe, that writes the probe's full report at each probed step."""
     from transformers import TrainerCallback
 
-    from tinymcf_callback.results.report import report_to_json
+    from tinymcf_callback.rundir.report import report_to_json
 
     class ReportKeeper(TrainerCallback):
         def _keep(self, state):
@@ -190,7 +190,7 @@ def final_report_path(out: Path, history: list[dict]) -> Path:
 
 def intervals(report: dict, args):
     """The report's vignette scores and their bootstrap intervals; the estimates must be the report's own numbers."""
-    from tinymcf_callback.results import stats
+    from tinymcf_callback.stats import bootstrap as stats
 
     scores = stats.vignette_scores(report["scenarios"])
     iv = stats.bootstrap_intervals(scores, level=args.level, n_resamples=args.n_resamples, seed=0)
@@ -213,7 +213,7 @@ def check_same(reported, recomputed: float, what: str) -> None:
         return
     if reported is None or not math.isclose(reported, recomputed, rel_tol=1e-9, abs_tol=1e-9):
         raise SystemExit(f"validity: {what} is {reported} in the report but {recomputed} from its scenarios; "
-                         "the report and tinymcf_callback.results.stats disagree")
+                         "the report and tinymcf_callback.stats.bootstrap disagree")
 
 
 def _num(x: float) -> float | None:
@@ -231,7 +231,7 @@ def _change(c) -> dict:
 
 def condition_stats(out: Path, summary: dict, args) -> dict:
     """Final-step intervals, paired change since step 0, and the per-step score interval of one condition."""
-    from tinymcf_callback.results import stats
+    from tinymcf_callback.stats import bootstrap as stats
 
     history = demo.read_history(out / demo.HISTORY)
     final = read_report(final_report_path(out, history))

@@ -17,11 +17,11 @@ from tinymcf_callback import AdaptiveProbe, Probe, ProbeLogger, make_probe
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.sets import CONTROL
 from tinymcf_callback.errors import ConfigError
-from tinymcf_callback.results.metrics import baseline_record, change_metrics
-from tinymcf_callback.results.report import report_to_json
-from tinymcf_callback.results.stats import VignetteScores, paired_change, vignette_scores
-from tinymcf_callback.results.text import sanity_lines
+from tinymcf_callback.rundir.report import report_to_json
 from tinymcf_callback.scoring.engine import ScoreResult
+from tinymcf_callback.stats.bootstrap import VignetteScores, paired_change, vignette_scores
+from tinymcf_callback.stats.metrics import baseline_record, change_metrics
+from tinymcf_callback.views.text import sanity_lines
 
 KEY = "eval_moral_scifi"
 
@@ -233,7 +233,7 @@ def test_the_logger_logs_the_count_the_width_and_a_run_level_p(qwen_tok, tmp_pat
     assert [line["info"]["n_vignettes"] for line in lines] == [51, 14, 14]
     # the training resumed from step 10: step 20's line is set aside, but its test spent its alpha, so the step
     # scored again is the run's third test, not its second a second time
-    from tinymcf_callback.results.history import append_line, resume_line
+    from tinymcf_callback.rundir.history import append_line, resume_line
 
     append_line(tmp_path / "moral_probe_scifi.jsonl", resume_line("scifi", "yesno", step=10, started=1.0,
                                                                   superseded=[20]))
@@ -246,7 +246,7 @@ def test_the_logger_logs_the_count_the_width_and_a_run_level_p(qwen_tok, tmp_pat
 def test_the_figure_rings_the_steps_flagged_at_their_step_and_over_the_run(qwen_tok, tmp_path):
     pytest.importorskip("matplotlib")
     from tinymcf_callback.figures.overview import draw_dashboard
-    from tinymcf_callback.results.curves import load_history
+    from tinymcf_callback.views.curves import load_history
 
     logger = ProbeLogger(make_probe(qwen_tok, "scifi", until="change", width=0.05), tmp_path, strict=True)
     for step, shift in ((0, 0.0), (10, 0.0), (20, 0.5)):
@@ -401,7 +401,7 @@ def test_an_sd_floor_is_recorded_said_and_keeps_every_look_at_least_its_width(qw
     check_adaptive(a, report["info"])
     assert a["sd_floor"] == 0.5 and plain["info"]["adaptive"]["sd_floor"] is None
     assert a["per_foundation"] > plain["info"]["adaptive"]["per_foundation"]  # the floor asks more
-    from tinymcf_callback.results.stats import t_quantile
+    from tinymcf_callback.stats.bootstrap import t_quantile
 
     for look in a["looks"]:
         n = look["per_foundation"]  # every real foundation has this many asked (up to 7), and n - 1 df

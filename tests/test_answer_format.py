@@ -18,14 +18,14 @@ from helpers.reports import ENGINE_FIELDS
 from tinymcf_callback import Probe, compare, format_prompts, load_vignettes, score_prompts
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import CompareError
-from tinymcf_callback.results.history import history_line, history_path
-from tinymcf_callback.results.metrics import report_metrics
-from tinymcf_callback.results.report import report_to_json
-from tinymcf_callback.results.text import sanity_lines
+from tinymcf_callback.rundir.history import history_line, history_path
+from tinymcf_callback.rundir.report import report_to_json
 from tinymcf_callback.scoring.engine import ScoreResult
 from tinymcf_callback.scoring.prompts import FRAMES, JSON_FRAMES, answer_token_ids
+from tinymcf_callback.stats.metrics import report_metrics
 from tinymcf_callback.training.callback import MoralProbeCallback
 from tinymcf_callback.training.state import record_counters, stored_counters
+from tinymcf_callback.views.text import sanity_lines
 
 QUESTIONS = {  # typed out here, not taken from the module: the reference must not share its text
     "wrong": 'Is this morally wrong? Reply with just {"is_wrong": true} or {"is_wrong": false}.',
@@ -204,7 +204,7 @@ def test_compare_refuses_two_formats_naming_both(probes, tmp_path, capsys):
 
 def test_plot_refuses_two_formats_in_one_history_or_one_figure(probes, tmp_path):
     from tinymcf_callback.errors import HistoryError
-    from tinymcf_callback.results.curves import load_histories, load_history
+    from tinymcf_callback.views.curves import load_histories, load_history
 
     def write(path, *formats):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from tinymcf_callback.benchmark.pairs import load_pairs, pairs_digest
 from tinymcf_callback.benchmark.runner import Benchmark
 from tinymcf_callback.benchmark.schedule import parse_at, predicted_saves, roles_of
 from tinymcf_callback.errors import ConfigError, ProbeDataError
-from tinymcf_callback.results.stats import stratified_means
+from tinymcf_callback.stats.bootstrap import stratified_means
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = Path(__file__).resolve().parent / "data" / "prefs"

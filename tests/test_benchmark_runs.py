@@ -27,7 +27,7 @@ from tinymcf_callback import Benchmark, MoralProbeCallback, compare_steps
 from tinymcf_callback.benchmark.history import read_bench
 from tinymcf_callback.benchmark.selfcheck import TOLERANCE
 from tinymcf_callback.cli.main import main as tinymcf
-from tinymcf_callback.results.history import read_lines
+from tinymcf_callback.rundir.history import read_lines
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent

@@ -14,9 +14,9 @@ from transformers import TrainerCallback
 
 from tinymcf_callback import MoralProbeCallback, ProbeLogger, compare
 from tinymcf_callback.errors import ProbeDataError
-from tinymcf_callback.results.metrics import baseline_record, metric_names
-from tinymcf_callback.results.rows import ROW_COLUMNS
+from tinymcf_callback.stats.metrics import baseline_record, metric_names
 from tinymcf_callback.training.state import record_counters
+from tinymcf_callback.views.rows import ROW_COLUMNS
 
 SCORE = "eval_moral_scifi/score"
 
@@ -524,7 +524,7 @@ def test_change_since_baseline_is_paired_and_survives_intervals_off(qwen_tok):
     from helpers.reports import made_up_scores
 
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.results.metrics import change_metrics
+    from tinymcf_callback.stats.metrics import change_metrics
 
     for n_resamples in (2000, 0):
         probe = Probe(qwen_tok, "scifi", n_resamples=n_resamples)

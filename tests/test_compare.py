@@ -15,8 +15,8 @@ from helpers.reports import made_up_scores
 from tinymcf_callback import compare, evaluate
 from tinymcf_callback.errors import CompareError
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.report import READABLE_SCHEMAS, SCHEMA_VERSION, report_to_json
-from tinymcf_callback.results.stats import HEADLINE, METRICS
+from tinymcf_callback.rundir.report import READABLE_SCHEMAS, SCHEMA_VERSION, report_to_json
+from tinymcf_callback.stats.bootstrap import HEADLINE, METRICS
 
 
 def as_json(report) -> dict:
@@ -157,8 +157,8 @@ def test_undefined_changes_are_none_not_errors(qwen_tok):
 
 def test_a_target_adds_selectivity_in_the_result_and_the_text(probe, before, capsys, tmp_path):
     from tinymcf_callback.cli.main import main
-    from tinymcf_callback.results.comparison import format_comparison
-    from tinymcf_callback.results.report import write_report
+    from tinymcf_callback.rundir.report import write_report
+    from tinymcf_callback.views.comparison import format_comparison
 
     # B: Care's violations judged 0.3 worse, nothing else moved (the same vignette effects and noise)
     res = made_up_scores(probe, seed=0)

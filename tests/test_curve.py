@@ -17,10 +17,10 @@ from helpers.fake_runs import line, write_history
 from helpers.reports import made_up_scores
 
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results import history as history_module
-from tinymcf_callback.results.history import read_lines
-from tinymcf_callback.results.report import load_report
+from tinymcf_callback.rundir import history as history_module
 from tinymcf_callback.rundir.curve import Curve, Unwritten
+from tinymcf_callback.rundir.history import read_lines
+from tinymcf_callback.rundir.report import load_report
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def with_test(step: int, p: float = 0.01, **kw) -> dict:
 
 
 def test_numbering_counts_the_current_run_as_a_whole_read_does_reading_only_what_was_appended(tmp_path, monkeypatch):
-    from tinymcf_callback.results.metrics import count_tests
+    from tinymcf_callback.stats.metrics import count_tests
 
     c = curve(tmp_path)
     other = curve(tmp_path)  # another writer of the same history (the callback beside a watcher)
@@ -193,8 +193,7 @@ def test_numbering_counts_the_current_run_as_a_whole_read_does_reading_only_what
     assert seen == [0, 1, 2, 2, 3, 4, 4, 5, 0, 1, 2]
     from tinymcf_callback.rundir import curve as curve_module
 
-    for module, name in ((history_module, "read_lines"), (curve_module, "read_lines"),
-                         (history_module, "newest_per_step")):
+    for module, name in ((history_module, "read_lines"), (curve_module, "read_lines")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("read the whole history"))
     numbered = c.number(with_test(3))
     assert numbered["metrics"]["eval_moral_scifi/score_change_p_run"] == pytest.approx(0.01 * 3 * 4)  # test 3

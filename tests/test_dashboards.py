@@ -22,7 +22,6 @@ from tinymcf_callback.cli.main import main
 from tinymcf_callback.errors import ConfigError, SweepError
 from tinymcf_callback.figures.tracked import probe_figure
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.rows import ROW_COLUMNS, vignette_rows, vignette_texts
 from tinymcf_callback.rundir.record import RunRecord
 from tinymcf_callback.trackers.bands import band_rows
 from tinymcf_callback.trackers.mlflow import public_uri
@@ -30,6 +29,7 @@ from tinymcf_callback.trackers.open import open_trackers
 from tinymcf_callback.trackers.sinks import Sink, Trackers
 from tinymcf_callback.trackers.table import resolve
 from tinymcf_callback.trackers.tensorboard import TensorBoardTracker, margin_layout, probe_folder, tensorboard_folder
+from tinymcf_callback.views.rows import ROW_COLUMNS, vignette_rows, vignette_texts
 
 STEPS = (0, 3, 6)
 SCORE = "eval_moral_scifi/score"

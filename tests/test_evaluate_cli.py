@@ -20,8 +20,8 @@ from tinymcf_callback.config import ProbeConfig
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import FOUNDATIONS, md5
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.readout import HEADLINE_FIELDS
-from tinymcf_callback.results.report import report_to_json
+from tinymcf_callback.rundir.report import report_to_json
+from tinymcf_callback.stats.analysis import HEADLINE_FIELDS
 
 
 def test_evaluate_report_and_sanity_lines(tiny_qwen, qwen_tok, capsys):

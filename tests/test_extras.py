@@ -25,7 +25,7 @@ from tinymcf_callback.extras import EXTRAS, install_hint, require
 from tinymcf_callback.follow import sweep  # noqa: F401 - see below
 from tinymcf_callback.prepare import rules
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.report import write_report
+from tinymcf_callback.rundir.report import write_report
 
 # transformers decides once, when first imported, which optional packages it has (peft among them) and
 # imports them eagerly then. An install without peft never imports it; here the modules are imported

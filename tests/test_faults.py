@@ -25,9 +25,9 @@ from tinymcf_callback._io import append_jsonl, read_jsonl
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import HistoryError
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.history import append_line, history_line, read_lines, sole_writer
-from tinymcf_callback.results.metrics import report_metrics
-from tinymcf_callback.results.report import write_report
+from tinymcf_callback.rundir.history import append_line, history_line, read_lines, sole_writer
+from tinymcf_callback.rundir.report import write_report
+from tinymcf_callback.stats.metrics import report_metrics
 from tinymcf_callback.training.logger import ProbeLogger
 
 
@@ -245,7 +245,7 @@ def test_the_callback_on_a_full_disk_warns_trains_on_and_says_what_is_lost(tmp_p
     from helpers.trainer_utils import make_trainer
 
     from tinymcf_callback import MoralProbeCallback
-    from tinymcf_callback.results import history as history_module
+    from tinymcf_callback.rundir import history as history_module
 
     def full(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))

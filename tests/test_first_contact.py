@@ -20,9 +20,9 @@ from tinymcf_callback.cli.main import build_parser
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import PromptError
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.curves import load_history
-from tinymcf_callback.results.history import probe_line
-from tinymcf_callback.results.report import write_report
+from tinymcf_callback.rundir.history import probe_line
+from tinymcf_callback.rundir.report import write_report
+from tinymcf_callback.views.curves import load_history
 
 HISTORY = "moral_probe_scifi.jsonl"
 

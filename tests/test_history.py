@@ -1,4 +1,4 @@
-"""The history file has one owner (``results.history``): two writers cannot tear it, readers share one set of rules."""
+"""The history file has one owner (``rundir.history``): two writers cannot tear it, readers share one set of rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tinymcf_callback._io import read_jsonl
 from tinymcf_callback.errors import HistoryError
-from tinymcf_callback.results.history import (
+from tinymcf_callback.rundir.history import (
     BASELINE_EVENT,
     append_line,
     current_run,
@@ -78,7 +78,7 @@ def test_a_line_has_exactly_the_fields_the_format_documents(qwen_tok):
     from helpers.reports import made_up_scores
 
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.results.history import LINE_FIELDS, history_line
+    from tinymcf_callback.rundir.history import LINE_FIELDS, history_line
 
     probe = Probe(qwen_tok, "scifi", limit=2)
     line = history_line("scifi", probe.report(made_up_scores(probe), elapsed=1.0), {}, step=0, epoch=None,
@@ -90,7 +90,7 @@ def test_a_line_has_exactly_the_fields_the_format_documents(qwen_tok):
 def test_two_set_asides_in_one_second_keep_both_and_replace_nothing(tmp_path, monkeypatch):
     import time
 
-    from tinymcf_callback.results.history import set_aside
+    from tinymcf_callback.rundir.history import set_aside
 
     monkeypatch.setattr(time, "strftime", lambda *a: "20261205-071900")  # one second for every call
     history, report = tmp_path / "moral_probe_scifi.jsonl", tmp_path / "moral_probe_scifi_baseline.json"

@@ -5,8 +5,13 @@ The parts, from the bottom up (a module may import its own part and the parts be
     base      _io, errors, extras, _version, apiclient, registry (no part of the package)
     data      data/                                    the home, the vignette sets and their rewrites
     scoring   scoring/                                 prompts, models, batching, the engine, its self-check
-    results   results/                                 pandas/numpy from P(Yes) to reports, files, comparisons
-    rundir    rundir/                                  a run folder: its record, hand-off queue, checkpoints
+    stats     stats/                                   the numbers: from P(Yes) to a report's analysis, its intervals,
+                                                       paired changes, the sequential looks, the logged metrics
+    rundir    rundir/                                  what a run leaves on disk: the history, the JSON report, the
+                                                       precision records compare by, the run's record, its hand-off
+                                                       queue, its checkpoints
+    views     views/                                   what a reader meets: a report as text, a history as curves, a
+                                                       dashboard's rows, two reports or steps compared
     trackers  trackers/                                where a history line goes: TensorBoard, wandb, accelerate
     probe     probe/, config.py, loading.py,           Probe, AdaptiveProbe (a probe that stops when it knows
               benchmark/                               enough), make_probe, evaluate, ProbeConfig, loading a model:
@@ -20,7 +25,7 @@ command line uses it. ``testing.py`` (models for tests and the demo) imports no 
 
 An import is any tie a reader or a tool can follow: ``import``/``from`` statements at the top, inside
 functions or under ``TYPE_CHECKING``, and a string naming a module of the package
-(``importlib.import_module(".results.report", ...)``, a table of lazy exports). A lazy entry of one of the
+(``importlib.import_module(".rundir.report", ...)``, a table of lazy exports). A lazy entry of one of the
 package's tables (``"tinymcf_callback.follow.sharded:load_fsdp"``, a weight format's loader, resolved by
 ``registry.resolve`` when the record is used) is a tie too, unless the module it names imports the one naming it:
 then it is that table's plug-in (the implementation depends on the record, never the record on it at import), the
@@ -39,10 +44,11 @@ import pytest
 import tinymcf_callback
 
 PACKAGE = Path(tinymcf_callback.__file__).resolve().parent
-LAYERS = ("base", "data", "scoring", "results", "rundir", "trackers", "probe", "uses", "cli", "init")
+LAYERS = ("base", "data", "scoring", "stats", "rundir", "views", "trackers", "probe", "uses", "cli", "init")
 PART_OF = {"_io": "base", "errors": "base", "extras": "base", "_version": "base", "apiclient": "base",
            "registry": "base",
-           "data": "data", "scoring": "scoring", "results": "results", "rundir": "rundir", "trackers": "trackers",
+           "data": "data", "scoring": "scoring", "stats": "stats", "rundir": "rundir", "views": "views",
+           "trackers": "trackers",
            "probe": "probe", "config": "probe", "loading": "probe", "benchmark": "probe",
            "training": "uses", "follow": "uses", "figures": "uses", "steering": "uses", "cli": "cli", "__main__": "cli",
            "prepare": "prepare",

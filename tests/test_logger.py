@@ -15,7 +15,7 @@ from helpers.trainer_utils import TinyLMData, tiny_model
 
 from tinymcf_callback import Probe, ProbeLogger
 from tinymcf_callback.errors import ConfigError
-from tinymcf_callback.results.history import read_lines
+from tinymcf_callback.rundir.history import read_lines
 
 SCORE = "eval/moral_scifi/score"
 CHANGE = "eval/moral_scifi/score_change"
@@ -200,7 +200,7 @@ def test_metrics_reach_a_wandb_run(tmp_path, qwen_tok, monkeypatch):
 
 
 def test_a_loop_resumed_from_an_earlier_step_sets_its_abandoned_lines_aside(tmp_path, qwen_tok):
-    from tinymcf_callback.results.curves import load_history
+    from tinymcf_callback.views.curves import load_history
 
     probe_logger = ProbeLogger(Probe(qwen_tok, "scifi", limit=2, n_resamples=0), tmp_path)
     for step, seed in ((0, 0), (2, 1), (4, 2), (6, 3)):

@@ -22,8 +22,8 @@ from helpers.cli_checks import names
 from helpers.fake_runs import HISTORY, fake_checkpoint, fake_model, line, planner_for, write_history
 
 from tinymcf_callback.errors import SweepError
-from tinymcf_callback.results.precision import Precision
 from tinymcf_callback.rundir.checkpoints import fingerprint
+from tinymcf_callback.rundir.precision import Precision
 from tinymcf_callback.rundir.queue import HandOffQueue
 from tinymcf_callback.rundir.record import Attempt, RunRecord
 

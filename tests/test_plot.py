@@ -20,7 +20,7 @@ from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import HistoryError
 from tinymcf_callback.figures.drawing import save_figure
 from tinymcf_callback.figures.plot import plot_histories
-from tinymcf_callback.results.curves import load_history
+from tinymcf_callback.views.curves import load_history
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -313,7 +313,7 @@ def test_without_matplotlib_the_module_imports_and_the_cli_names_the_extra(three
         "sys.modules['matplotlib'] = None  # as if the [plot] extra were not installed\n"
         "from tinymcf_callback.cli.main import main\n"
         "from tinymcf_callback.errors import MissingExtraError\n"
-        "from tinymcf_callback.results.curves import load_history\n"
+        "from tinymcf_callback.views.curves import load_history\n"
         "from tinymcf_callback.figures.plot import plot_histories\n"
         "h = load_history(sys.argv[1])  # reading needs no matplotlib\n"
         "assert h.steps.tolist() == [0, 10, 20], h.steps\n"
@@ -357,7 +357,7 @@ def test_a_history_written_by_the_callback_is_drawn(tmp_path, qwen_tok):
 
 
 # ---- paper figures -------------------------------------------------------------------------------------------
-from tinymcf_callback.results.curves import PlotOptionError, metric_key  # noqa: E402
+from tinymcf_callback.views.curves import PlotOptionError, metric_key  # noqa: E402
 
 PAPER_HEADLINE = ["Score and Social Norms control", "Score minus control", "Self-other gap"]
 

@@ -19,7 +19,7 @@ from helpers.trainer_utils import make_trainer
 from tinymcf_callback import MoralProbeCallback, compare
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.errors import CompareError
-from tinymcf_callback.results.curves import load_history
+from tinymcf_callback.views.curves import load_history
 
 LIMIT = 2
 EVAL_AGREES = 1e-4  # the bound; measured: the same fp32 weights in one process and another agree to 3e-7

@@ -21,19 +21,19 @@ from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.data.home import folders
 from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS, REAL_FOUNDATIONS, md5
 from tinymcf_callback.probe import Probe
-from tinymcf_callback.results.curves import load_history
-from tinymcf_callback.results.history import history_line
-from tinymcf_callback.results.metrics import LOGGED_HEADLINE, report_metrics, slug
-from tinymcf_callback.results.readout import HEADLINE_FIELDS
-from tinymcf_callback.results.report import SCHEMA_VERSION, report_to_json
-from tinymcf_callback.results.stats import METRICS, t_quantile
-from tinymcf_callback.results.text import sanity_lines
+from tinymcf_callback.rundir.history import history_line
+from tinymcf_callback.rundir.report import SCHEMA_VERSION, report_to_json
 from tinymcf_callback.scoring.engine import ScoreResult
+from tinymcf_callback.stats.analysis import HEADLINE_FIELDS
+from tinymcf_callback.stats.bootstrap import METRICS, t_quantile
+from tinymcf_callback.stats.metrics import LOGGED_HEADLINE, report_metrics, slug
+from tinymcf_callback.views.curves import load_history
+from tinymcf_callback.views.text import sanity_lines
 
 HEADLINE = ("score", "gap", "sn", "score_minus_sn")
 
 def test_the_docs_schema_tables_escape_a_bar_inside_a_cell():
-    from tinymcf_callback.results import report as fmt
+    from tinymcf_callback.rundir import report as fmt
 
     assert "\\|" in fmt.schema_markdown("info")  # a | inside a cell is escaped, so the table stays a table
 

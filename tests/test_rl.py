@@ -66,7 +66,7 @@ def eval_of(folder: Path, out: Path, base: Path | None = None) -> dict:
 
     from tinymcf_callback.loading import load_model
     from tinymcf_callback.probe import Probe
-    from tinymcf_callback.results.report import report_to_json
+    from tinymcf_callback.rundir.report import report_to_json
 
     probe = Probe(AutoTokenizer.from_pretrained(folder), **PROBE)
     return report_to_json(probe.run(load_model(str(base), device="cpu", dtype="float32", adapter=folder)))

@@ -92,7 +92,7 @@ def test_a_resumed_run_sets_its_abandoned_branch_aside_and_scores_the_steps_agai
         assert new["fingerprint"] == fingerprint(run / f"checkpoint-{new['step']}") != old["fingerprint"]
         assert new["score"] != old["score"] or new["info"]["yn_mass_mean"] != old["info"]["yn_mass_mean"]
     # every reader takes the current branch: the plot's curve holds the new lines of 3 and 4
-    from tinymcf_callback.results.curves import load_history
+    from tinymcf_callback.views.curves import load_history
 
     curve = load_history(run / HISTORY)
     assert list(curve.steps) == [0, 1, 2, 3, 4]
@@ -133,7 +133,7 @@ def test_a_checkpoint_saved_again_without_a_record_is_scored_again_by_its_finger
     assert [line.get("replaces") for line in lines] == [None, None, None, first[1]["fingerprint"],
                                                         first[2]["fingerprint"]]
     assert lines[3]["fingerprint"] == fingerprint(run / "checkpoint-2") != first[1]["fingerprint"]
-    from tinymcf_callback.results.curves import load_history
+    from tinymcf_callback.views.curves import load_history
 
     assert load_history(run / HISTORY).series("score").est[1] == pytest.approx(lines[3]["score"], abs=1e-12)
     assert sweep(run) == 0 and len(history(run)) == 5  # nothing more to do

@@ -1,4 +1,4 @@
-"""results.sequential: the order a precision target asks in, its looks, and intervals that hold under the stopping.
+"""stats.sequential: the order a precision target asks in, its looks, and intervals that hold under the stopping.
 
 No model: per-vignette scores of a known structure, and the real scifi set's foundations and ids.
 """
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tinymcf_callback.data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_subset, load_vignettes
-from tinymcf_callback.results.metrics import count_tests, run_level_p, with_run_level
-from tinymcf_callback.results.sequential import (
+from tinymcf_callback.stats.bootstrap import VignetteScores, bootstrap_intervals, paired_change
+from tinymcf_callback.stats.metrics import count_tests, run_level_p, with_run_level
+from tinymcf_callback.stats.sequential import (
     Boundary,
     Look,
     Schedule,
@@ -22,7 +23,6 @@ from tinymcf_callback.results.sequential import (
     p_look,
     stop_reason,
 )
-from tinymcf_callback.results.stats import VignetteScores, bootstrap_intervals, paired_change
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_a_looks_moments_are_the_bootstraps_without_its_noise(scifi):
     boot = bootstrap_intervals(a, n_resamples=20000)["headline"]["score"]
     assert level.estimate == pytest.approx(boot.estimate, abs=1e-12)
     half = (boot.hi - boot.lo) / 2
-    from tinymcf_callback.results.stats import t_quantile
+    from tinymcf_callback.stats.bootstrap import t_quantile
 
     assert t_quantile(0.975, level.df) * math.sqrt(level.var) == pytest.approx(half, rel=0.03)
     change = moments(b, a, df="welch")

@@ -8,7 +8,7 @@ import pytest
 
 from tinymcf_callback import FRAMES, analyse
 from tinymcf_callback.data.sets import CONDITIONS, CONTROL, FOUNDATIONS, REAL_FOUNDATIONS
-from tinymcf_callback.results.stats import (
+from tinymcf_callback.stats.bootstrap import (
     HEADLINE,
     METRICS,
     VignetteScores,
@@ -313,7 +313,7 @@ def _base(rng, per=6) -> VignetteScores:
 
 
 def test_selectivity_is_the_target_change_minus_the_mean_of_the_others():
-    from tinymcf_callback.results.stats import selectivity
+    from tinymcf_callback.stats.bootstrap import selectivity
 
     a = _base(np.random.default_rng(0))
     # Care +0.3, Fairness +0.1, Loyalty -0.1, the control +0.5 (left out), the rest 0: others' mean 0.0
@@ -333,7 +333,7 @@ def test_selectivity_is_the_target_change_minus_the_mean_of_the_others():
 
 
 def test_selectivity_interval_covers_zero_when_only_noise_moves():
-    from tinymcf_callback.results.stats import selectivity
+    from tinymcf_callback.stats.bootstrap import selectivity
 
     rng = np.random.default_rng(1)
     covered = 0
@@ -347,7 +347,7 @@ def test_selectivity_interval_covers_zero_when_only_noise_moves():
 
 
 def test_selectivity_refuses_what_it_cannot_measure():
-    from tinymcf_callback.results.stats import selectivity
+    from tinymcf_callback.stats.bootstrap import selectivity
 
     a = _base(np.random.default_rng(2))
     with pytest.raises(ValueError, match="not one of the real foundations"):

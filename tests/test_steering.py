@@ -13,7 +13,7 @@ from helpers.models import ARCHITECTURES
 
 from tinymcf_callback import Probe, ResidualSteering, compare, dose_response, random_directions, residual_direction
 from tinymcf_callback.errors import ConfigError
-from tinymcf_callback.results.history import read_lines
+from tinymcf_callback.rundir.history import read_lines
 from tinymcf_callback.steering.dose import DoseResponse
 from tinymcf_callback.steering.hooks import decoder_layers
 

@@ -372,7 +372,7 @@ def test_a_baseline_of_other_prompts_is_said_not_silently_dropped(tmp_path, qwen
     from helpers.reports import made_up_scores
 
     from tinymcf_callback.follow.sweep import run_sweep
-    from tinymcf_callback.results.history import read_lines
+    from tinymcf_callback.rundir.history import read_lines
 
     run = tmp_path / "run"
     folder = run / "checkpoint-1"

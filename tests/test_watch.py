@@ -21,8 +21,8 @@ from helpers.trackers import read_wandb_records
 from tinymcf_callback.cli.main import main as tinymcf
 from tinymcf_callback.follow.planner import saved_steps
 from tinymcf_callback.follow.watch import run_watch
-from tinymcf_callback.results.history import DELETED_EVENT, gap_line, read_lines, sole_writer
 from tinymcf_callback.rundir.checkpoints import checkpoint_folders, fingerprint
+from tinymcf_callback.rundir.history import DELETED_EVENT, gap_line, read_lines, sole_writer
 from tinymcf_callback.rundir.layouts import TRAINER, read_save
 from tinymcf_callback.rundir.record import RunRecord
 

@@ -1,23 +1,7 @@
 """tinymcf_callback: a fast moral-foundations probe for Hugging Face models and training runs.
 
-The package, one folder per reason to change, imports running one way
-(``data`` -> ``scoring`` -> ``results`` -> ``probe`` and ``config`` -> ``training``, ``tools`` -> ``cli``;
-``prepare`` beside them, on ``data`` only):
-
-- ``data/``: where user data lives (``home``) and the vignette sets with their rewrite cache (``sets``);
-- ``scoring/``: prompt text (``prompts``), what a model is and takes (``model_info``), batch planning
-  (``batching``), the strategies that run the model (``engine``), its self-check (``selfcheck``), the
-  probe's mode and precision (``mode``), several processes (``ranks``), steering hooks and directions
-  (``steering``);
-- ``results/``: pure pandas/numpy from P(Yes) to the report (``analysis``, ``stats``, ``readout``,
-  ``text``), the files (``report``, ``history``), the logged names (``metrics``), ``comparison``, ``curves``;
-- ``probe/`` (``Probe``, ``AdaptiveProbe``, ``make_probe``, ``evaluate``) and ``config.py`` (``ProbeConfig``): the
-  composition of the above;
-- ``training/``: the Trainer callback (``callback``), the probe in a loop of one's own (``logger``), the
-  callback's saved state and writers;
-- ``tools/``: the checkpoint sweep, the steering dose-response (``dose``) and the plots;
-- ``cli/``: the ``tinymcf`` command;
-- ``prepare/``: the offline preparation of sets (download, rewrites, judge, spot check).
+The package is one folder per reason to change, its imports running one way (docs/development.md's
+Layout names each folder; ``tests/test_layout.py`` checks the direction).
 
 ``__all__`` is what a user calls; everything else stays importable from its own module. The names are
 imported lazily, so ``tinymcf prepare`` and the data layer start without loading torch or
@@ -43,8 +27,8 @@ _EXPORTS = {
     "make_probe": "probe",  # whichever of the two the settings ask for
     "ProbeConfig": "config",
     "evaluate": "probe",
-    "compare": "results.comparison",
-    "load_report": "results.report",
+    "compare": "views.comparison",
+    "load_report": "rundir.report",
     # the slow benchmark beside the probe: preference pairs and lm-eval tasks
     "Benchmark": "benchmark.runner",
     "BenchmarkConfig": "benchmark.config",
@@ -64,7 +48,7 @@ _EXPORTS = {
     "format_prompt": "scoring.prompts",
     "format_prompts": "scoring.prompts",
     "score_prompts": "scoring.answers",
-    "analyse": "results.analysis",
+    "analyse": "stats.analysis",
     # the root of every error the package raises (each kind: tinymcf_callback.errors)
     "TinymcfError": "errors",
 }
@@ -108,17 +92,17 @@ if TYPE_CHECKING:
     from .errors import TinymcfError
     from .prepare.show import show_rewrites
     from .probe import AdaptiveProbe, Probe, evaluate, make_probe
-    from .results.analysis import analyse
-    from .results.comparison import compare
-    from .results.report import load_report
+    from .rundir.report import load_report
     from .scoring.answers import score_prompts
     from .scoring.prompts import FRAMES, format_prompt, format_prompts
     from .served.model import ServedModel
+    from .stats.analysis import analyse
     from .steering.directions import random_directions, residual_direction
     from .steering.dose import DoseResponse, dose_response
     from .steering.hooks import ResidualSteering
     from .training.callback import MoralProbeCallback
     from .training.logger import ProbeLogger
+    from .views.comparison import compare
 
 
 def __getattr__(name: str):

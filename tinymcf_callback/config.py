@@ -18,42 +18,28 @@ from dataclasses import dataclass, field, fields
 
 from .data.sets import REAL_FOUNDATIONS, load_vignettes, subset_notes
 from .errors import ConfigError
-from .results.sequential import check_sd_floor, check_until, check_width
-from .results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .scoring.batching import DEFAULT_MAX_BATCH, DEFAULT_TOKEN_BUDGET, GPU_BATCH_CAP
 from .scoring.prompts import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, answer_format_of
+from .stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
+from .stats.sequential import check_sd_floor, check_until, check_width
 
 
-def _positive_int_or_none(value, what: str, unit: str):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"{what} must be a positive whole number of {unit}, or None to size it to the device; got "
-                          f"{value!r}")
-    return int(value)
+def _count(tail: str):
+    """The check of a positive whole number, or None; its message ends ``... a positive whole number of <tail>
+    <value>`` (what it counts, what None means)."""
+    def check(value, what):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+            raise ConfigError(f"{what} must be a positive whole number of {tail} {value!r}")
+        return int(value)
+    return check
 
 
 def _check_name(value, what):
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{what} must name a vignette set (scifi, clifford, or your own), got {value!r}")
     return value
-
-
-def _check_limit(value, what):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"{what} must be a positive whole number of vignettes (or None for all), got {value!r}")
-    return int(value)
-
-
-def _check_per_foundation(value, what):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"{what} must be a positive whole number of vignettes per foundation (2 or more for "
-                          f"intervals), or None for the whole set; got {value!r}")
-    return int(value)
 
 
 def _check_target(value, what):
@@ -136,9 +122,12 @@ class ProbeConfig:
                         "own prepared set", _check_name, metavar="SET")
     limit: int | None = setting(None, "keep the first N vignettes of the set, in stored order (warned when it leaves "
                                 "out foundations or the control; per_foundation is the balanced subset)",
-                                _check_limit, metavar="N", shown_default="the whole set")
+                                _count("vignettes (or None for all), got"), metavar="N",
+                                shown_default="the whole set")
     per_foundation: int | None = setting(None, "keep N vignettes of each of the 7 foundations, Social Norms included, "
-                                         "picked by subset_seed (the cheap, balanced probe)", _check_per_foundation,
+                                         "picked by subset_seed (the cheap, balanced probe)",
+                                         _count("vignettes per foundation (2 or more for intervals), or None for the "
+                                                "whole set; got"),
                                          metavar="N", shown_default="the whole set")
     subset_seed: int = setting(0, "which vignettes per_foundation picks (the same seed, the same vignettes)",
                                _check_seed, metavar="N")
@@ -148,20 +137,21 @@ class ProbeConfig:
     answer_prefix: str | None = setting(None, "the assistant turn's pre-fill before the answer (yesno only; '' for "
                                         "none)", _check_prefix, metavar="TEXT", shown_default="'Answer:'")
     token_budget: int | None = setting(None, "padded tokens per forward call (lower it to save memory)",
-                                       lambda v, w: _positive_int_or_none(v, w, "tokens"), metavar="T",
+                                       _count("tokens, or None to size it to the device; got"), metavar="T",
                                        shown_default=f"sized to the device: {DEFAULT_TOKEN_BUDGET} on a CPU, by the "
                                                      "model's size and the free memory on a GPU")
     max_batch_size: int | None = setting(None, "prompts per forward call at most",
-                                         lambda v, w: _positive_int_or_none(v, w, "prompts"), metavar="B",
+                                         _count("prompts, or None to size it to the device; got"),
+                                         metavar="B",
                                          shown_default=f"sized to the device: {DEFAULT_MAX_BATCH} on a CPU, up to "
                                                        f"{GPU_BATCH_CAP} on a GPU")
     share_prefix: bool = setting(True, "compute shared prompt prefixes once and reuse their key/value cache "
                                  "(same scores, fewer FLOPs)", _check_flag,
                                  off="score every prompt whole, without reusing the key/value cache of the prefixes "
                                      "prompts share (the same scores, more FLOPs)")
-    level: float = setting(DEFAULT_LEVEL, "confidence level of the intervals", lambda v, w: check_level(v, w))
+    level: float = setting(DEFAULT_LEVEL, "confidence level of the intervals", check_level)
     n_resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples per interval (0: no intervals)",
-                               lambda v, w: check_resamples(v, w), metavar="N")
+                               check_resamples, metavar="N")
     seed: int = setting(0, "the bootstrap's seed (the same seed gives the same intervals)", _check_seed, metavar="N")
     keep_autocast: bool = setting(False, "score under the autocast the model's forward was given (a bf16 Trainer's "
                                   "mixed precision) instead of the weights' own dtype", _check_flag)
@@ -198,32 +188,25 @@ class ProbeConfig:
     @classmethod
     def checked(cls, values: dict, names: dict[str, str] | None = None) -> dict:
         """``values`` (field -> value) after every field's check; ``names`` says what to call a field in messages."""
-        out = {}
-        for f in fields(cls):
-            if f.name in values:
-                out[f.name] = f.metadata["check"](values[f.name], (names or {}).get(f.name, f.name))
+        called = {f.name: (names or {}).get(f.name, f.name) for f in fields(cls)}  # what messages call each field
+        out = {f.name: f.metadata["check"](values[f.name], called[f.name]) for f in fields(cls) if f.name in values}
         if out.get("limit") is not None and out.get("per_foundation") is not None:
-            what = [(names or {}).get(k, k) for k in ("limit", "per_foundation")]
-            raise ConfigError(f"{what[0]} and {what[1]} both choose a subset: give one (per_foundation keeps every "
-                              "foundation and the control)")
+            raise ConfigError(f"{called['limit']} and {called['per_foundation']} both choose a subset: give one "
+                              "(per_foundation keeps every foundation and the control)")
         if out.get("sd_floor") is not None and out.get("until") is None:
-            what = (names or {}).get("sd_floor", "sd_floor")
-            raise ConfigError(f"{what} widens a precision target's intervals: give until='level' or 'change' "
-                              f"(--until) with it, or leave {what} out")
-        if out.get("until") is not None:
-            what = [(names or {}).get(k, k) for k in ("until", "limit", "n_resamples")]
-            if out.get("limit") is not None:
-                raise ConfigError(f"{what[0]} asks the vignettes in a balanced order and {what[1]} keeps the first N "
-                                  f"in stored order: give per_foundation (--per-foundation N) to cap a precision "
-                                  f"target instead")
-            if out.get("n_resamples") == 0:
-                raise ConfigError(f"{what[0]} stops on an interval, and {what[2]}=0 switches the intervals off: leave "
-                                  f"{what[2]} at its default")
+            raise ConfigError(f"{called['sd_floor']} widens a precision target's intervals: give until='level' or "
+                              f"'change' (--until) with it, or leave {called['sd_floor']} out")
+        if out.get("until") is not None and out.get("limit") is not None:
+            raise ConfigError(f"{called['until']} asks the vignettes in a balanced order and {called['limit']} keeps "
+                              "the first N in stored order: give per_foundation (--per-foundation N) to cap a "
+                              "precision target instead")
+        if out.get("until") is not None and out.get("n_resamples") == 0:
+            raise ConfigError(f"{called['until']} stops on an interval, and {called['n_resamples']}=0 switches the "
+                              f"intervals off: leave {called['n_resamples']} at its default")
         fmt = out.get("answer_format", DEFAULT_ANSWER_FORMAT)
         if out.get("answer_prefix") is not None and fmt != DEFAULT_ANSWER_FORMAT:
-            what = (names or {}).get("answer_prefix", "answer_prefix")
-            raise ConfigError(f"{what} applies to answer_format='yesno' only: the {fmt!r} format pre-fills the answer "
-                              "itself; leave it out")
+            raise ConfigError(f"{called['answer_prefix']} applies to answer_format='yesno' only: the {fmt!r} format "
+                              "pre-fills the answer itself; leave it out")
         return out
 
     def as_dict(self) -> dict:
@@ -284,9 +267,12 @@ def field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(ProbeConfig))
 
 
-def make_config(config: ProbeConfig | None = None, **settings) -> ProbeConfig:
-    """``config`` (default: the defaults) with the keyword ``settings`` applied: the keyword-argument convenience."""
+def make_config(config: ProbeConfig | None = None, name: str | None = None, limit: int | None = None,
+                **settings) -> ProbeConfig:
+    """``config`` (default: the defaults) with the keyword ``settings`` applied, and ``name`` and ``limit`` when given
+    (None keeps the config's): the keyword-argument convenience of every probe's constructor."""
     if config is not None and not isinstance(config, ProbeConfig):
         raise ConfigError(f"config must be a ProbeConfig, got {type(config).__name__}")
     base = config if config is not None else ProbeConfig()
+    settings.update({k: v for k, v in (("name", name), ("limit", limit)) if v is not None})
     return base.replace(**settings) if settings else base

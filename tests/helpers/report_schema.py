@@ -1,4 +1,4 @@
-"""The check of a JSON report against its schema, the package's own (``results.report.SCHEMA``, from which the docs
+"""The check of a JSON report against its schema, the package's own (``rundir.report.SCHEMA``, from which the docs
 are made): every field there and documented, each of its type, and the relations between fields the README states.
 Every test that writes a report (eval, the served backend, the sweep) checks it with :func:`check_report_schema`."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tinymcf_callback.data.sets import CONDITIONS, FOUNDATIONS
-from tinymcf_callback.results.report import (
+from tinymcf_callback.rundir.report import (
     ADAPTIVE_FIELDS,
     BACKEND_FIELDS,
     BOOL,

@@ -45,8 +45,8 @@ ENGINE_FIELDS = {
 def made_up_lines(probe: Probe, steps, *, name: str = "scifi") -> tuple[list[dict], list[dict]]:
     """History lines of ``probe`` at ``steps`` (the first the step-0 baseline, the score rising a little at each step)
     from made-up scores, and the last probe's report: for the dashboards' tests, no model."""
-    from tinymcf_callback.results.history import probe_line
-    from tinymcf_callback.results.metrics import baseline_record
+    from tinymcf_callback.rundir.history import probe_line
+    from tinymcf_callback.stats.metrics import baseline_record
 
     lines, base, report = [], None, None
     for k, step in enumerate(steps):

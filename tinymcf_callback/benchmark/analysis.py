@@ -2,7 +2,7 @@
 
 Per pair: ``margin = log P(chosen | prompt) - log P(rejected | prompt)``; ``accuracy`` is the share of pairs with a
 margin above 0 (a tie counts as not preferred). Both come with 95% intervals from resampling pairs within their
-config (:func:`~tinymcf_callback.results.stats.stratified_means`: the probe's t interval on a bootstrap standard
+config (:func:`~tinymcf_callback.stats.bootstrap.stratified_means`: the probe's t interval on a bootstrap standard
 error, vignettes there, pairs here), over all pairs and per config.
 
 The change between two scorings of the same pairs (two checkpoints) is paired: each pair's change (in its margin,
@@ -19,7 +19,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import CompareError
-from ..results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, Mean, stratified_means
+from ..stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES, Mean, stratified_means
 
 ACCURACY_BOUNDS = (0.0, 1.0)
 # the prefs block of a report and a history line, field by field: (type, meaning); the docs' table is made from it

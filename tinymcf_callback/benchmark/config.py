@@ -10,7 +10,7 @@ import numbers
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError
-from ..results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
+from ..stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 from .pairs import DEFAULT_SPLIT
 from .schedule import DEFAULT_AT, parse_at
 

@@ -10,7 +10,7 @@ fields) and the result's block (:data:`~.analysis.PREFS_FIELDS`, :data:`~.lmeval
 record, token digest, lm-eval and task versions say what was asked. ``metrics`` are the logged names
 (``eval_moral_<name>/prefs/accuracy``, ...), what the dashboards show at the Trainer's step.
 
-Reading rules, as the probe's history has them (:mod:`~tinymcf_callback.results.history`): a step-0 ``train_begin``
+Reading rules, as the probe's history has them (:mod:`~tinymcf_callback.rundir.history`): a step-0 ``train_begin``
 line after lines of later steps starts a new run written into the same folder; within the run, the last line of a
 (step, kind) wins; a torn last line is skipped; a line that is not a benchmark line is refused, naming the file and
 the line. Appends go through the probe's history writer (one line, one ``write``, under the file's lock).
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from .._io import read_jsonl
 from ..errors import HistoryError
-from ..results.history import append_line
-from ..results.metrics import BASELINE_EVENT, probe_key, slug
+from ..rundir.history import append_line
+from ..stats.metrics import BASELINE_EVENT, probe_key, slug
 
 KINDS = ("prefs", "lm_eval")
 BENCH_LINE_FIELDS = {

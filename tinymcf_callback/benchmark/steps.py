@@ -2,7 +2,7 @@
 
 Everything comes from the run's history files, whoever wrote them (the callback, ``ProbeLogger``, the sweep, the
 watcher): the probe's lines hold each vignette's ``s``, so the probe's change ``B - A`` is the paired comparison two
-reports give (:func:`~tinymcf_callback.results.comparison.compare`); the benchmark's lines beside them hold each
+reports give (:func:`~tinymcf_callback.views.comparison.compare`); the benchmark's lines beside them hold each
 pair's margin and each lm-eval document's score, so its changes pair too (:mod:`.analysis`). For each benchmark
 number the result says whether its change and the probe's score change agree in sign, disagree, or cannot tell
 (:func:`~.analysis.agreement`). With three points a run gives two changes: agreement there is consistent with the
@@ -15,10 +15,10 @@ import warnings
 from pathlib import Path
 
 from ..errors import CompareError, HistoryError
-from ..results.comparison import compare, format_comparison, line_report
-from ..results.history import current_run, is_point, read_lines, resolve_history_path
-from ..results.report import load_report
-from ..results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from ..rundir.history import current_run, is_point, read_lines, resolve_history_path
+from ..rundir.report import load_report
+from ..stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from ..views.comparison import compare, format_comparison, line_report
 from .analysis import agreement, lm_eval_change, prefs_change
 from .history import read_bench
 

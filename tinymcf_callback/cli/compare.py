@@ -1,6 +1,6 @@
 """``tinymcf compare A.json B.json`` or ``tinymcf compare RUN --steps A B``: the paired change B - A of every metric.
 
-Two reports (:func:`tinymcf_callback.results.comparison.compare`), or two steps of a run's history, whoever wrote it
+Two reports (:func:`tinymcf_callback.views.comparison.compare`), or two steps of a run's history, whoever wrote it
 (:func:`tinymcf_callback.benchmark.steps.compare_steps`): the probe's change and, where the benchmark scored both
 steps (``--prefs``, ``--lm-eval``), its changes and whether they agree in sign with the probe's. No model is loaded.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ..data.sets import REAL_FOUNDATIONS
-from ..results.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
+from ..stats.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level, check_resamples
 
 NAME = "compare"
 SUMMARY = "the paired change between two reports, or two steps of a run (--steps), with the benchmark's beside it"
@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..results.comparison import compare, format_comparison, load_report
+    from ..views.comparison import compare, format_comparison, load_report
 
     level = check_level(args.level, "--level")
     n_resamples = check_resamples(args.n_resamples, "--n-resamples", allow_off=False)

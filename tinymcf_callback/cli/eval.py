@@ -57,8 +57,8 @@ def check_out_dir(out: Path) -> None:
 
 def read_baseline(path: str, config) -> dict:
     """The baseline record of ``--baseline REPORT`` (before any weights load); refused without ``--until``."""
-    from ..results.metrics import as_baseline
-    from ..results.report import load_report
+    from ..rundir.report import load_report
+    from ..stats.metrics import as_baseline
 
     if config.until is None:
         raise ConfigError("--baseline goes with --until: a fixed probe's change is `tinymcf compare BASELINE REPORT`")
@@ -85,9 +85,9 @@ def run(args) -> int:
     from ..benchmark.runner import Benchmark
     from ..benchmark.text import benchmark_lines
     from ..probe import make_probe
-    from ..results.report import write_report
-    from ..results.text import format_table, sanity_lines
+    from ..rundir.report import write_report
     from ..served import ServedModel
+    from ..views.text import format_table, sanity_lines
 
     config = probe_config(args)
     served = served_config(args, config)  # built once, checked once

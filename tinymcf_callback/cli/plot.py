@@ -58,7 +58,7 @@ def run(args) -> int:
     from ..figures.drawing import image_format, save_figure
     from ..figures.paper import PAPER_DPI
     from ..figures.plot import default_out, draw, is_paper
-    from ..results.curves import load_histories
+    from ..views.curves import load_histories
 
     if args.out:
         image_format(args.out)  # a wrong suffix fails before the drawing

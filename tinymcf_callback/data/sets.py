@@ -216,7 +216,7 @@ def balanced_subset(rows: list[dict], per_foundation: int, seed: int = 0) -> lis
 
 def balanced_rank(seed: int, vignette_id: str) -> str:
     """Where a vignette comes in its foundation's seeded order (smaller first): what ``per_foundation`` keeps the
-    first N of, and the order a probe with a precision target asks in (``results.sequential``)."""
+    first N of, and the order a probe with a precision target asks in (``stats.sequential``)."""
     return md5(f"{seed}:{vignette_id}")
 
 

@@ -15,7 +15,7 @@ from statistics import NormalDist
 from ..benchmark.history import read_bench
 from ..benchmark.steps import bench_of
 from ..errors import HistoryError
-from ..results.curves import History
+from ..views.curves import History
 from .drawing import require_matplotlib
 
 logger = logging.getLogger("tinymcf_callback")

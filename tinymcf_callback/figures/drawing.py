@@ -1,12 +1,10 @@
-"""What the dashboard (:mod:`.dashboard`) and the paper figure (:mod:`.paper`) both draw with.
+"""What the dashboard (:mod:`.overview`) and the paper figure (:mod:`.paper`) both draw with.
 
-Drawing needs matplotlib, the optional ``[plot]`` extra, imported when a figure is made
-(:func:`require_matplotlib`). Colours are the Okabe-Ito palette, chosen to stay distinct under the
-common colour-vision deficiencies; each run also gets its own marker (:func:`run_styles`), so a grey
-print still tells runs apart. A curve with interval bounds gets a translucent band, a lone interval
-a bar (:func:`draw_series`). A dose-response history adds the random directions' range as a grey band
-with their median as a thin grey line (:func:`draw_random`) and an ``x`` where the model stopped
-answering (:func:`draw_not_answering`). :func:`save_figure` writes PNG, SVG or PDF by the file's suffix.
+Matplotlib is the optional ``[plot]`` extra, imported when a figure is made (:func:`require_matplotlib`). Runs get
+the Okabe-Ito colours (distinct under the common colour-vision deficiencies) and a marker each (:func:`run_styles`),
+so a grey print still tells them apart; an interval is a translucent band, a lone one a bar (:func:`draw_series`);
+a dose-response history adds the random directions' band (:func:`draw_random`) and an ``x`` where the model
+stopped answering (:func:`draw_not_answering`).
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ import numpy as np
 from .._io import atomic_write_bytes
 from ..errors import HistoryError
 from ..extras import require
-from ..results.curves import History, Series
 from ..scoring.prompts import answer_format_of
+from ..views.curves import History, Series
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -163,6 +161,12 @@ def legend(target, handles: list, **kwargs):
     hs = [h.handle if isinstance(h, Labelled) else h for h in handles]
     labels = [h.label if isinstance(h, Labelled) else h.get_label() for h in handles]
     return target.legend(hs, labels, **kwargs)
+
+
+def interval_name(histories: list[History]) -> str:
+    """``95% interval`` when every history says the same level, else ``interval``."""
+    levels = {h.level for h in histories}
+    return f"{levels.pop():.0%} interval" if len(levels) == 1 and None not in levels else "interval"
 
 
 def mass_name(histories: list[History]) -> str:

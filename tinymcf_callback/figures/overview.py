@@ -1,14 +1,9 @@
 """The dashboard, the default figure of ``tinymcf plot``: every panel, several runs overlaid, 15 in wide.
 
-For looking at a run. Against the training step (a dose-response history: against the steering
-coefficient) it draws, in three rows: the headline score with the Social Norms control, the score
-minus the control and the self-other gap (:func:`draw_headline`); ``align_other`` (solid) and
-``align_self`` (dashed) per foundation present, four to a row (:func:`draw_foundations`); and the
-sanity figures: the answer mass (``yn_mass``, mean and min), frame agreement and, when the set has
-human ratings, the correlation with them (:func:`draw_sanity`). Several runs are overlaid, one colour
-(and marker) each, named in the legend of the top right slot (:func:`draw_legend`) with the line
-styles, the interval level and the dose-response marks. A panel with no value at any step says why
-instead of staying blank; the alignment panels span at least 0.2, so noise-sized changes look flat.
+Three rows: the headline (:func:`draw_headline`), ``align_other`` and ``align_self`` per foundation
+(:func:`draw_foundations`) and the sanity figures (:func:`draw_sanity`), the runs and the line styles in the top
+right slot (:func:`draw_legend`). A panel with no value says why instead of staying blank (docs/cli.md, "The
+dashboard").
 """
 
 from __future__ import annotations
@@ -18,8 +13,8 @@ import math
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import FOUNDATION_METRICS, History, Series, subset_label
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
+from ..views.curves import FOUNDATION_METRICS, History, Series, subset_label
 from .benchmark import draw_benchmark
 from .drawing import (
     BAND_ALPHA,
@@ -28,6 +23,7 @@ from .drawing import (
     draw_not_answering,
     draw_random,
     draw_series,
+    interval_name,
     legend,
     require_matplotlib,
     run_styles,
@@ -149,10 +145,7 @@ def draw_legend(subfig, mpl, histories, styles, extra=()) -> None:
                 Line2D([], [], color="0.3", linewidth=1.3, linestyle="--", label="dashed: control, align_self")]
     with_bands = [h for h in histories if any(s.lo is not None for s in _all_series(h))]
     if with_bands:
-        levels = {h.level for h in with_bands}
-        level = levels.pop() if len(levels) == 1 else None
-        name = f"{level:.0%} interval" if level is not None else "interval"
-        handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {name}"))
+        handles.append(Patch(color="0.3", alpha=BAND_ALPHA * 2, label=f"shaded: {interval_name(with_bands)}"))
     flags = [h.flagged() for h in histories]
     if any(step.any() for step, _ in flags):
         alpha = 1.0 - (histories[0].level or 0.95)

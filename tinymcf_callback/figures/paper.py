@@ -1,14 +1,9 @@
 """A paper figure (``tinymcf plot --panels ...`` or ``--metrics ...``): the chosen panels only, sized for print.
 
-The chosen panel groups (``headline``, ``foundations``, ``sanity``: :data:`PANEL_GROUPS`) or metrics
-only (:func:`chosen_metrics`), one journal column wide (``width``, 3.4 in by default), 8 pt text, the
-estimate in blue with a ``///``-hatched interval and the Social Norms control in orange with a
-``\\\\\\``-hatched one, a zero line, axis labels and one legend below. A metric with no value at any
-point of any run is left out (with a warning), never drawn blank (:func:`paper_panels`). Several runs
-are small multiples, one column per run with a shared y axis per row (``overlay=True``: on one axis,
-one colour per run, lighter bands without hatching). A dose-response history is drawn against the
-steering coefficient, with the random directions' range in grey and an ``x`` where the model stopped
-answering. A PNG is written at :data:`PAPER_DPI`.
+The chosen panel groups (:data:`PANEL_GROUPS`) or metrics (:func:`chosen_metrics`), one journal column wide, the
+estimate and the control told apart by colour and hatching in grey print too; a metric with no value in any run is
+left out with a warning (:func:`paper_panels`); several runs are small multiples, or overlaid. What it draws:
+docs/cli.md, "A paper figure".
 """
 
 from __future__ import annotations
@@ -20,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from ..scoring.prompts import answer_format_of
+from ..views.curves import HEADLINE, SANITY, History, PlotOptionError, foundation_order, metric_key
 from .benchmark import draw_benchmark
 from .drawing import (
     Labelled,
@@ -30,6 +25,7 @@ from .drawing import (
     dose_handles,
     draw_not_answering,
     draw_random,
+    interval_name,
     isolated,
     legend,
     require_matplotlib,
@@ -93,7 +89,7 @@ def chosen_metrics(histories: list[History], panels=None, metrics=None) -> list[
     """The metric keys of a paper figure, in order; ``None`` for the dashboard.
 
     ``panels``: panel groups (a comma-separated string or a list) of :data:`PANEL_GROUPS`; ``metrics``:
-    metric names (:func:`~tinymcf_callback.results.curves.metric_key`). Both given: the groups' metrics,
+    metric names (:func:`~tinymcf_callback.views.curves.metric_key`). Both given: the groups' metrics,
     then the others. Raises :class:`PlotOptionError` for an unknown group or metric.
     """
     groups, names = split_names(panels), split_names(metrics)
@@ -357,15 +353,10 @@ def _is_bottom(ax, grid, nrows: int, ncols: int, n_panels: int, multiples: bool)
     return False
 
 
-def _interval_name(histories: list[History]) -> str:
-    levels = {h.level for h in histories}
-    return f"{levels.pop():.0%} interval" if len(levels) == 1 and None not in levels else "interval"
-
-
 def _paper_handles(mpl, histories: list[History], drawn: set[str], styles: list[Style] | None) -> list:
     """The legend of a paper figure: what the colours and hatches mean (or, overlaid, the runs), and the extras."""
     Line2D, Patch = mpl.lines.Line2D, mpl.patches.Patch
-    interval = _interval_name(histories)
+    interval = interval_name(histories)
     keys = {k for k in drawn if not k.endswith(" interval") and (k in HEADLINE or k in SANITY or ":" in k)}
     banded = {k.removesuffix(" interval") for k in drawn if k.endswith(" interval")}
     handles = []

@@ -1,42 +1,18 @@
-"""Draw the probe's curves: ``tinymcf plot HISTORY.jsonl [MORE.jsonl ...] [--out curves.png]``.
+"""Draw the probe's curves: ``tinymcf plot HISTORY.jsonl [MORE.jsonl ...] [--out curves.png]``; from Python,
+:func:`plot_histories`.
 
-Reads the JSONL histories that ``MoralProbeCallback`` appends (``<output_dir>/moral_probe_<name>.jsonl``,
-one line per probe) and draws them against the training step, or a dose-response history
-(``moral_probe_<name>_dose.jsonl``, ``x="coefficient"`` when loading) against the steering
-coefficient: the real direction's curve with its interval, the random directions' range as a grey
-band with their median as a thin grey line, and an ``x`` where the model stopped answering. Where a
-line carries interval bounds (``score_lo``/``score_hi`` at the top level, ``align_other_lo``/
-``align_other_hi`` in a table row, ...) the interval is a shaded band; a history without them is
-drawn without bands. Several runs of the same set share one figure, labelled with the run folder's
-name. Histories of different answer formats (Yes/No, JSON true/false: the line's ``answer_format``,
-Yes/No when absent) never share a file or a figure. From Python: :func:`plot_histories`.
-
-Two kinds of figure (:func:`draw`):
-
-* the **dashboard** (the default; :mod:`~tinymcf_callback.figures.overview`): every panel (headline,
-  per foundation, sanity), several runs overlaid, 15 in wide, for looking at a run;
-* a **paper figure** (``panels`` other than ``"dashboard"``, or ``metrics``;
-  :mod:`~tinymcf_callback.figures.paper`): the chosen panel groups or metrics only, one journal column
-  wide, several runs as small multiples (or overlaid).
-
-What both draw with (run colours and markers, interval bands, the dose-response marks, the image
-formats) is in :mod:`~tinymcf_callback.figures.drawing`. Reading the histories needs only numpy
-(:mod:`tinymcf_callback.results.curves`); drawing needs matplotlib, the optional ``[plot]`` extra,
-imported when a figure is made.
-
-Which line is drawn when a history repeats itself (both rules are documented in the README):
-
-* a ``train_begin`` line after other lines is the step-0 baseline of a new run written into the same
-  output folder: the earlier lines belong to the previous run and are dropped, with a warning;
-* a step logged more than once (a run resumed from an earlier checkpoint re-probes the steps after
-  it): the last line in the file wins, with a warning.
+Two kinds of figure (:func:`draw`): the dashboard (:mod:`~tinymcf_callback.figures.overview`, every panel, for
+looking at a run) and a paper figure (:mod:`~tinymcf_callback.figures.paper`, the chosen panels or metrics, one
+journal column wide). Reading the histories needs only numpy (:mod:`tinymcf_callback.views.curves`); drawing needs
+matplotlib, the optional ``[plot]`` extra. What each figure shows, and which lines are drawn: docs/cli.md,
+``tinymcf plot``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..results.curves import History, PlotOptionError, load_histories
+from ..views.curves import History, PlotOptionError, load_histories
 from .benchmark import benchmark_points
 from .drawing import image_format, save_figure
 from .overview import draw_dashboard

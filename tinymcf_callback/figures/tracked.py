@@ -1,17 +1,11 @@
 """The figure a tracker gets at each probe: the curve so far, with its intervals, and the foundations.
 
-Dashboards draw a run's own lo/hi as a band in TensorBoard only (its margin charts); W&B, MLflow and trackio draw
-lines without bands. A picture per probe shows the band everywhere: two panels, the headline score with the Social
-Norms control (dashed), each with its interval band, and every foundation's ``align_other`` with its band, drawn
-with the same series, colours and bands as ``tinymcf plot`` (:mod:`.drawing`).
-
-It is drawn once per probe for all the trackers of a run, and kept small on purpose: a probe's figure is paid at
-every probe, inside the training when the callback probes in-process. Two axes, no constrained layout (the layout
-engine alone costs more than drawing), 80 dpi: drawn in about 0.12 s on this project's 2-core machine, 0.2 s with
-four trackers encoding and writing it (``benchmarks/figure_cost.py`` measures it against a probe). The margins are
-fixed, and widened only when a label would not fit them (wide tick labels: :func:`_fit`), so that no label is ever
-clipped. The title names the probe by its key (``scifi``, ``scifi_json``: what its metric names carry) and the
-training step. ``figure=False`` (callback, ``ProbeLogger``) or ``--no-figure`` (sweep, watch) leaves it out.
+Dashboards other than TensorBoard draw lines without bands; a picture per probe shows the band everywhere: the score
+with the Social Norms control, and every foundation's ``align_other``, each with its band, drawn with ``tinymcf
+plot``'s series and colours (:mod:`.drawing`). It is paid at every probe, inside the training when the callback
+probes in-process, so it is kept cheap on purpose: two axes, no layout engine (which alone costs more than the
+drawing), 80 dpi, margins widened only when a label would not fit (:func:`_fit`). What it costs: docs/dashboards.md,
+"What the figure costs".
 """
 
 from __future__ import annotations
@@ -21,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data.sets import CONTROL
-from ..results.curves import History, history_of
-from ..results.metrics import probe_key
+from ..stats.metrics import probe_key
+from ..views.curves import History, history_of
 from .drawing import RUN_COLOURS, RUN_MARKERS, Style, at_least, draw_series, require_matplotlib, zero_line
 
 SIZE = (10.0, 3.6)  # inches

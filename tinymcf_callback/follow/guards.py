@@ -2,9 +2,9 @@
 
 A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with lines that compare with
 the ones there: the same vignettes (the subset the history records), the same answer format and the
-same precision (:class:`~tinymcf_callback.results.precision.Precision`). Each guard refuses in one line
+same precision (:class:`~tinymcf_callback.rundir.precision.Precision`). Each guard refuses in one line
 naming the options that reproduce the history's probe, or ``--restart``. The current run and its branch
-are the history's own rule (:func:`~tinymcf_callback.results.history.current_run`, read through
+are the history's own rule (:func:`~tinymcf_callback.rundir.history.current_run`, read through
 :class:`~tinymcf_callback.rundir.curve.HistoryView`).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import ProbeConfig, subset_options
 from ..errors import SweepError
-from ..results.precision import Precision
+from ..rundir.precision import Precision
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 

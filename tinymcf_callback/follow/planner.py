@@ -27,8 +27,6 @@ from pathlib import Path
 from ..errors import LoadError, SweepError
 from ..extras import require
 from ..loading import check_model_source
-from ..results.history import BASELINE_EVENT, DELETED_EVENT, SWEEP_EVENT, WATCH_EVENT, is_point
-from ..results.precision import Precision
 from ..rundir.checkpoints import (
     ADAPTER_CONFIG,
     DTYPES,
@@ -45,7 +43,9 @@ from ..rundir.checkpoints import (
     weight_files,
 )
 from ..rundir.curve import HistoryView
+from ..rundir.history import BASELINE_EVENT, DELETED_EVENT, SWEEP_EVENT, WATCH_EVENT, is_point
 from ..rundir.layouts import LAYOUTS, TRAINER, Found, find_saves, read_save
+from ..rundir.precision import Precision
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import UNKNOWN, Attempt, RunRecord
 from .guards import check_same_format, check_same_vignettes

@@ -21,10 +21,10 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from ..errors import SweepError
-from ..results.history import UNREADABLE_EVENT
-from ..results.text import with_bounds
 from ..rundir.curve import Unwritten
+from ..rundir.history import UNREADABLE_EVENT
 from ..trackers.sinks import Trackers
+from ..views.text import with_bounds
 from .benchmark import RunBenchmark, check_followable
 from .guards import precision_clash
 from .planner import Gap, Plan, Planner, Task

@@ -22,13 +22,13 @@ import torch
 from ..errors import CheckpointIncomplete, CheckpointUnusable, one_line
 from ..loading import release_memory
 from ..probe import AdaptiveProbe, Probe, make_probe
-from ..results.history import probe_line
-from ..results.metrics import baseline_record, order_digest, why_unpaired
-from ..results.precision import Precision
-from ..results.rows import vignette_rows, vignette_texts
 from ..rundir.checkpoints import FORMATS, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
+from ..rundir.history import probe_line
+from ..rundir.precision import Precision
 from ..served.reload import Reloader, reloads_adapter
 from ..served.verify import Loaded
+from ..stats.metrics import baseline_record, order_digest, why_unpaired
+from ..views.rows import vignette_rows, vignette_texts
 from .planner import Plan, Task
 from .settings import RunSettings
 

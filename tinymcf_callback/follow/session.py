@@ -11,7 +11,7 @@ from pathlib import Path
 from ..benchmark.history import bench_path, read_bench
 from ..errors import HistoryError, SweepError
 from ..figures.tracked import probe_figure
-from ..results.history import baseline_path, set_aside, sole_writer
+from ..rundir.history import baseline_path, set_aside, sole_writer
 from ..trackers.open import open_trackers
 from ..trackers.sinks import Trackers
 from .planner import Planner
@@ -85,7 +85,7 @@ def take_history(settings: RunSettings, held: contextlib.ExitStack, command: str
 
 
 def restart_history(settings: RunSettings) -> list:
-    """With ``restart``: the history and its baseline report set aside (:func:`~tinymcf_callback.results.history.
+    """With ``restart``: the history and its baseline report set aside (:func:`~tinymcf_callback.rundir.history.
     set_aside`: renamed ``<file>.set-aside-<time>``, never deleted nor replacing an earlier set-aside),
     so that the run's curve starts again (a baseline scored in the wrong precision, say); what was renamed."""
     if not settings.restart:

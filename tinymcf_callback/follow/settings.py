@@ -8,13 +8,13 @@ from pathlib import Path
 from ..benchmark.config import BenchmarkConfig
 from ..config import ProbeConfig
 from ..errors import ConfigError
-from ..results.history import history_path
-from ..results.metrics import probe_key
-from ..results.precision import AUTOCASTS, COMPUTES, Precision
 from ..rundir.curve import Curve
+from ..rundir.history import history_path
 from ..rundir.layouts import SETTLE_S
+from ..rundir.precision import AUTOCASTS, COMPUTES, Precision
 from ..rundir.record import DEAD_AFTER_S
 from ..served.config import ServedConfig
+from ..stats.metrics import probe_key
 from ..trackers.table import resolve
 
 DTYPE_CHOICES = ("auto", *COMPUTES)  # --dtype: auto (the run's own), or a precision (tf32: float32 weights, TF32)

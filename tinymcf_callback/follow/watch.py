@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import SweepError
-from ..results.history import history_path
+from ..rundir.history import history_path
 from ..rundir.layouts import LAYOUTS, find_saves
 from ..rundir.queue import HandOffQueue, queue_dir
 from ..rundir.record import GONE, QUIET, RUN_INFO, UNKNOWN, RunRecord

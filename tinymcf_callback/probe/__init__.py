@@ -1,9 +1,5 @@
-"""The probe: a vignette set turned into prompts for one tokenizer, and models scored with it.
-
-``fixed`` (:class:`Probe`: a fixed set of vignettes, formatted and tokenised once), ``adaptive``
-(:class:`AdaptiveProbe`: a precision target, its looks slices of one Probe's encoding) and ``make``
-(:func:`make_probe`, the one place the settings choose between them, and :func:`evaluate`).
-"""
+"""The probe: a vignette set turned into prompts for one tokenizer, and models scored with it (:class:`Probe`,
+:class:`AdaptiveProbe`, and :func:`make_probe`, the one place the settings choose between them)."""
 
 from .adaptive import AdaptiveProbe, Asked
 from .fixed import Probe, ScoresElsewhere, scorer_of

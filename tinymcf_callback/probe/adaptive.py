@@ -1,21 +1,13 @@
 """A probe with a precision target: scored look by look until it knows enough.
 
-``AdaptiveProbe(tok, "scifi", until="change", width=0.05)`` (or :func:`~tinymcf_callback.probe.make_probe`, which
-builds it whenever the settings name ``until``) holds every candidate vignette in one
-:class:`~tinymcf_callback.probe.fixed.Probe` (``candidates``: their prompts formatted and tokenised once, the
-order's digest) and asks them in the seeded, foundation-balanced order of :mod:`tinymcf_callback.results.sequential`.
-Each look is a slice of that one encoding: the candidates' probe scores the prompts of the vignettes it adds
-(``rows=``), batched on their own, checked with the probe's one rotation and memory, at their indices of one
-result of every candidate. The looks are stepped by :meth:`~tinymcf_callback.results.sequential.Sequential.step`,
-the loop the simulations run too, which puts the interval together and stops once it says what was asked. The
-report is then the report of ``per_foundation=k`` (the vignettes asked: the first ``k`` of each foundation in that
-order), every interval in it built at the per-look level that makes the looks hold together, plus
-``info["adaptive"]``: what was asked, each look, why it stopped.
-
-In float32 the stopped report's numbers are ``per_foundation=k``'s. In bfloat16 (or float16) a prompt's P(Yes)
-moves with the batch it is in, and the looks batch their prompts apart, so the numbers may differ from
-``per_foundation=k`` scored at once by that batch spread (``info.adaptive.batched_by_look`` says so, and the
-report warns).
+``AdaptiveProbe(tok, "scifi", until="change", width=0.05)`` (or :func:`~tinymcf_callback.probe.make_probe`) holds
+every candidate vignette in one :class:`~tinymcf_callback.probe.fixed.Probe` (``candidates``: their prompts
+formatted and tokenised once) and asks them in the order of :mod:`tinymcf_callback.stats.sequential`: each look
+scores the prompts of the vignettes it adds, a slice of that one encoding, and
+:meth:`~tinymcf_callback.stats.sequential.Sequential.step` decides the stop. The report is that of
+``per_foundation=k`` (the vignettes asked), every interval at the per-look level, plus ``info["adaptive"]``. In a
+half precision the looks' separate batches may move the numbers by the batch spread (``batched_by_look``; the
+report warns). The method: docs/statistics.md; the API: docs/python.md.
 """
 
 from __future__ import annotations
@@ -30,14 +22,14 @@ import pandas as pd
 from ..config import ProbeConfig, make_config
 from ..data.sets import CONTROL
 from ..errors import ConfigError
-from ..results.analysis import scenario_scores
-from ..results.metrics import as_baseline, baseline_scores, pairing_difference
-from ..results.sequential import STOPS, Look, Sequential, floor_effect
-from ..results.stats import VignetteScores, vignette_scores
 from ..scoring.engine import ScoreResult, joined
 from ..scoring.ranks import Ranks
 from ..scoring.selfcheck import joined_checks
 from ..served.answers import joined_backend
+from ..stats.analysis import scenario_scores
+from ..stats.bootstrap import VignetteScores, vignette_scores
+from ..stats.metrics import as_baseline, baseline_scores, pairing_difference
+from ..stats.sequential import STOPS, Look, Sequential, floor_effect
 from .fixed import Probe, prompt_notes
 
 EXACT_DTYPES = ("float32", "float64")  # a prompt's P(Yes) does not move with its batch (to 1e-5)
@@ -71,8 +63,7 @@ class AdaptiveProbe:
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
-        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-        self.config = config = make_config(config, **given, **settings)
+        self.config = config = make_config(config, name, limit, **settings)
         if config.until is None:
             raise ConfigError("an AdaptiveProbe needs until='level' or 'change'; Probe(tok, name) asks a fixed set")
         # every candidate's prompts, formatted and tokenised once: the looks are slices of them
@@ -115,11 +106,11 @@ class AdaptiveProbe:
     def score(self, model, *, progress: bool = False, batches=None, ranks: Ranks | None = None,
               baseline: dict | None = None) -> Asked:
         """Score look by look until the stop: what it :class:`Asked`. ``baseline``: the baseline's report as loaded,
-        or its :func:`~tinymcf_callback.results.metrics.baseline_record` (the change is measured from it)."""
+        or its :func:`~tinymcf_callback.stats.metrics.baseline_record` (the change is measured from it)."""
         if batches is not None:
             raise ConfigError("a probe with a precision target (until=) scores look by look: batches= does not apply")
         seq, until, notes, candidates = self.sequential, self.config.until, [], self.candidates
-        before = self._baseline_rows(baseline, notes)
+        before = self._baseline_rows(baseline)
         covered = -1 if before is None else self._looks_covered(before, notes)
         if covered < 0:
             before = None
@@ -150,7 +141,7 @@ class AdaptiveProbe:
         return Asked(res, k, looks, stopped, change, notes)
 
     def check_baseline(self, baseline: dict) -> dict:
-        """``baseline`` (a report or its :func:`~tinymcf_callback.results.metrics.baseline_record`) as a record, when
+        """``baseline`` (a report or its :func:`~tinymcf_callback.stats.metrics.baseline_record`) as a record, when
         its vignettes pair with this probe's; else :class:`~tinymcf_callback.errors.ConfigError` naming why. Never
         scored as a new baseline in its place: the change asked for would not exist, and the run would say nothing."""
         baseline = as_baseline(baseline)  # a whole report (the baseline's JSON, as loaded): its per-vignette rows
@@ -159,7 +150,7 @@ class AdaptiveProbe:
             raise ConfigError(f"the baseline cannot be paired with this probe: {why}")
         return baseline
 
-    def _baseline_rows(self, baseline: dict | None, notes: list[str]) -> VignetteScores | None:
+    def _baseline_rows(self, baseline: dict | None) -> VignetteScores | None:
         """The baseline's scores of the candidates, in the candidates' order (NaN where it did not score one)."""
         if baseline is None:
             return None

@@ -1,34 +1,31 @@
 """The fixed probe: :class:`Probe`, a vignette set turned into tokenised prompts, ready to score models.
 
-:class:`Probe` holds everything that does not change between checkpoints (the set's
-vignettes, prompt texts, token ids and the shared prefixes), built once from a tokenizer and a
-:class:`~tinymcf_callback.config.ProbeConfig`; ``Probe.run`` scores a model with it. The batches are
-planned for the device a model is on when it is first scored there (:meth:`Probe.plan_for`), and kept for
-every later probe on that device. ``rows=`` scores a subset of its prompts, batched on their own, into the
-one result of them all: the looks of a probe with a precision target
-(:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`) are such subsets of its candidates' one encoding.
-``evaluate``, the ``tinymcf eval`` command, the sweep and ``MoralProbeCallback`` all go through
-it: one code path for "score these prompts".
-
-Every report carries its uncertainty (:mod:`~tinymcf_callback.results.readout`), its
-``prompt_digest`` (which prompts were asked, so that ``compare`` can refuse two reports that
-asked different ones), its answer format, and what it was scored on and in which precision.
+Everything that does not change between checkpoints (the vignettes, prompt texts, token ids, shared prefixes) is
+built once from a tokenizer and a :class:`~tinymcf_callback.config.ProbeConfig`; the batches are planned for a
+model's device when it is first scored there and kept (:meth:`Probe.plan_for`). ``rows=`` scores a subset of the
+prompts into the one result of them all (the looks of an :class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`).
+``evaluate``, ``tinymcf eval``, the sweep and ``MoralProbeCallback`` all score through it: one code path for "score
+these prompts". Every report carries its intervals, its ``prompt_digest`` (so ``compare`` refuses reports that asked
+other prompts), its answer format and what it was scored on, in which precision.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 import time
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
+import torch
+import transformers
 
+from .._version import __version__
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
-from ..results.analysis import analyse
-from ..results.readout import HEADLINE_FIELDS, sanity_warnings
+from ..rundir.report import BACKEND_FIELDS
 from ..scoring.batching import BatchPlan, batch_size_for, encode_prompts, plan_prefixes, plan_probe_batches
 from ..scoring.engine import ScoreResult, run_batches
 from ..scoring.mode import probe_mode
@@ -44,6 +41,7 @@ from ..scoring.model_info import (
 from ..scoring.prompts import answer_format_of, answer_token_ids, chat_turn, format_prompts, prompt_digest
 from ..scoring.ranks import Ranks
 from ..scoring.selfcheck import Memory, Rotation, score_checked
+from ..stats.analysis import analyse, sanity_warnings
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -78,8 +76,7 @@ class Probe:
 
     def __init__(self, tok, name: str | None = None, limit: int | None = None, *, config: ProbeConfig | None = None,
                  vignettes: list[dict] | None = None, **settings):
-        given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-        self.config = config = make_config(config, **given, **settings)
+        self.config = config = make_config(config, name, limit, **settings)
         if config.until is not None:
             raise ConfigError(f"Probe asks a fixed set of vignettes, and until={config.until!r} is a precision "
                               "target: make_probe(tok, config) (or AdaptiveProbe) builds the probe that asks until "
@@ -102,7 +99,7 @@ class Probe:
         self._plans: dict[tuple, BatchPlan] = {}
         # before any model is scored: what the CPU gets (and any device, when the sizes are given)
         self.plan = self._planned(("cpu",), batch_size_for("cpu", token_budget=config.token_budget,
-                                                           max_batch_size=config.max_batch_size))
+                                                           max_batch_size=config.max_batch_size), "cpu")
         self.sample_index = 0  # first vignette, other_violate, "wrong" frame
         # which prompts the self-check compares, probe after probe, and when
         self.rotation = Rotation(seed=config.seed, budget=config.self_check_budget)
@@ -139,7 +136,7 @@ class Probe:
             cost = memory_per_token(model) or (None, 0)
             size = batch_size_for(device.type, None if None in free else min(free), *cost,
                                   token_budget=self.config.token_budget, max_batch_size=self.config.max_batch_size)
-            plan = self._planned(where, size)
+            plan = self._planned(where, size, where[0])
             if size.rule != "cpu" and ranks.is_main:
                 logger.info("moral probe [%s] on %s: forward calls of at most %d padded tokens and %d prompts (%s): "
                             "%d batches", self.name, device, size.token_budget, size.max_batch_size, size.rule,
@@ -147,21 +144,18 @@ class Probe:
         self.plan = self._plans[where]
         return self.plan
 
-    def _planned(self, where: tuple[str, ...], size) -> BatchPlan:
-        if where not in self._plans:
-            self._plans[where] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None, size,
-                                                    where[0])
-        return self._plans[where]
+    def _planned(self, key: tuple, size, device: str, rows: list[int] | None = None) -> BatchPlan:
+        """The plan kept under ``key`` (the devices, or a plan's size and device and ``rows``), planned once."""
+        if key not in self._plans:
+            self._plans[key] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None, size,
+                                                  device, rows=rows)
+        return self._plans[key]
 
     def plan_of(self, rows: list[int]) -> BatchPlan:
         """The batches of prompts ``rows`` alone (indices), planned at the size of the device plan in use
         (:meth:`plan_for`) as a probe of those prompts would plan them, and kept: a look of a probe with a precision
         target, scored on its own."""
-        key = (self.plan.device, self.plan.size, tuple(rows))
-        if key not in self._plans:
-            self._plans[key] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None,
-                                                  self.plan.size, self.plan.device, rows=rows)
-        return self._plans[key]
+        return self._planned((self.plan.device, self.plan.size, tuple(rows)), self.plan.size, self.plan.device, rows)
 
     def turn(self, i: int) -> list[dict]:
         """Prompt ``i``'s chat turn (:func:`~tinymcf_callback.scoring.prompts.chat_turn`): what its text renders."""
@@ -240,15 +234,9 @@ class Probe:
                             + backend_warnings(info["backend"]))
         digest = self.prompt_digest if rows is None else prompt_digest([self.prompts[i] for i in idx], meta,
                                                                        self.answer_format)
-        headline = {k: out[k] for k in HEADLINE_FIELDS}
         precision = res.precision or {}
-        return {"name": self.name, "answer_format": self.answer_format, "model": res.model,
-                "dtype": precision.get("dtype"), "autocast": precision.get("autocast"),
-                "compute": precision.get("compute"), "device": precision.get("device"), "table": out["table"],
-                **headline,
-                "level": out["level"], "n_resamples": config.n_resamples,
-                "seed": config.seed, "prompt_digest": digest,
-                "info": info, "scenarios": out["scenarios"], "raw": out["raw"]}
+        return {**out, "answer_format": self.answer_format, "prompt_digest": digest, "model": res.model,
+                **{k: precision.get(k) for k in ("dtype", "autocast", "compute", "device")}}
 
     def check_info(self, check: dict | None, rows: list[int] | None = None) -> dict | None:
         """The self-check's record with the checked prompts named (``vignette <id> (<condition>, frame <frame>)``);
@@ -286,26 +274,15 @@ def scorer_of(model) -> Callable | None:
 
 
 def local_backend() -> dict:
-    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s)."""
-    import transformers
-
-    return {"kind": "transformers", "version": transformers.__version__, "url": None, "served_model": None,
-            "form": "forward", "exact": True, "logprobs_mode": "raw", "pinned_diff": None, "template": "local",
-            "requests": 0, "retries": 0, "concurrency": None, "batch": None, "check_form": None,
-            "weight_version": None, "device": None, "dtype": None, "reload_check": None, "p_yes_bound": None,
-            "mass_bound": None}
+    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s): every field of
+    :data:`~tinymcf_callback.rundir.report.BACKEND_FIELDS`, null where a server's would say something."""
+    return {**dict.fromkeys(BACKEND_FIELDS), "kind": "transformers", "version": transformers.__version__,
+            "form": "forward", "exact": True, "logprobs_mode": "raw", "template": "local", "requests": 0, "retries": 0}
 
 
 def versions() -> dict[str, str]:
     """What made a report: this package's version, torch's, transformers' and Python's (a served report's server
     says its own in ``info.backend.version``)."""
-    import platform
-
-    import torch
-    import transformers
-
-    from .._version import __version__
-
     return {"tinymcf_callback": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 

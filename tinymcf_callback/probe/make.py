@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ..config import ProbeConfig, make_config
-from ..results.text import sanity_lines
+from ..views.text import sanity_lines
 from .adaptive import AdaptiveProbe
 from .fixed import Probe
 
@@ -24,8 +24,7 @@ def make_probe(tok, name: str | None = None, limit: int | None = None, *, config
         probe = make_probe(tok, "scifi", until="change", width=0.05)   # an AdaptiveProbe
         probe = make_probe(tok, config=ProbeConfig(per_foundation=2))  # a Probe
     """
-    given = {k: v for k, v in (("name", name), ("limit", limit)) if v is not None}
-    config = make_config(config, **given, **settings)
+    config = make_config(config, name, limit, **settings)
     kind = Probe if config.until is None else AdaptiveProbe
     return kind(tok, config=config, vignettes=vignettes)
 

@@ -1,25 +1,12 @@
 """A Trainer output folder as a follower reads it: its ``checkpoint-<step>`` folders, what each holds, and what
 its weights are (a fingerprint).
 
-The Trainer names each save ``checkpoint-<step>`` (``PREFIX_CHECKPOINT_DIR``), writes the weights first and
-``trainer_state.json`` (which holds the epoch) last. A checkpoint holds its model in one of four forms
-(:data:`FORMATS`): full weights (``model.safetensors``, shards with an index, ``pytorch_model.bin``), a PEFT
-adapter (``adapter_config.json`` and adapter weights, scored on top of the base model), FSDP's
-``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``, a torch distributed checkpoint) or DeepSpeed ZeRO
-(``global_step<N>/``, whose float32 weights live in the optimizer states).
-
-**Formats.** Each way of holding a model is one :class:`Format` record in :data:`FORMATS`: its weight files (what
-the fingerprint and the steadiness rule read), what loading it needs (the starting model's config, an extra) and its
-loader. An RL trainer's layout brings its own formats with its record (:mod:`~tinymcf_callback.rundir.layouts`). A
-loader needs torch and the model code above this folder, so the built-in formats name theirs lazily
-(``"tinymcf_callback.follow.sharded:load_fsdp"``, imported when the follower first loads such a save): this folder
-never imports the follower, and no loader is missing because a module was not imported yet.
-
-**Fingerprint.** Every history line records what it scored (:func:`fingerprint`): a digest of the weight
-files' names and sizes, their safetensors headers, and a few bytes sampled from every tensor (from the start,
-the middle and the end of each); of other formats, evenly spaced samples of each file. It reads kilobytes,
-not the weights, and differs whenever training changed the weights (every trained tensor moves). A resumed
-run that saves a step again with other weights is seen by it, and the step is scored again.
+Each way a save holds its model (full weights, a PEFT adapter, FSDP's ``SHARDED_STATE_DICT``, DeepSpeed ZeRO; an RL
+trainer's layout brings its own: :mod:`~tinymcf_callback.rundir.layouts`) is one :class:`Format` record of
+:data:`FORMATS`: its weight files, what loading it needs and its loader, named lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``) so that this folder never imports the follower. The fingerprint
+(:func:`fingerprint`) reads kilobytes, not the weights, and differs whenever training changed them
+(docs/formats.md says what it reads).
 """
 
 from __future__ import annotations
@@ -38,8 +25,8 @@ from ..errors import SweepError
 from ..registry import Registry, resolve
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+FULL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", *INDEX_FILES)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 FSDP_FOLDER = re.compile(r"pytorch_model_fsdp_\d+")
@@ -224,7 +211,7 @@ def cut_short(folder: Path, form: str | None = None) -> str | None:
     if form not in (FULL, ADAPTER):
         return None  # sharded formats are read by the library that wrote them, which checks its own files
     files = weight_files(folder, form)
-    for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
+    for index in (folder / name for name in INDEX_FILES):
         if index.is_file():
             try:
                 listed = set(json.loads(index.read_text()).get("weight_map", {}).values())

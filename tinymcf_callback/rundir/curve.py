@@ -1,30 +1,15 @@
 """One probe's curve in a run folder: the history file and the baseline report beside it, written one way by all.
 
 The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` (inside the training), the sweep and the
-watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here,
-once:
-
-- **where**: ``moral_probe_<name>.jsonl`` (``..._<name>_json.jsonl`` with JSON answers) and
-  ``moral_probe_<name>_baseline.json`` beside it (:func:`~tinymcf_callback.results.history.history_path`);
-- **what the history holds** (:meth:`Curve.read`, a :class:`HistoryView`): the current run's lines on its
-  current branch, and its resume marks;
-- **the saved baseline** (:meth:`Curve.saved_baseline`): the baseline report beside the history, used for the
-  change since step 0 only when it asked this probe's prompts (the same prompt digest); otherwise, or when it
-  cannot be read, the reason why no change is logged (said, never silently dropped);
-- **the baseline report** (:meth:`Curve.append` with ``baseline=``): written with every baseline line, before
-  it (a line without its report misleads), so that the report beside the history is always the current run's
-  step 0; a report already there from an earlier run or scoring is set aside
-  (:func:`~tinymcf_callback.results.history.set_aside`), never overwritten or deleted;
-- **the resume marks** (:meth:`HistoryView.resume_line`): when a training resumed from step K and the history
-  holds later steps of the branch it abandoned, one resume line per attempt sets them aside;
-- **numbering** (:meth:`Curve.number`): a line's run-level change p, its test the next of the current run's
-  (:func:`~tinymcf_callback.results.metrics.with_run_level`), counted by the history's
-  :class:`~tinymcf_callback.results.history.CurrentRun`, which reads only what was appended since its last look;
-- **appending** (:meth:`Curve.append`): one line at a time under the history's lock
-  (:func:`~tinymcf_callback.results.history.append_line`), what an earlier write could not write first, in order;
-  neither it nor numbering re-reads the history, so a line costs the same at line 10,000 as at line 10.
-  A line that cannot be written is kept and written first at the next append (the retry); the caller hears of it
-  (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
+watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here, once:
+what the history holds (:meth:`Curve.read`: the current run's lines on its current branch, and its resume marks);
+the saved baseline, used for the change since step 0 only when it asked this probe's prompts, else the reason why
+(:meth:`Curve.saved_baseline`); the baseline report, written before every baseline line, one already there set aside,
+never overwritten; the resume marks (:meth:`HistoryView.resume_line`); a line's run-level change p, counted by the
+history's :class:`~tinymcf_callback.rundir.history.CurrentRun` (:meth:`Curve.number`); and appending
+(:meth:`Curve.append`). Neither numbering nor appending re-reads the history, so a line costs the same at line
+10,000 as at line 10. A line that cannot be written is kept and written first at the next append; the caller hears of
+it (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
 """
 
 from __future__ import annotations
@@ -35,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HistoryError
-from ..results.history import (
+from ..stats.metrics import as_baseline, why_unpaired, with_run_level
+from .history import (
     CurrentRun,
     append_line,
     baseline_path,
@@ -48,9 +34,8 @@ from ..results.history import (
     resume_marks,
     set_aside,
 )
-from ..results.metrics import as_baseline, why_unpaired, with_run_level
-from ..results.precision import Precision
-from ..results.report import load_report, write_report
+from .precision import Precision
+from .report import load_report, write_report
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -121,7 +106,7 @@ class Curve:
 
     def baseline_record(self) -> tuple[dict | None, str | None]:
         """``(record, None)``: the per-vignette scores of the baseline report beside the history (its prompts not yet
-        checked: :func:`~tinymcf_callback.results.metrics.why_unpaired`); else ``(None, why)``, why no change since
+        checked: :func:`~tinymcf_callback.stats.metrics.why_unpaired`); else ``(None, why)``, why no change since
         step 0 can be logged."""
         path = self.baseline_path
         if not path.exists():
@@ -133,14 +118,14 @@ class Curve:
 
     def number(self, line: dict) -> dict:
         """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
-        run's (:func:`~tinymcf_callback.results.metrics.run_level_p`), counted from the history as it is now (only
+        run's (:func:`~tinymcf_callback.stats.metrics.run_level_p`), counted from the history as it is now (only
         the lines appended since the last count are read), the tests of steps a resume set aside included: each test
         spends its own share of alpha, once."""
         with_run_level(line, self.name, self.answer_format, self.tests())
         return line
 
     def tests(self) -> int:
-        """How many change tests the history's current run holds now (:func:`~tinymcf_callback.results.metrics.
+        """How many change tests the history's current run holds now (:func:`~tinymcf_callback.stats.metrics.
         count_tests`); :class:`HistoryError` for a malformed line."""
         try:
             return self.run.catch_up().tests
@@ -158,7 +143,7 @@ class Curve:
     def append(self, line: dict, *, once: bool = False, baseline: tuple | None = None) -> bool:
         """Write what earlier appends kept back, then ``line`` (with ``baseline``, ``(report, step, epoch)``: its
         baseline report first). False when ``once`` found the step's newest line already recording the same thing
-        (:func:`~tinymcf_callback.results.history.append_line`); :class:`Unwritten` when something could not be
+        (:func:`~tinymcf_callback.rundir.history.append_line`); :class:`Unwritten` when something could not be
         written (kept for the next append)."""
         self.pending.append((line, baseline))
         return self._write(once_for=line if once else None)

@@ -1,44 +1,12 @@
 """The folders a training run saves its models in, by the trainer that wrote them: one rule for the sweep and the
 watcher of which folders there are, which are complete, and what each holds.
 
-A run folder is read in the first layout below that it holds (each found by its folder names and what they hold):
-
-=============  ===========================================  ===================================================
-layout         a save                                       complete when
-=============  ===========================================  ===================================================
-``trainer``    ``checkpoint-<N>/`` (Hugging Face Trainer,   its ``trainer_state.json`` (written last) parses; in a run
-               TRL, a loop using its naming)                whose checkpoints hold none, its files are steady
-``verl``       ``global_step_<N>/actor/``: the rank shards  ``latest_checkpointed_iteration.txt`` (written last)
-               ``model_world_size_<W>_rank_<R>.pt`` and     names N or later; without it (``async_save``) every
-               ``huggingface/`` (config, tokenizer; the     rank's shard is there and steady
-               weights too with ``save_contents: hf_model``)
-``openrlhf``   ``global_step<N>_hf/`` (``--save_hf_ckpt``)  config, weights and tokenizer (written last) there and
-                                                            steady
-``nemo-rl``    ``step_<N>/`` (``tmp_step_<N>`` renamed when  its name (``tmp_step_<N>`` never is); its weights a torch
-               done); ``policy/weights/`` a torch           distributed checkpoint with ``.metadata``
-               distributed checkpoint
-``torchtitan`` ``step-<N>/``: a torch distributed           ``.metadata`` (written last); an export: its index and
-               checkpoint, or its HF export (safetensors     every shard it names, steady
-               and index, no config)
-``plain``      ``save_pretrained`` folders named            config, weights (every shard of an index) there and
-               ``step_<N>``, ``step-<N>``, ``iter_<N>``,    steady
-               ``checkpoint_<N>``, ...
-=============  ===========================================  ===================================================
-
-"Steady" is one rule for every layout without a completion marker: the save's files are all there and none has
-changed for ``settle`` seconds (the newest file time at least that old), so a sweep after the fact and a watcher
-during the run accept and refuse the same folders. What the model needs from elsewhere is named on the save:
-verl's rank shards take their config from ``huggingface/``; a torch distributed checkpoint (NeMo-RL, torchtitan)
-and torchtitan's export take the architecture from the run's starting model (``--base-model``).
-
-**The table.** Each row above is one :class:`Layout` record in :data:`LAYOUTS`: how its saves are found (``find``: a
-run folder's subfolder to its step and the folder its model is read from), when one is complete and what it holds
-(``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or None), and the weight formats it brings
-(``formats``: each a :class:`~tinymcf_callback.rundir.checkpoints.Format`, its weight files and what loading it
-needs). The sweep, the watcher, the planner, the fingerprint and the loader all read this table; adding a trainer's
-layout is one record passed to :func:`register_layout` (tried before ``plain``, the catch-all) and its test
-(``tests/test_layouts.py``; docs/development.md says how). A layout whose saves hold a format of its own brings
-that format's record, its loader with it.
+Each trainer's layout (``trainer``, ``verl``, ``openrlhf``, ``nemo-rl``, ``torchtitan``, and ``plain``, the
+catch-all) is one :class:`Layout` record of :data:`LAYOUTS`, tried in order: how its saves are found (``find``),
+when one is complete and what it holds (``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or
+None) and the weight formats it brings. A save without a completion marker counts once it is "steady" (no file
+changed for ``settle`` seconds), one rule for a sweep after the fact and a watcher during the run. The layouts'
+table: docs/rl.md; adding one (:func:`register_layout`): docs/development.md.
 """
 
 from __future__ import annotations
@@ -58,6 +26,7 @@ from .checkpoints import (
     CHECKPOINT_NAME,
     FORMATS,
     FULL,
+    INDEX_FILES,
     Checkpoint,
     Format,
     checkpoint_format,
@@ -77,7 +46,6 @@ OPENRLHF_NAME = re.compile(r"global_step(\d+)_hf")
 NEMO_NAME = re.compile(r"step_(\d+)")
 TITAN_NAME = re.compile(r"step-(\d+)")
 PLAIN_NAME = re.compile(r"(?:global_step|step|steps|iter|iteration|ckpt|checkpoint|epoch)[-_]?(\d+)")
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 # ---- the record ------------------------------------------------------------------------------------------------
@@ -95,11 +63,29 @@ class Save:
 
     def steady(self, files: list[Path]) -> bool:
         """All of ``files`` are there and none has changed for ``settle`` seconds."""
-        return _steady(files, self.settle, self.now)
+        try:
+            newest = max(os.stat(p).st_mtime for p in files) if files else None
+        except OSError:
+            return False
+        return newest is not None and self.now - newest >= self.settle
 
     def complete_weights(self, folder: Path | None = None, *, need_config: bool = True) -> bool:
-        """``folder`` (the save's own by default) is a ``save_pretrained`` folder written whole and steady."""
-        return _complete_weights(folder or self.folder, self.settle, self.now, need_config=need_config)
+        """``folder`` (the save's own by default) is a ``save_pretrained`` folder written whole: its config (when
+        needed), its weights (every shard its index names) there, and :meth:`steady`."""
+        folder = folder or self.folder
+        if need_config and not ((folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file()):
+            return False
+        index = next((folder / n for n in INDEX_FILES if (folder / n).is_file()), None)
+        if index is not None:
+            try:
+                named = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return False  # being written
+            if not all((folder / n).is_file() for n in named):
+                return False
+        elif not _has_weights(folder) and not (folder / "adapter_model.safetensors").is_file():
+            return False
+        return self.steady([p for p in folder.iterdir() if p.is_file()])
 
 
 @dataclass(frozen=True)
@@ -176,12 +162,11 @@ def find_saves(run_dir: Path) -> Found:
 
 
 def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
-              expect_state: bool = True, now: float | None = None) -> Checkpoint | None:
+              expect_state: bool = True) -> Checkpoint | None:
     """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete (see the
     module) or holds no model. ``expect_state`` (the trainer layout): the run's checkpoints carry
     ``trainer_state.json``, which marks each complete; without it their files must be steady."""
-    now = time.time() if now is None else now
-    return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, now))
+    return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, time.time()))
 
 
 # ---- the layouts -----------------------------------------------------------------------------------------------
@@ -327,34 +312,6 @@ def model_files(folder: Path, form: str | None = None) -> list[Path]:
 
 def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors")) or (folder / "pytorch_model.bin").is_file()
-
-
-def _complete_weights(folder: Path, settle: float, now: float, *, need_config: bool = True) -> bool:
-    """A ``save_pretrained`` folder written whole: its config (when needed), its weights (every shard its index
-    names) there, and nothing changed for ``settle`` seconds."""
-    if need_config and not ((folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file()):
-        return False
-    index = next((folder / n for n in INDEX_FILES if (folder / n).is_file()), None)
-    if index is not None:
-        try:
-            named = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return False  # being written
-        if not all((folder / n).is_file() for n in named):
-            return False
-    elif not _has_weights(folder) and not (folder / "adapter_model.safetensors").is_file():
-        return False
-    files = [p for p in folder.iterdir() if p.is_file()]
-    return _steady(files, settle, now)
-
-
-def _steady(files: list[Path], settle: float, now: float) -> bool:
-    """All of ``files`` are there and none has changed for ``settle`` seconds."""
-    try:
-        newest = max(os.stat(p).st_mtime for p in files) if files else None
-    except OSError:
-        return False
-    return newest is not None and now - newest >= settle
 
 
 def _read_int(path: Path) -> int | None:

@@ -1,18 +1,11 @@
 """The hand-off queue: ``<output_dir>/.moral_probe_queue/``, checkpoints kept for their followers.
 
-With ``MoralProbeCallback(hand_off=True)`` the callback links each checkpoint's model files into
-``.moral_probe_queue/checkpoint-<step>/`` at every save (hard links: no copy, no time, no extra disk while
-the checkpoint lives), so that the Trainer's ``save_total_limit`` cannot delete a checkpoint before it is
-scored. What is linked: the top-level files but the optimizer, scheduler, RNG and scaler states, and the
-folders that hold the model of a sharded checkpoint: ``pytorch_model_fsdp_*/`` (FSDP's
-``SHARDED_STATE_DICT``) and ``global_step*/`` (DeepSpeed ZeRO, whose float32 weights are only in its
-optimizer states).
-
-**Consumers.** Every probe that follows the run (a set and answer format: ``scifi``, ``scifi_json``) is a
-consumer, registered in ``.consumers/`` by the callback that hands off and by each watcher when it starts. A
-consumer that has scored an entry marks it (``.scored-<consumer>``); the entry goes once every registered
-consumer has marked it, so a second watcher of the run (the other answer format, say) never loses what the
-first one scored.
+With ``MoralProbeCallback(hand_off=True)`` the callback hard-links each checkpoint's model files (the top-level
+files but the optimizer, scheduler, RNG and scaler states, and a sharded checkpoint's model folders) into
+``.moral_probe_queue/checkpoint-<step>/`` at every save: no copy, and the Trainer's ``save_total_limit`` cannot
+delete a checkpoint before it is scored. Every probe that follows the run is a consumer; an entry goes once every
+registered consumer has marked it scored, so a second watcher never loses what the first scored
+(docs/formats.md, "The hand-off queue").
 """
 
 from __future__ import annotations
@@ -66,7 +59,7 @@ class HandOffQueue:
             building = self.folder / f".{target.name}.building-{os.getpid()}"
             shutil.rmtree(building, ignore_errors=True)
             try:
-                _link_tree(Path(checkpoint), building, top=True)
+                _link_tree(Path(checkpoint), building)
                 if target.exists():
                     shutil.rmtree(target)
                 os.rename(building, target)
@@ -124,10 +117,9 @@ def _same_files(source: Path, entry: Path) -> bool:
         return False
 
 
-def _link_tree(source: Path, target: Path, *, top: bool) -> None:
+def _link_tree(source: Path, target: Path) -> None:
+    """Hard-link every file the hand-off takes from ``source`` (:func:`_linked`) into ``target``."""
     target.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(os.scandir(source), key=lambda e: e.name):
-        if entry.is_file() and not entry.name.startswith(SKIPPED):
-            os.link(entry.path, target / entry.name)  # the same blocks on disk: no copy, no time
-        elif entry.is_dir() and (not top or entry.name.startswith(MODEL_FOLDERS)):
-            _link_tree(Path(entry.path), target / entry.name, top=False)
+    for name, _ in _linked(source):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        os.link(source / name, target / name)  # the same blocks on disk: no copy, no time

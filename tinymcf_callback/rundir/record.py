@@ -1,27 +1,10 @@
 """What a training run tells a follower in another process: ``moral_probe_run.json``, as one typed object.
 
-``MoralProbeCallback`` keeps the file on the main process from the start of training (atomically, under a
-lock, so that a reader never sees half of it and two callbacks of one run, one per answer format, never
-undo each other's update):
-
-- the Trainer's reporters (``report_to``) and, keyed by tracker name (``trackers``), the run each has open, as its
-  tracker records it (:meth:`~tinymcf_callback.trackers.tracker.Tracker.recorded`): the TensorBoard logging folder
-  (and the run folder it was in: a copy of the folder writes to its own), the wandb run (id, project, entity,
-  offline or online, its folder), the MLflow run (id, experiment, tracking URI without credentials), the trackio
-  run (project, name, its folder, Space or server without a token), so that ``tinymcf watch`` and
-  ``tinymcf sweep --report-to auto`` log into the same runs;
-- the model the run started from (``base_model``: the folder or Hub id it was loaded from), scored as the
-  step-0 baseline when the callback hands it off, and what the run trains in (``dtype``);
-- ``max_steps``, ``save_steps``, every step saved so far (``saves``), and ``ended`` once ``on_train_end`` ran:
-  how a follower knows that the run is over and which checkpoints there were, even those the Trainer's
-  ``save_total_limit`` deleted before the follower saw them;
-- each **attempt** of the run (a start, or a resume from a checkpoint: ``from_step``), with the host, the
-  process id and its start time, and a **heartbeat** refreshed while it trains (at most every
-  ``heartbeat_every`` seconds, at steps, logs, evaluations and saves): how a follower tells a live training
-  from a dead one, on this machine by its process and on another machine sharing the folder by the
-  heartbeat's age, which says it has gone quiet, not that it died (:meth:`Attempt.liveness`);
-- the saves that could not be handed off (``hand_off_failures``: step -> why), so that a follower gives a
-  checkpoint it never saw its real cause.
+``MoralProbeCallback`` keeps the file on the main process from the start of training, atomically and under a lock
+(:func:`updating`: two callbacks of one run, one per answer format, never undo each other's update): the trackers'
+open runs, the model the run started from, its saves and its end, each attempt with its process and heartbeat (how a
+follower tells a live training from a dead one: :meth:`Attempt.liveness`), and the saves that could not be handed
+off. Its fields: docs/formats.md, "The run's record for a follower".
 """
 
 from __future__ import annotations
@@ -141,14 +124,10 @@ class RunRecord:
                 record.attempts.append(attempt)
         return record
 
-    def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["hand_off_failures"] = {str(k): v for k, v in self.hand_off_failures.items()}
-        return out
-
     def write(self, run_dir: str | os.PathLike) -> None:
         """The whole file, atomically (OSError to the caller)."""
-        atomic_write_json(run_info_path(run_dir), self.to_json())
+        failures = {str(k): v for k, v in self.hand_off_failures.items()}
+        atomic_write_json(run_info_path(run_dir), {**dataclasses.asdict(self), "hand_off_failures": failures})
 
     # ---- what followers ask ---------------------------------------------------------------------------------
     @property
@@ -167,15 +146,13 @@ class RunRecord:
 
 
 @contextlib.contextmanager
-def updating(run_dir: str | os.PathLike, fresh: RunRecord | None = None):
-    """Read, change and write the record under its lock (``.moral_probe_run.json.lock``), so that two callbacks of
-    one run (one per answer format) never undo each other's update: ``with updating(d) as record: ...``.
-
-    ``fresh``: the record to start from when the file has none. OSError (the file cannot be written) to the caller.
-    """
+def updating(run_dir: str | os.PathLike):
+    """Read (a new record when the file has none), change and write the record under its lock
+    (``.moral_probe_run.json.lock``), so that two callbacks of one run (one per answer format) never undo each other's
+    update: ``with updating(d) as record: ...``. OSError (the file cannot be written) to the caller."""
     path = run_info_path(run_dir)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=60):
-        record = RunRecord.read(run_dir) or fresh or RunRecord()
+        record = RunRecord.read(run_dir) or RunRecord()
         yield record
         record.write(run_dir)
 

@@ -11,7 +11,7 @@ change against ``c = 0`` (the unsteered model, scored once). **The random-direct
 vector's size moves P(Yes) somewhere, so the same intervention is applied along ``k`` random directions of the same
 norm, and a rank test, ``p = (1 + #{random j: |change_j| >= |change|}) / (k + 1)``, says whether the real direction
 moved a number more than they do (its smallest value is ``1 / (k + 1)``: 19 directions for a verdict at 0.05). A
-coefficient whose Yes+No mass falls below :data:`~tinymcf_callback.results.readout.MIN_YN_MASS` is flagged
+coefficient whose Yes+No mass falls below :data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged
 (``answering`` false). The history, its fields and a measured example: docs/steering.md.
 """
 
@@ -30,10 +30,10 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..probe import Probe
-from ..results.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
-from ..results.metrics import baseline_record
-from ..results.readout import MIN_YN_MASS
-from ..results.stats import paired_change, vignette_scores
+from ..rundir.history import BASELINE_EVENT, DOSE_EVENT, append_line, dose_history_path, probe_line
+from ..stats.analysis import MIN_YN_MASS
+from ..stats.bootstrap import paired_change, vignette_scores
+from ..stats.metrics import baseline_record
 from .directions import random_directions
 from .hooks import ResidualSteering
 
@@ -45,7 +45,7 @@ class DoseResponse:
     """The probe under ``intervene(c)`` for each coefficient, against the unsteered model and random directions.
 
     ``reports[(direction, index, c)]``: the report of one probe (``("none", 0, 0.0)`` the unsteered
-    one); ``changes[(direction, index, c)]``: its :func:`~tinymcf_callback.results.stats.paired_change`
+    one); ``changes[(direction, index, c)]``: its :func:`~tinymcf_callback.stats.bootstrap.paired_change`
     against the unsteered report. ``seconds[(direction, index, c)]``: the probe's wall time.
     """
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import one_line
-from ..results.history import BASELINE_EVENT, is_point
-from ..results.metrics import dashboard_names, probe_key
+from ..rundir.history import BASELINE_EVENT, is_point
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from ..stats.metrics import dashboard_names, probe_key
 
 logger = logging.getLogger(__name__)
 # Two values of a metric are the same point when they differ by less than float32's precision (2**-23 relative): the
@@ -40,7 +40,7 @@ class Point:
     """One line for the trackers: its metrics at its step; for a line just scored, its rows and figure."""
 
     line: dict
-    rows: list[dict] | None = None  # per-vignette rows (results.rows.vignette_rows); None for a line sent again
+    rows: list[dict] | None = None  # per-vignette rows (views.rows.vignette_rows); None for a line sent again
     figure: object = None  # the curve so far: an RGB uint8 array (height, width, 3), or None
     curve: list[dict] = field(default_factory=list)  # the probe's point lines so far, in step order, this one included
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..extras import require
-from ..results.metrics import dashboard_names
+from ..stats.metrics import dashboard_names
 from .sinks import Point, line_metrics, line_probe_key
 from .tracker import Tracker
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import SweepError
 from ..extras import require
-from ..results.metrics import dashboard_names
+from ..stats.metrics import dashboard_names
 from .sinks import Point, line_metrics, line_probe_key
 from .tracker import Tracker
 

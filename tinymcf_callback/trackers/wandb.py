@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, MissingExtraError, SweepError, one_line
 from ..extras import require
-from ..results.metrics import dashboard_names
-from ..results.rows import ROW_COLUMNS
+from ..stats.metrics import dashboard_names
+from ..views.rows import ROW_COLUMNS
 from .bands import band_rows
 from .sinks import Point, line_metrics, line_probe_key
 from .tracker import Tracker

@@ -24,7 +24,7 @@ from ..benchmark.schedule import nearest, parse_at, predicted_saves, roles_of
 from ..benchmark.text import benchmark_lines
 from ..errors import ConfigError
 from ..probe.fixed import versions
-from ..results.history import BASELINE_EVENT
+from ..rundir.history import BASELINE_EVENT
 from ..scoring.model_info import model_name
 
 logger = logging.getLogger("tinymcf_callback")

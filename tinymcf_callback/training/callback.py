@@ -20,10 +20,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..config import ProbeConfig, make_config
 from ..errors import ConfigError
 from ..probe import AdaptiveProbe, Probe, make_probe, scorer_of
-from ..results.history import BASELINE_EVENT
-from ..results.metrics import metric_names, probe_key
 from ..rundir.checkpoints import fingerprint
+from ..rundir.history import BASELINE_EVENT
 from ..scoring.model_info import check_causal_lm
+from ..stats.metrics import metric_names, probe_key
 from .benchmark import TrainingBenchmark, benchmark_of
 from .keeper import RunKeeper, run_facts
 from .logger import ProbeLogger

@@ -24,14 +24,14 @@ from pathlib import Path
 from ..errors import ConfigError, HistoryError, UnsupportedModelError
 from ..figures.tracked import probe_figure
 from ..probe import AdaptiveProbe, Probe
-from ..results.history import BASELINE_EVENT, history_path, probe_line
-from ..results.metrics import baseline_record, dashboard_names, why_unpaired, with_run_level
-from ..results.rows import vignette_rows, vignette_texts
-from ..results.text import format_table, sanity_lines
 from ..rundir.curve import Curve, Unwritten
+from ..rundir.history import BASELINE_EVENT, history_path, probe_line
 from ..scoring.ranks import Ranks
+from ..stats.metrics import baseline_record, dashboard_names, why_unpaired, with_run_level
 from ..trackers.sinks import Trackers
 from ..trackers.targets import as_sink
+from ..views.rows import vignette_rows, vignette_texts
+from ..views.text import format_table, sanity_lines
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -238,7 +238,7 @@ class ProbeLogger:
         return later
 
     def use_baseline(self, record: dict | None) -> None:
-        """Measure the change from ``record`` (a saved :func:`~tinymcf_callback.results.metrics.baseline_record`),
+        """Measure the change from ``record`` (a saved :func:`~tinymcf_callback.stats.metrics.baseline_record`),
         when it scored this probe's prompts; otherwise warn and log no change."""
         self._started = True
         self.baseline_record = self._usable(record, "the saved step-0 baseline")

@@ -13,8 +13,8 @@ import logging
 import os
 
 from .._io import atomic_write_text
-from ..results.metrics import probe_key
-from ..results.report import answer_format, write_report
+from ..rundir.report import write_report
+from ..stats.metrics import answer_format, probe_key
 
 logger = logging.getLogger("tinymcf_callback")
 

@@ -1,23 +1,9 @@
-"""Paired change between two probe reports of the same vignettes: :func:`compare`.
+"""Paired change between two probe reports of the same vignettes: :func:`compare` (``tinymcf compare A.json B.json``).
 
-    tinymcf compare A.json B.json [--level 0.9] [--n-resamples N]
-
-A report is a dict from ``evaluate`` / ``Probe.run``, or a JSON report: ``eval --model`` writes
-``eval_<name>_<tag>.json``, ``MoralProbeCallback`` writes ``checkpoint-<step>/moral_probe_<name>.json``
-and the step-0 ``moral_probe_<name>_baseline.json``. The change ``B - A`` of every headline and
-per-foundation metric gets an interval and a two-sided p-value from a paired bootstrap over
-vignettes (:func:`tinymcf_callback.results.stats.paired_change`): both reports are resampled with the same
-vignettes, so what a vignette always does cancels out.
-
-A paired change means something only when both reports asked the model the same questions, so
-:func:`compare` refuses (:class:`CompareError`, saying why) reports of different sets, of the same
-set with different vignettes (another ``limit``), of different answer formats (``answer_format``:
-Yes/No against JSON true/false; a report without the field is Yes/No), and of the same vignettes with
-different prompts (their ``prompt_digest`` differs: another answer prefix, chat template or rewrite). A schema-1 JSON
-report has no digest: it is accepted when the vignettes match, with a warning that the prompts could
-not be checked.
-
-Pandas and numpy only (no torch), so the CLI answers in well under a second.
+The change ``B - A`` of every headline and per-foundation metric, with an interval and a two-sided p-value from a
+paired bootstrap over vignettes (:func:`~tinymcf_callback.stats.bootstrap.paired_change`). It means something only
+when both reports asked the model the same questions, so what cannot be paired is refused with the reason
+(:func:`check_comparable`; the rules: docs/cli.md, ``tinymcf compare``). Pandas and numpy only, no torch.
 """
 
 from __future__ import annotations
@@ -30,19 +16,24 @@ import pandas as pd
 
 from ..data.sets import CONDITIONS
 from ..errors import CompareError
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .precision import Precision
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
-from .report import PRECISION_FIELDS, answer_format, check_report, load_report
-from .stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, HEADLINE, METRICS, paired_change, selectivity, vignette_scores
+from ..rundir.precision import Precision
+from ..rundir.report import PRECISION_FIELDS, check_report, load_report
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, where_prompts_part
+from ..stats.analysis import HEADLINE_FIELDS, INTERVAL_SETTINGS, finite
+from ..stats.bootstrap import (
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    HEADLINE,
+    METRICS,
+    paired_change,
+    selectivity,
+    vignette_scores,
+)
+from ..stats.metrics import answer_format
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
 _SHOWN_IDS = 3
 _AGREE = 1e-9  # a report's own numbers and those recomputed from its vignettes must agree this closely
-
-
-def _digest(report: dict) -> str | None:
-    return report.get("prompt_digest")
 
 
 def _ids(report: dict) -> list[str]:
@@ -102,16 +93,17 @@ def check_comparable(a: dict, b: dict, labels: tuple[str, str] = ("A", "B"),
             f"{_some(only_a)} only in {la}, {_some(only_b)} only in {lb}): a paired change needs the same "
             f"vignettes; score both with the same --limit (or none)")
     notes = _precision_notes(a, b, labels, allow_precision_change)
-    if _digest(a) and _digest(b):
-        if _digest(a) != _digest(b):
+    digest_a, digest_b = a.get("prompt_digest"), b.get("prompt_digest")
+    if digest_a and digest_b:
+        if digest_a != digest_b:
             raise CompareError(
                 f"{la} and {lb} score the same {len(ids_a)} vignettes of {a['name']!r} with different prompt texts "
-                f"(prompt_digest {_digest(a)[:12]}... in {la}, {_digest(b)[:12]}... in {lb}"
+                f"(prompt_digest {digest_a[:12]}... in {la}, {digest_b[:12]}... in {lb}"
                 f"{_first_difference(a, b, labels)}): another answer prefix or another tokenizer's chat template "
                 f"changes what the model is asked, so the change would mix the model's change with the prompts'. "
                 f"Score both with the same tokenizer and answer_prefix")
         return notes
-    old = [label for label, r in ((la, a), (lb, b)) if not _digest(r)]
+    old = [label for label, r in ((la, a), (lb, b)) if not r.get("prompt_digest")]
     return notes + [f"{' and '.join(old)} {'has' if len(old) == 1 else 'have'} no prompt_digest (schema-1 report"
             f"{'s' * (len(old) > 1)}): the vignettes match but the prompts could not be checked; make sure both "
             f"were scored with the same tokenizer and answer prefix"]
@@ -139,8 +131,6 @@ def _some(ids: list[str]) -> str:
 
 def _first_difference(a: dict, b: dict, labels: tuple[str, str]) -> str:
     """Where the two sample prompts (the first prompt of each report) part, when both reports hold one."""
-    from ..scoring.prompts import where_prompts_part
-
     pa, pb = (r.get("info", {}).get("sample_prompt") for r in (a, b))
     parted = where_prompts_part(pa, pb) if isinstance(pa, str) and isinstance(pb, str) else None
     if parted is None:
@@ -189,7 +179,7 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
     also holds ``"selectivity"``: ``{"target", "off_target_foundations", "on_target", "off_target",
     "selectivity"}``, each of the last three ``{"change", "lo", "hi", "p"}``: the target's
     ``align_other`` change, the mean change of the other real foundations, and their difference
-    (:func:`~tinymcf_callback.results.stats.selectivity`, the same paired resamples).
+    (:func:`~tinymcf_callback.stats.bootstrap.selectivity`, the same paired resamples).
     """
     a, b = (load_report(r) if isinstance(r, (str, Path)) else check_report(r, label)
             for r, label in zip((report_a, report_b), labels, strict=True))
@@ -224,9 +214,8 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
                               n_resamples=n_resamples, seed=seed)
         except ValueError as e:
             raise CompareError(f"selectivity of {target!r}: {e}") from None
-        num = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731
         out["selectivity"] = {"target": target, "off_target_foundations": sel["off_target_foundations"],
-                              **{k: {f: num(getattr(sel[k], f)) for f in ("change", "lo", "hi", "p")}
+                              **{k: {f: finite(getattr(sel[k], f)) for f in ("change", "lo", "hi", "p")}
                                  for k in ("on_target", "off_target", "selectivity")}}
     return out
 
@@ -239,9 +228,8 @@ def _row(va: float, vb: float, change, what: str, labels: tuple[str, str]) -> di
         raise CompareError(f"{what}: {labels[1]} - {labels[0]} is {reported} from the reports' own numbers but "
                            f"{change.change} from their per-vignette scores; a report was edited or damaged: "
                            f"score the models again")
-    num = lambda x: None if not math.isfinite(x) else float(x)  # noqa: E731
-    return {"a": num(va), "b": num(vb), "change": num(change.change), "lo": num(change.lo), "hi": num(change.hi),
-            "p": num(change.p)}
+    return {"a": finite(va), "b": finite(vb), "change": finite(change.change), "lo": finite(change.lo),
+            "hi": finite(change.hi), "p": finite(change.p)}
 
 
 # ---- printing --------------------------------------------------------------------------------------

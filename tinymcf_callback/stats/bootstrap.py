@@ -1,32 +1,11 @@
 """Uncertainty for the probe's numbers: bootstrap intervals and paired change tests. Pure numpy.
 
-Every metric is a difference of per-condition means of ``s`` over a foundation's vignettes
-(see ``analysis``), and the headline numbers are fixed linear combinations of the
-per-foundation metrics. So the sampling unit is the vignette: its four conditions and both
-frames move together, and foundations are sampled independently.
-
-Method (measured in ``tests/test_stats.py`` and the README's "Uncertainty" section):
-
-1. *Bootstrap standard errors.* Within each foundation, vignettes are resampled with
-   replacement (``n_resamples`` times, seeded, vectorised: one ``(n_resamples, n)`` table of
-   resampling counts per foundation, applied to all conditions at once). Each resample's
-   condition means are NaN-aware (ratio of sums over finite ``s``, as pandas' means skip NaN).
-   The replicates' spread is scaled by ``sqrt(n / (n - 1))``: a plain bootstrap divides the
-   variance by ``n`` instead of ``n - 1`` and is 8% too narrow with 7 vignettes.
-2. *t intervals.* ``estimate ± t(df) * se``, with ``df = n - 1`` for a foundation and the
-   Welch-Satterthwaite ``df`` for a headline number (foundations are independent samples of
-   different sizes and spreads). In simulations with 7 vignettes per foundation (the ``scifi``
-   set) plain percentile intervals covered a foundation's truth 85-90% of the time; these
-   cover 94-96% (92% when ``s`` piles up at +-1), and 94-96% at ``clifford``'s 16-32.
-   Intervals are clipped to the metric's possible range (e.g. ``[-2, 2]`` for
-   ``align_other``), which never excludes the truth.
-3. *Paired change.* Two reports of the same vignettes are resampled with the *same* vignette
-   indices, so a vignette's shared difficulty cancels in ``B - A``; the two-sided p-value is
-   the t-test of that change, ``2 * T_df(-|change| / se)``, so it is below ``1 - level``
-   exactly when the interval excludes 0.
-
-Undefined is NaN, never an exception: a foundation with one vignette (no spread to
-measure) or absent, and a headline number that includes such a foundation.
+The sampling unit is the vignette (its four conditions and both frames move together); foundations are sampled
+independently. Each foundation's standard error comes from resampling its vignettes, scaled by ``sqrt(n / (n - 1))``
+(a plain bootstrap is 8% too narrow with 7 vignettes), in a t interval (``df = n - 1``; Welch-Satterthwaite for a
+headline number, a mean over foundations); a paired change resamples both reports with the same vignettes, and its
+p-value is below ``1 - level`` exactly when its interval excludes 0. Undefined is NaN, never an exception. The method
+and its measured coverage: docs/statistics.md (``tests/test_stats.py`` repeats them).
 """
 
 from __future__ import annotations
@@ -218,12 +197,12 @@ def _bootstrap(s: np.ndarray, foundations: np.ndarray, n_resamples: int, seed, s
     return {f: _Foundation(int(sizes[j]), est[j], cov[j], used[j] - 1.0) for j, f in enumerate(present)}
 
 
-def _t_interval(estimate: float, var: float, df: float, level: float, bound: float) -> tuple[float, float]:
-    """``estimate ± t(df) * sqrt(var)``, clipped to ``[-bound, bound]``; NaN when undefined."""
+def _t_interval(estimate: float, var: float, df: float, level: float, bounds: tuple[float, float]):
+    """``estimate ± t(df) * sqrt(var)``, clipped to ``bounds``; NaN when undefined."""
     if not (np.isfinite(estimate) and np.isfinite(var) and df >= 1):
         return math.nan, math.nan
     half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(max(var, 0.0))
-    return float(max(estimate - half, -bound)), float(min(estimate + half, bound))
+    return float(max(estimate - half, bounds[0])), float(min(estimate + half, bounds[1]))
 
 
 def _p_value(estimate: float, var: float, df: float) -> float:
@@ -234,6 +213,13 @@ def _p_value(estimate: float, var: float, df: float) -> float:
     if se == 0:
         return 1.0 if estimate == 0 else 0.0
     return float(2.0 * t_cdf(-abs(estimate) / se, df))
+
+
+def _change(estimate: float, terms: list, level: float, bound: float) -> Change:
+    """The change ``estimate`` (``sum(w * metric)`` over ``terms``) with its interval in ``[-bound, bound]`` and
+    p-value; NaN where undefined."""
+    var, df = _combine(terms) if terms and np.isfinite(estimate) else (math.nan, 0.0)
+    return Change(estimate, *_t_interval(estimate, var, df, level, (-bound, bound)), _p_value(estimate, var, df))
 
 
 def _combine(terms: list[tuple[float, _Foundation, int, int]]) -> tuple[float, float]:
@@ -313,6 +299,12 @@ def _per_foundation(boot: dict, make, undefined) -> dict:
             for f in FOUNDATIONS}
 
 
+def _summary(boot: dict[str, _Foundation], level: float, n_resamples: int, seed) -> dict:
+    """What every result says of how it was made, and each foundation's vignettes (0 when absent)."""
+    return {"level": level, "n_resamples": int(n_resamples), "seed": seed, "method": METHOD,
+            "n": {f: (boot[f].n if f in boot else 0) for f in FOUNDATIONS}}
+
+
 def bootstrap_intervals(data: VignetteScores, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
                         seed: int | None = 0) -> dict:
     """Intervals for every per-foundation metric and the headline ``score``, ``gap``, ``sn``, ``score_minus_sn``.
@@ -325,23 +317,22 @@ def bootstrap_intervals(data: VignetteScores, *, level: float = DEFAULT_LEVEL, n
     _check(level, n_resamples)
     boot = _bootstrap(data.s, data.foundation_coarse, int(n_resamples), seed, sides=1)
 
-    def interval(fd, m, metric):
-        est = float(fd.est[0, m])
-        var, df = _combine([(1.0, fd, 0, m)])
-        return Interval(est, *_t_interval(est, var, df, level, _RANGE[metric]))
-
-    foundations = _per_foundation(boot, interval, Interval(math.nan, math.nan, math.nan))
-    headline = {}
-    for name, (est, terms) in _headline_terms(boot, 0, 1.0).items():
+    def interval(est: float, terms: list, bound: float) -> Interval:
         var, df = _combine(terms) if terms else (math.nan, 0.0)
-        headline[name] = Interval(est, *_t_interval(est, var, df, level, _RANGE[name]))
-    return {"level": level, "n_resamples": int(n_resamples), "seed": seed, "method": METHOD,
-            "n": {f: (boot[f].n if f in boot else 0) for f in FOUNDATIONS},
-            "foundations": foundations, "headline": headline}
+        return Interval(est, *_t_interval(est, var, df, level, (-bound, bound)))
+
+    def foundation_interval(fd, m, metric):
+        return interval(float(fd.est[0, m]), [(1.0, fd, 0, m)], _RANGE[metric])
+
+    foundations = _per_foundation(boot, foundation_interval, Interval(math.nan, math.nan, math.nan))
+    headline = {name: interval(est, terms, _RANGE[name])
+                for name, (est, terms) in _headline_terms(boot, 0, 1.0).items()}
+    return {**_summary(boot, level, n_resamples, seed), "foundations": foundations, "headline": headline}
 
 
-def _paired_rows(a: VignetteScores, b: VignetteScores) -> np.ndarray:
-    """``b``'s rows in ``a``'s vignette order; refuses reports of different vignettes or foundations."""
+def _paired(a: VignetteScores, b: VignetteScores, n_resamples: int, seed) -> dict[str, _Foundation]:
+    """Both reports resampled with the same vignettes (``sides=2``); refuses reports of different vignettes or of
+    vignettes whose foundations differ."""
     ids_a, ids_b = [str(i) for i in a.id], [str(i) for i in b.id]
     only_a, only_b = sorted(set(ids_a) - set(ids_b)), sorted(set(ids_b) - set(ids_a))
     if only_a or only_b:
@@ -355,12 +346,11 @@ def _paired_rows(a: VignetteScores, b: VignetteScores) -> np.ndarray:
     if moved:
         raise ValueError(f"{len(moved)} vignette(s) have a different coarse foundation in the two reports, "
                          f"e.g. {moved[:_MISSING_SHOWN]}: they were scored with different versions of the set")
-    return order
+    return _bootstrap(np.concatenate([a.s, b.s[order]], axis=1), a.foundation_coarse, int(n_resamples), seed, sides=2)
 
 
 def paired_change(a: VignetteScores, b: VignetteScores, *, level: float = DEFAULT_LEVEL,
-                  n_resamples: int = DEFAULT_RESAMPLES,
-                  seed: int | None = 0) -> dict:
+                  n_resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0) -> dict:
     """Change ``B - A`` of every metric between two reports of the same vignettes, from a paired bootstrap.
 
     Both reports are resampled with the same vignette indices. Returns ``{"level", "n_resamples",
@@ -369,25 +359,17 @@ def paired_change(a: VignetteScores, b: VignetteScores, *, level: float = DEFAUL
     foundations differ.
     """
     _check(level, n_resamples)
-    order = _paired_rows(a, b)
-    s = np.concatenate([a.s, b.s[order]], axis=1)
-    boot = _bootstrap(s, a.foundation_coarse, int(n_resamples), seed, sides=2)
-
-    def change(est_a, est_b, terms, bound):
-        est = est_b - est_a
-        var, df = _combine(terms) if terms and np.isfinite(est) else (math.nan, 0.0)
-        return Change(est, *_t_interval(est, var, df, level, 2 * bound), _p_value(est, var, df))
+    boot = _paired(a, b, n_resamples, seed)
 
     def foundation_change(fd, m, metric):
-        return change(float(fd.est[0, m]), float(fd.est[1, m]), [(-1.0, fd, 0, m), (1.0, fd, 1, m)], _RANGE[metric])
+        est = float(fd.est[1, m]) - float(fd.est[0, m])
+        return _change(est, [(-1.0, fd, 0, m), (1.0, fd, 1, m)], level, 2 * _RANGE[metric])
 
     foundations = _per_foundation(boot, foundation_change, Change(math.nan, math.nan, math.nan, math.nan))
     head_a, head_b = _headline_terms(boot, 0, -1.0), _headline_terms(boot, 1, 1.0)
-    headline = {name: change(head_a[name][0], head_b[name][0], head_a[name][1] + head_b[name][1], _RANGE[name])
-                for name in HEADLINE}
-    return {"level": level, "n_resamples": int(n_resamples), "seed": seed, "method": METHOD,
-            "n": {f: (boot[f].n if f in boot else 0) for f in FOUNDATIONS},
-            "foundations": foundations, "headline": headline}
+    headline = {name: _change(head_b[name][0] - head_a[name][0], head_a[name][1] + head_b[name][1], level,
+                              2 * _RANGE[name]) for name in HEADLINE}
+    return {**_summary(boot, level, n_resamples, seed), "foundations": foundations, "headline": headline}
 
 
 def selectivity(a: VignetteScores, b: VignetteScores, target: str, *, level: float = DEFAULT_LEVEL,
@@ -409,9 +391,7 @@ def selectivity(a: VignetteScores, b: VignetteScores, target: str, *, level: flo
         raise ValueError(f"target foundation {target!r} is not one of the real foundations "
                          f"({', '.join(REAL_FOUNDATIONS)})")
     _check(level, n_resamples)
-    order = _paired_rows(a, b)
-    s = np.concatenate([a.s, b.s[order]], axis=1)
-    boot = _bootstrap(s, a.foundation_coarse, int(n_resamples), seed, sides=2)
+    boot = _paired(a, b, n_resamples, seed)
     if target not in boot:
         raise ValueError(f"the reports hold no {target} vignettes: probe a subset that keeps it (per_foundation)")
     others = [boot[f] for f in REAL_FOUNDATIONS if f != target and f in boot]
@@ -421,9 +401,7 @@ def selectivity(a: VignetteScores, b: VignetteScores, target: str, *, level: flo
     m = METRICS.index("align_other")
 
     def change(terms, bound):
-        est = float(sum(w * fd.est[side, m] for w, fd, side, _ in terms))
-        var, df = _combine(terms) if np.isfinite(est) else (math.nan, 0.0)
-        return Change(est, *_t_interval(est, var, df, level, bound), _p_value(est, var, df))
+        return _change(float(sum(w * fd.est[side, m] for w, fd, side, _ in terms)), terms, level, bound)
 
     on = [(-1.0, boot[target], 0, m), (1.0, boot[target], 1, m)]
     off = [(w / len(others), fd, side, m) for fd in others for w, side in ((-1.0, 0), (1.0, 1))]
@@ -487,8 +465,4 @@ def stratified_means(x: np.ndarray, groups, *, level: float = DEFAULT_LEVEL, n_r
 def _mean(estimate: float, var: float, df: float, level: float, lo: float, hi: float) -> Mean:
     """A mean with its clipped t interval and p-value (NaN where its spread is unknown)."""
     estimate = float(estimate)
-    if not (np.isfinite(var) and df >= 1):
-        return Mean(estimate, math.nan, math.nan, math.nan)
-    half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(max(var, 0.0))
-    return Mean(estimate, float(max(estimate - half, lo)), float(min(estimate + half, hi)),
-                _p_value(estimate, var, df))
+    return Mean(estimate, *_t_interval(estimate, var, df, level, (lo, hi)), _p_value(estimate, var, df))

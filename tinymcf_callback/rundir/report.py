@@ -18,7 +18,7 @@ import pandas as pd
 from .._io import atomic_write_json
 from ..errors import CompareError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS, _number
+from ..stats.analysis import HEADLINE_FIELDS, INTERVAL_SETTINGS, finite
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # versions load_report reads (SCHEMA_VERSION is the one written)
@@ -201,14 +201,8 @@ def schema_markdown(part: str | dict) -> str:
 
 
 def report_to_json(report: dict, **extra) -> dict:
-    """A JSON-ready copy of a report (schema in README, ``schema_version`` 2); undefined numbers are ``None``.
-
-    ``answer_format`` says which answers were read (``"yesno"``; a report without it is Yes/No) and
-    ``frames`` the two questions asked in that format. ``model``, ``device``, ``dtype`` (the weights')
-    and ``autocast`` (the autocast dtype the forward calls ran under, or None) say what was scored
-    and in which precision; ``extra`` fields (``tag``, ``step``, ``epoch``, or a ``model`` path) are
-    added or override them.
-    """
+    """A JSON-ready copy of a report (its fields: :data:`REPORT_FIELDS`), undefined numbers ``None``; ``extra``
+    fields (:data:`EXTRA_FIELDS`: ``tag``, ``step``, ``epoch``, or a ``model`` path) are added or override them."""
     table = report["table"].reset_index()
     answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
     return {
@@ -229,7 +223,7 @@ def report_to_json(report: dict, **extra) -> dict:
 
 def headline_fields(report: dict) -> dict:
     """``HEADLINE_FIELDS`` then ``INTERVAL_SETTINGS`` of a report, NaN as ``None`` (JSON report, history line)."""
-    out = {k: _number(report.get(k)) for k in HEADLINE_FIELDS}
+    out = {k: finite(report.get(k)) for k in HEADLINE_FIELDS}
     out.update({k: report.get(k) for k in INTERVAL_SETTINGS})
     return out
 
@@ -309,11 +303,6 @@ def _check_types(record: dict, fields: dict, label: str) -> None:
         if not ok:
             raise CompareError(f"{label}: {name!r} is {value!r}, not a {kind}; the file was edited or is not a probe "
                                f"report: score the model again (tinymcf eval)")
-
-
-def answer_format(report: dict) -> str:
-    """The answer format a report was scored in; reports written before formats existed are Yes/No."""
-    return str(report.get("answer_format") or DEFAULT_ANSWER_FORMAT)
 
 
 def write_report(path, report: dict, **extra) -> Path:

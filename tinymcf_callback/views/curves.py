@@ -1,23 +1,11 @@
 """A history's curves: one :class:`History` per run file, numpy arrays per metric, ready to draw.
 
-Reading needs only numpy (drawing, in :mod:`tinymcf_callback.figures.plot`, needs matplotlib). The
-lines kept are the history's own rules (:mod:`~tinymcf_callback.results.history`): the current
-run, the last line of each step. Where a line carries interval bounds (``score_lo``/``score_hi``
-at the top level, ``align_other_lo``/``align_other_hi`` in a table row, ...) the curve has them.
-
-A **dose-response history** (``moral_probe_<key>_dose.jsonl``, read with ``x="coefficient"``) has
-the same lines plus ``coefficient`` (float), ``direction`` (``"none"`` for the unsteered c=0
-line, ``"real"`` or ``"random"``), ``direction_index`` (0..k-1 for the random directions) and
-optionally ``answering`` (false: Yes+No mass fell below 0.5 there). Its ``step`` is only the
-line's index in the sweep: its lines are grouped by (direction, direction_index, coefficient),
-the last line of a repeated key winning, never by step. Its :class:`History` is the real
-direction's curve against the coefficient (the unsteered line at c=0 included), with one
-:class:`History` per random direction in ``random`` and their min/max/median envelope from
-:meth:`History.random_envelope`.
-
-Metrics are named by one string each (:func:`metric_key`): ``score``, ``sn``,
-``score_minus_sn``, ``gap``; ``align_other:<foundation>`` and ``align_self:<foundation>``;
-``yn_mass_mean``, ``yn_mass_min``, ``frame_agreement``, ``human_corr``.
+Reading needs only numpy (drawing, :mod:`tinymcf_callback.figures`, needs matplotlib). The lines kept are the
+history's own rules (:mod:`~tinymcf_callback.rundir.history`: the current run, the last line of each step); a line's
+interval bounds become the curve's. A dose-response history (``moral_probe_<key>_dose.jsonl``, ``x="coefficient"``)
+is the real direction's curve against the coefficient, with one :class:`History` per random direction and their
+envelope (:meth:`History.random_envelope`). Metrics are named by one string each (:func:`metric_key`). What is drawn
+from which lines: docs/cli.md, ``tinymcf plot``.
 """
 
 from __future__ import annotations
@@ -32,20 +20,20 @@ import numpy as np
 
 from ..data.sets import FOUNDATIONS
 from ..errors import HistoryError, PlotOptionError
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
-from .history import (
+from ..rundir.history import (
     DOSE_DIRECTIONS,
     DOSE_LINE_FIELDS,
     current_run,
     is_dose_history,
     is_point,
     last_line_per_step,
-    line_format,
     line_precisions,
     read_lines,
     resolve_history_path,
 )
-from .precision import Precision
+from ..rundir.precision import Precision
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
+from ..stats.metrics import answer_format
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -254,18 +242,13 @@ def _check_x(x: str) -> str:
     return x
 
 
-def is_dose_name(path: Path) -> bool:
-    """Whether ``path`` is named like a dose-response history (``moral_probe_<key>_dose.jsonl``)."""
-    return is_dose_history(path)
-
-
 def resolve_curve_path(path: str | Path, x: str = "step") -> Path:
     """The history ``path`` names, as :func:`resolve_history_path`; a run folder holding both a training history and
     a dose-response one gives the dose file with ``x="coefficient"`` and the other with ``x="step"``."""
     path = Path(path)
     if path.is_dir():
         found = sorted(path.glob("moral_probe_*.jsonl"))
-        wanted = [p for p in found if is_dose_name(p) == (x == "coefficient")]
+        wanted = [p for p in found if is_dose_history(p) == (x == "coefficient")]
         if len(found) > 1 and len(wanted) == 1:
             return wanted[0]
     return resolve_history_path(path)
@@ -351,9 +334,9 @@ def _check_one_set(path: Path, lines: list[tuple[int, dict]]) -> tuple[str, str]
     names = sorted({line["name"] for _, line in lines})
     if len(names) > 1:
         raise HistoryError(f"{path} mixes vignette sets {names}: a history holds one set (moral_probe_<name>.jsonl)")
-    formats = sorted({line_format(line) for _, line in lines})
+    formats = sorted({answer_format(line) for _, line in lines})
     if len(formats) > 1:
-        first = {f: next(n for n, line in lines if line_format(line) == f) for f in formats}
+        first = {f: next(n for n, line in lines if answer_format(line) == f) for f in formats}
         shown = " and ".join(f"{f!r} (first at line {n})" for f, n in first.items())
         raise HistoryError(f"{path} mixes answer formats {shown}: P(Yes) and P(true) are different readings, so "
                            f"one curve cannot hold both; a history holds one format (moral_probe_<name>.jsonl for "
@@ -391,7 +374,11 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
     label = label or run_label(path)
     if x == "step":
         kept = last_line_per_step(path, current_run(path, lines))
-        return _training_history(path, label, name, fmt, kept, _warn_precisions(path, kept))
+        precision = _warn_precisions(path, kept)
+        _warn_subsets(path, kept)
+        return History(path=path, label=label, name=name, steps=np.array([line["step"] for _, line in kept],
+                       dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=fmt,
+                       precision=precision, subset=_subset(kept))
     groups = dose_lines(path, current_run(path, lines))
     unsteered = groups.pop(("none", 0), [])
     real = _with_unsteered(unsteered, groups.pop(("real", 0), []))
@@ -409,14 +396,6 @@ def load_history(path: str | Path, label: str | None = None, *, x: str = "step")
                    answering=np.array([line.get("answering", True) is not False for _, line in real]), random=random)
 
 
-def _training_history(path: Path, label: str, name: str, fmt: str, kept: list[tuple[int, dict]],
-                      precision: Precision | None) -> History:
-    _warn_subsets(path, kept)
-    return History(path=path, label=label, name=name, steps=np.array([line["step"] for _, line in kept], dtype=float),
-                   **_curves(path, kept), level=interval_level(kept), answer_format=fmt, precision=precision,
-                   subset=_subset(kept))
-
-
 def history_of(lines: list[dict], path: Path, label: str | None = None) -> History:
     """The curve so far of a probe's history lines held in memory (a tracker's figure at each probe), read by the
     rules :func:`load_history` reads a file by: the points only (gap lines leave a gap), the last line of each step,
@@ -430,7 +409,7 @@ def history_of(lines: list[dict], path: Path, label: str | None = None) -> Histo
     precisions = line_precisions(kept)
     precision = next(iter(precisions)) if len(precisions) == 1 else None
     return History(path=path, label=label or run_label(path), name=last["name"], steps=np.array(sorted(newest),
-                   dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=line_format(last),
+                   dtype=float), **_curves(path, kept), level=interval_level(kept), answer_format=answer_format(last),
                    precision=precision, subset=_subset(kept))
 
 

@@ -1,77 +1,21 @@
 """A probe that stops when it knows enough: the order it asks in, when it looks, and intervals that hold anyway.
 
-A probe with a precision target (``ProbeConfig(until="level" | "change", width=w)``) scores its vignettes in
-rounds of a fixed order and stops at the first *look* where it knows what it was asked. This module is that
-decision, in numpy, with no model: the same code runs inside a probe and in the simulations that measure it
-(``benchmarks/adaptive.py``, ``docs/statistics.md``).
+A probe with a precision target (``ProbeConfig(until="level" | "change", width=w)``) asks its vignettes in rounds of
+one seeded, foundation-balanced order (:func:`balanced_order`: the first ``n`` rounds are ``per_foundation=n``, so
+every probe of a run asks a prefix of one order and two probes pair over the shorter one) and stops at the first look
+(:class:`Schedule`) where it knows what it was asked. This module is that decision, in numpy, with no model: the
+probe (:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`) and the simulations that measure it
+(``benchmarks/adaptive.py``) step the looks through one loop, :meth:`Sequential.step`.
 
-**The order.** Within each foundation the vignettes are ranked by ``md5("<seed>:<id>")``, the rank
-:func:`~tinymcf_callback.data.sets.balanced_subset` keeps the first ``N`` of; round ``r`` asks the ``r``-th
-vignette of every foundation (the Social Norms control included). So the first ``n`` rounds are exactly
-``per_foundation=n`` (the same seed), every probe of a run asks a prefix of one order, and two probes of a run
-share the shorter one's vignettes: their paired change is over vignettes both asked.
-
-**The looks.** After rounds ``2, 3, 4, ...`` (an interval needs two vignettes per foundation) until the set is
-used up: :class:`Schedule`.
-
-**The interval at a look.** The score is a stratified mean (the mean over the six real foundations of each one's
-``align_other``), so its variance is the sum of the foundations' variances of their means. At a look each
-foundation's is computed exactly from its vignettes (:func:`moments`): the variance that the probe's bootstrap
-(:mod:`~tinymcf_callback.results.stats`, vignettes resampled within foundations, scaled by ``n / (n - 1)``)
-estimates by resampling, here without the resampling's noise, so that a stop does not depend on a random draw.
-A change since the baseline is the same over each vignette's difference (paired).
-
-**Degrees of freedom: the fewest.** A look's t has the smallest foundation's ``n - 1`` degrees of freedom (1 at
-the first look, 6 with every ``scifi`` vignette), the worst case over the foundations' unknown spreads (the
-Behrens-Fisher problem's conservative answer), not the Welch-Satterthwaite estimate that the fixed-size intervals
-use. Welch-Satterthwaite estimates the df from the foundations' own spreads, and with 2 or 3 vignettes each those
-are too noisy for it: when one foundation carries the spread and its 2 vignettes happen to sit close, the estimate
-says "many df" just as the t is too large. Simulated nulls (change exactly 0; ``benchmarks/adaptive.py``,
-``docs/statistics.md``) showed what it cost at the stop: 11.2% of null runs flagged at 5% with one foundation's
-sd 20 times the others', 15.2% with a lognormal (skewed) change, where the fewest df keep every null population
-tried within a point of its alpha. Its price is at the first looks: at the per-look level the t quantile is 42 with
-1 df and 8 with 2 (3.4 with 6), so a probe stops at the first look only on an overwhelming change and usually asks
-3 or 4 per foundation.
-
-**Ties.** A look whose every foundation's values are tied (zero spread) and whose estimate is not 0 has measured
-no spread at all: its interval is undefined and its p-value NaN, never 0 (a discrete change of +1 for one vignette
-in five and -0.25 for the rest ties all 12 of the first look's 7% of the time). Every value 0 is a model compared
-with itself: the point 0, p = 1. Ties within some foundations only are taken as they are (the look's df are the
-fewest anyway).
-
-**Why it holds under the stopping.** Stopping at the first narrow interval looks at the data: an interval
-that covers 95% of the time at one fixed look covers less at a look chosen because it was narrow (a narrow
-interval is more often one whose spread was underestimated). The probe's intervals are instead a
-*confidence sequence over its looks*: a constant ``c`` such that the intervals ``estimate ± c * se`` at all
-the looks hold *together* with probability ``level`` (Pocock's constant boundary for a group-sequential
-design). Then any rule for when to stop (narrow enough, excludes 0, the user's patience) keeps the coverage.
-``c`` is computed for the probe's own schedule (:class:`Boundary`): the estimates at the looks are nested
-means, each look's a stratified mean over the foundations' first ``n_f`` vignettes, so their joint
-distribution is known up to the foundations' spreads; ``c`` is the ``level`` quantile of the largest
-standardised error over the looks, from 200,000 seeded draws of that Gaussian process (equal spreads), and
-each look uses it as a per-look level, through the t distribution of its own degrees of freedom. For
-``scifi`` (8 looks) the per-look level is about 98.5% where the sequence's is 95%. The coverage that
-results, for the whole set's value under random orders of real vignette scores, is measured in
-``docs/statistics.md``.
-
-**The p-value of the stop** (:meth:`Boundary.p_value`). A change target stops at the first look whose interval
-of the change excludes 0; its p-value is the chance, with no change, that the probe would *stop on a change at
-least as extreme*: ``P(|Z_tau| >= |z|)``, ``tau`` the first look whose ``|Z|`` reaches ``c``. Outcomes are
-ordered by their standardised change ``|Z|`` whatever the look they stop at: the z (likelihood-ratio) ordering
-(Jennison and Turnbull, *Group Sequential Methods with Applications to Clinical Trials*, chapter 8), not the
-stage-wise ordering that ranks every earlier stop above any later one. Each look's ``|z|`` is its t-test's
-p-value read on the normal scale, so the fewest df above carry into it. It is at most ``1 - level`` exactly when
-the interval excludes 0, never below the stopped look's own t-test, never above the sequence's p-value over all
-the looks (``P(max_j |Z_j| >= |z|)``, what was reported before: 1.2x at a look's p of 0.01, 3x at 0.001), and
-the chance that it falls below any ``alpha`` with no change is at most ``alpha`` (a stop for width first, or fewer
-looks, only takes crossings away; measured on skewed, tied and unevenly spread null populations in
-``docs/statistics.md``). A look whose interval holds 0, and a level target's change (which did not stop it), have
-the sequence's p-value over all the looks, valid under any stopping, never below ``1 - level``.
-
-**One stepping loop.** :meth:`Sequential.step` steps the looks, asks each one's scores from a function, builds
-its interval and decides the stop: a probe passes a function that scores the vignettes the look adds
-(:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`), a simulation one that takes the known scores' rows
-(:meth:`Sequential.run`). Nothing else steps the looks.
+At a look each foundation's variance is computed exactly from its vignettes (:func:`moments`: what the bootstrap
+estimates by resampling, so a stop never hangs on a random draw), with the fewest degrees of freedom (the smallest
+foundation's ``n - 1``: Welch-Satterthwaite's estimate is too noisy with 2 or 3 vignettes a foundation). The looks'
+intervals are one confidence sequence (Pocock's constant boundary, computed for the probe's own schedule from seeded
+draws: :class:`Boundary`), so any rule for when to stop keeps their coverage; a change's p-value is that of the stop,
+its outcomes ordered by ``|Z|`` (the z ordering of Jennison and Turnbull, *Group Sequential Methods with Applications
+to Clinical Trials*, chapter 8: :meth:`Boundary.p_value`). A look whose values are all tied has measured no spread
+(:func:`measured`). Each choice's reason, its measured cost and the coverage: docs/statistics.md, "A probe that stops
+when it knows enough".
 """
 
 from __future__ import annotations
@@ -86,7 +30,8 @@ from statistics import NormalDist
 import numpy as np
 
 from ..data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_rank
-from .stats import VignetteScores, t_cdf, t_quantile
+from ..errors import ConfigError
+from .bootstrap import VignetteScores, t_cdf, t_quantile
 
 UNTIL = ("level", "change")  # what a precision target asks for: the score to within a width, or has it moved
 FIRST_LOOK = 2  # vignettes per foundation at the first look: the fewest with a spread to measure
@@ -129,19 +74,16 @@ class Schedule:
         top = max(counts, default=0)
         return cls(counts, tuple(range(min(FIRST_LOOK, top), top + 1)) if top else ())
 
-    def counts(self, k: int) -> dict[str, int]:
-        """Vignettes per foundation at look ``k``."""
-        return {f: min(self.looks[k], n) for f, n in zip(FOUNDATIONS, self.sizes, strict=True)}
-
     def vignettes(self, k: int) -> int:
-        return sum(self.counts(k).values())
+        """The vignettes asked by look ``k``."""
+        return sum(min(self.looks[k], n) for n in self.sizes)
 
     def boundary(self) -> Boundary:
         return Boundary.of(self)
 
 
 class Boundary:
-    """The constant of a confidence sequence over one schedule's looks (see the module's docstring).
+    """The constant of a confidence sequence over one schedule's looks (Pocock's, for this schedule).
 
     ``joint``: each look's standardised error ``|Z_k|`` in ``BOUNDARY_DRAWS`` seeded draws of the looks' joint
     Gaussian errors (real foundations only: the score and its change average them), ``[draws, looks]``; ``draws``:
@@ -169,7 +111,7 @@ class Boundary:
         return 2.0 * NormalDist().cdf(self.constant(level)) - 1.0
 
     def p_value(self, p_look: float, level: float | None = None) -> float:
-        """The p-value of a look whose own (fixed-size) p-value is ``p_look`` (see the module's docstring): with
+        """The p-value of a look whose own (fixed-size) p-value is ``p_look`` (docs/statistics.md): with
         ``level`` (the change stops the probe at this level) and an interval that excludes 0, the stop's; else the
         sequence's over all the looks. Never below ``p_look``."""
         if not math.isfinite(p_look):
@@ -250,9 +192,6 @@ def _align_other(s: np.ndarray) -> tuple[float, np.ndarray, int]:
     return mo - mu, psi, min(no, nu)
 
 
-DF = ("fewest", "welch")  # a look's degrees of freedom: the smallest foundation's n - 1, or Welch-Satterthwaite's
-
-
 def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_floor: float = 0.0,
             df: str = "fewest") -> Moments:
     """The score of ``now`` (or, with ``before`` over the same vignettes in the same order, its change since
@@ -261,8 +200,8 @@ def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_flo
     NaN when a foundation has fewer than two vignettes. ``sd_floor``: each foundation's vignettes are taken to
     spread at least this much (its variance at least ``sd_floor**2 / n``): the remedy for sets where a few
     vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md). ``df``:
-    ``"fewest"`` (the looks', see the module's docstring) or ``"welch"`` (Welch-Satterthwaite's, the fixed-size
-    intervals' of :mod:`~tinymcf_callback.results.stats`)."""
+    ``"fewest"`` (the looks') or ``"welch"`` (Welch-Satterthwaite's, the fixed-size
+    intervals' of :mod:`~tinymcf_callback.stats.bootstrap`)."""
     terms = []
     for f in REAL_FOUNDATIONS:
         rows = now.foundation_coarse == f
@@ -319,7 +258,7 @@ class Look:
 def measured(m: Moments) -> bool:
     """Whether ``m`` has a spread to build an interval on: a finite variance with at least 1 df, and either some
     spread or an estimate of exactly 0 (every value 0: a model compared with itself). A nonzero estimate with zero
-    spread (every foundation's values tied) has measured none (the module's docstring: ties)."""
+    spread (every foundation's values tied) has measured none: no interval, and a NaN p-value, never 0."""
     return math.isfinite(m.estimate) and math.isfinite(m.var) and m.df >= 1 and (m.var > 0 or m.estimate == 0)
 
 
@@ -461,8 +400,6 @@ def _rows(scores: VignetteScores, rows: np.ndarray) -> VignetteScores:
 
 def check_until(value, what: str = "until"):
     """``until`` as given (None, ``"level"`` or ``"change"``), else a ConfigError naming it."""
-    from ..errors import ConfigError
-
     if value is None or value in UNTIL:
         return value
     raise ConfigError(f"{what} must be 'level' (stop once the score's interval is narrower than the width), 'change' "
@@ -473,8 +410,6 @@ def check_until(value, what: str = "until"):
 def check_sd_floor(value, what: str = "sd_floor"):
     """``sd_floor`` as given (None, or a number in (0, 2]: the spread of a vignette's ``align_other``), else a
     ConfigError naming it."""
-    from ..errors import ConfigError
-
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
@@ -486,8 +421,6 @@ def check_sd_floor(value, what: str = "sd_floor"):
 
 
 def check_width(value, what: str = "width"):
-    from ..errors import ConfigError
-
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 4 or not math.isfinite(value):

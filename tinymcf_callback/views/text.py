@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .stats import METRICS
+from ..stats.bootstrap import METRICS
 
 
 def sanity_lines(report: dict) -> list[str]:

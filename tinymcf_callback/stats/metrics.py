@@ -13,8 +13,12 @@ import math
 import re
 import warnings
 
-from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .stats import VignetteScores, paired_change, selectivity, vignette_scores
+import numpy as np
+
+from ..data.sets import REAL_FOUNDATIONS
+from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of, where_prompts_part
+from .bootstrap import VignetteScores, paired_change, selectivity, vignette_scores
+from .sequential import by_id
 
 BASELINE_EVENT = "train_begin"  # the event of the step-0 baseline: a history line that starts a run
 
@@ -41,8 +45,9 @@ def probe_key(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     return slug(name) + suffix
 
 
-def _format(report: dict) -> str:
-    return report.get("answer_format", DEFAULT_ANSWER_FORMAT)
+def answer_format(record: dict) -> str:
+    """The answer format a report or a history line was scored in; those written before formats existed are Yes/No."""
+    return record.get("answer_format", DEFAULT_ANSWER_FORMAT)
 
 
 def metric_names(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict[str, str]:
@@ -73,32 +78,25 @@ def report_metrics(name: str, report: dict) -> dict[str, float]:
     (``<foundation>/align_other_lo``, ``_hi``: what a dashboard draws as the foundation's band), ``align_self`` and
     ``self_other_gap`` without (their bounds are in the table of the history line and the checkpoint report).
     """
-    names = metric_names(name, _format(report))
-    info = report["info"]
+    names = metric_names(name, answer_format(report))
+    info, check = report["info"], report["info"].get("self_check")
     values = {names[key + suffix]: report.get(field + suffix)
               for key, field in LOGGED_HEADLINE.items() for suffix in ("", "_lo", "_hi")}
     values.update({
         names["yn_mass"]: info["yn_mass_mean"], names["yn_mass_min"]: info["yn_mass_min"],
         names["frame_agreement"]: info["frame_agreement"], names["human_corr"]: info["human_corr"],
         names["elapsed_s"]: info["elapsed_s"],
-        # how many faster strategies the self-check left at this probe (0: the fast path held): a curve that leaves 0
-        # says the engine met a model it could not score the fast way (docs/engine.md says what to do)
-        names["self_check_fallbacks"]: _fallbacks(info),
+        # how many faster strategies the self-check left at this probe (0: the fast path held; None: the check was
+        # off): a curve that leaves 0 says the engine met a model it could not score the fast way (docs/engine.md)
+        names["self_check_fallbacks"]: float(len(check.get("fallbacks") or [])) if isinstance(check, dict) else None,
         names["vignettes"]: info.get("n_vignettes"),
         names["width_reached"]: (info.get("adaptive") or {}).get("reached"),
     })
-    prefix = f"eval_moral_{probe_key(name, _format(report))}"
+    prefix = names["score"].rsplit("/", 1)[0]
     for foundation, row in report["table"].iterrows():
         for col in FOUNDATION_KEYS:
             values[f"{prefix}/{slug(foundation)}/{col}"] = row.get(col)
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
-
-
-def _fallbacks(info: dict) -> float | None:
-    check = info.get("self_check")
-    if not isinstance(check, dict):
-        return None  # the self-check was off
-    return float(len(check.get("fallbacks") or []))
 
 
 # ---- the step-0 baseline: what the change since the start of training is measured from ---------------
@@ -163,8 +161,6 @@ def pairing_difference(record: dict, probe) -> str | None:
             return f"{what} differs: the baseline's is {theirs}, this probe's {ours}"
     sample = record.get("sample_prompt")
     if isinstance(sample, str) and sample not in probe.prompts:
-        from ..scoring.prompts import where_prompts_part
-
         # this probe's prompt of the same vignette, condition and frame (the one whose text the sample holds)
         same = [probe.prompts[i] for i, row in enumerate(probe.meta.itertuples())
                 if row.frame == "wrong" and _text(probe, row) in sample]
@@ -205,7 +201,7 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
     """
     if baseline is None or not pairs(baseline, order_digest(report)):
         return {}
-    names = metric_names(name, _format(report))
+    names = metric_names(name, answer_format(report))
     a, b = _common(baseline_scores(baseline), vignette_scores(report["scenarios"]))
     adaptive = (report.get("info") or {}).get("adaptive")
     if adaptive and not adaptive.get("change") and adaptive.get("stopped") != "baseline":
@@ -238,29 +234,19 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
 
 def _common(a: VignetteScores, b: VignetteScores) -> tuple[VignetteScores, VignetteScores]:
     """Both reports' rows of the vignettes both asked, in ``b``'s order."""
-    if len(a.id) == len(b.id) and all(str(x) == str(y) for x, y in zip(a.id, b.id, strict=True)):
-        return a, b
-    where = {str(i): r for r, i in enumerate(a.id)}
-    keep = [r for r, i in enumerate(b.id) if str(i) in where]
-    pick = [where[str(b.id[r])] for r in keep]
-    return (VignetteScores(a.id[pick], a.foundation_coarse[pick], a.s[pick]),
-            VignetteScores(b.id[keep], b.foundation_coarse[keep], b.s[keep]))
+    in_a = {str(i) for i in a.id}
+    ids = [i for i in b.id if str(i) in in_a]
+    return by_id(a, ids), by_id(b, ids)
 
 
 def _score(scores: VignetteScores) -> float | None:
     """The score of per-vignette ``s`` (mean ``align_other`` over the real foundations present), as ``analyse``."""
-    import numpy as np
-
-    from ..data.sets import REAL_FOUNDATIONS
-
     values = [_align(scores, f) for f in REAL_FOUNDATIONS]
     values = [v for v in values if math.isfinite(v)]
     return float(np.mean(values)) if values else None
 
 
 def _align(scores: VignetteScores, foundation: str) -> float:
-    import numpy as np
-
     s = scores.s[scores.foundation_coarse == foundation]
     if not len(s):
         return math.nan
@@ -304,8 +290,6 @@ def _is_test(line: dict) -> bool:
 
 def _plain_selectivity(a: VignetteScores, b: VignetteScores, target: str) -> float | None:
     """Selectivity without intervals: the target's change minus the others' mean change, from the vignette means."""
-    from ..data.sets import REAL_FOUNDATIONS
-
     changes = {f: _align(b, f) - _align(a, f) for f in REAL_FOUNDATIONS}
     others = [c for f, c in changes.items() if f != target and math.isfinite(c)]
     if not math.isfinite(changes[target]) or not others:

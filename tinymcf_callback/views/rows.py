@@ -1,22 +1,16 @@
 """A probe's per-vignette rows: what a dashboard's table shows when a user drills down from a foundation's curve.
 
-One row per vignette asked: its id, foundation (fine and coarse), the vignette as the probe asked it in its original
-condition (``other_violate``, when the vignettes are at hand), ``s`` in each of the four conditions, the vignette's
-own ``align_other`` (``s(other_violate) - s(other_uphold)``) and ``align_self``, and the Yes+No mass over its
-prompts. The step comes first, so that the rows of every probe can sit in one table (the dashboards keep them all:
-a W&B incremental table, an MLflow table with a step column, a trackio table per step).
-
-Built from the report's ``scenarios`` (pure pandas), never from a history line: the line keeps the per-foundation
-table only.
+One row per vignette asked (:data:`ROW_COLUMNS`), the step first, so that every probe's rows sit in one table (the
+dashboards keep them all: docs/dashboards.md). Built from the report's ``scenarios``, never from a history line,
+which keeps the per-foundation table only.
 """
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ..data.sets import CONDITIONS
+from ..stats.analysis import finite
 
 ROW_COLUMNS = ("step", "id", "foundation", "foundation_coarse", "text", *(f"s_{c}" for c in CONDITIONS),
                "align_other", "align_self", "yn_mass")
@@ -36,23 +30,19 @@ def vignette_rows(report: dict, step: int, texts: dict[str, str] | None = None) 
     first = sc.drop_duplicates("id").set_index("id")
     rows = []
     for vid in first.index:
-        s = {c: _plain(wide.at[vid, c]) for c in CONDITIONS}
+        s = {c: finite(wide.at[vid, c]) for c in CONDITIONS}
         rows.append({"step": int(step), "id": str(vid), "foundation": str(first.at[vid, "foundation"]),
                      "foundation_coarse": str(first.at[vid, "foundation_coarse"]),
                      "text": (texts or {}).get(str(vid)), **{f"s_{c}": s[c] for c in CONDITIONS},
                      "align_other": _difference(s["other_violate"], s["other_uphold"]),
                      "align_self": _difference(s["self_violate"], s["self_uphold"]),
-                     "yn_mass": _plain(mass.mean().get(vid))})
+                     "yn_mass": finite(mass.mean().get(vid))})
     return rows
 
 
 def vignette_texts(vignettes: list[dict]) -> dict[str, str]:
     """id -> the vignette's original text (``other_violate``), from a probe's vignettes."""
     return {str(v["id"]): str(v.get("other_violate") or "") for v in vignettes}
-
-
-def _plain(x) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
 def _difference(a: float | None, b: float | None) -> float | None:

@@ -1,29 +1,12 @@
 """The history file: ``<output_dir>/moral_probe_<name>.jsonl``, one line per probe, the run's whole curve.
 
-This module owns the format. The callback appends a line at every probe, the checkpoint sweep
-appends lines for runs trained without it, and the plot and the sweep read them back; all of
-them go through here:
-
-- where the file is (:func:`history_path`; ``moral_probe_<name>_json.jsonl`` with JSON answers, so
-  one history holds one answer format), and the step-0 report beside it (:func:`baseline_path`);
-- what a line holds (:func:`history_line`) and how it is checked when read (:func:`check_line`);
-- appending (:func:`append_line`): one line at a time, under a file lock, so two writers (the
-  callback and a sweep of the same folder) never tear it, and a crash leaves at most a torn last
-  line, which reading skips (:func:`read_lines`);
-- the current run kept up to date as lines are appended (:class:`CurrentRun`): only what was appended since the
-  last look is read, so an append costs the same at line 10,000 as at line 10;
-- setting a history and its baseline report aside (:func:`set_aside`): renamed ``<file>.set-aside-<time>``, a
-  number added when that name is taken, never replacing a file (two ``--restart`` in one second keep both);
-- which lines belong to the current run (:func:`current_run`): a baseline line (event
-  ``train_begin``) after other lines starts a new run written into the same folder; a resume line
-  (event ``resumed``, at the step the training resumed from) sets aside the lines of later steps
-  written before it, the branch the resumed run abandoned; and, within it, the last line of a step
-  logged twice wins (:func:`last_line_per_step`): a checkpoint saved again with other weights is
-  scored again, and its new line (which names the old one's fingerprint in ``replaces``) supersedes it.
-
-Every line records what it scored: ``fingerprint``, a digest of the checkpoint's weight files
-(:func:`~tinymcf_callback.rundir.checkpoints.fingerprint`), or null when no saved checkpoint was
-scored (the live model between two saves).
+This module owns the format, and every writer (the callback, the sweep, the watcher) and reader (the plot, the
+sweep) goes through it: where the file is (:func:`history_path`, and the step-0 report beside it,
+:func:`baseline_path`), what a line holds (:func:`history_line`, checked when read: :func:`check_line`), appending one
+line under a file lock so two writers never tear it (:func:`append_line`), which lines are the current run
+(:func:`current_run`, and :class:`CurrentRun`, kept up to date by reading only what was appended), the last line of a
+step logged twice (:func:`last_line_per_step`) and setting a history aside, never replacing a file
+(:func:`set_aside`). The fields and every reader's rules: docs/formats.md, "The history".
 """
 
 from __future__ import annotations
@@ -40,10 +23,18 @@ from filelock import FileLock, Timeout
 from .._io import append_jsonl, read_jsonl
 from ..errors import HistoryError
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT, answer_format_of
-from .metrics import BASELINE_EVENT, baseline_record, change_metrics, count_tests, probe_key, report_metrics
+from ..stats.analysis import HEADLINE_FIELDS, INTERVAL_SETTINGS
+from ..stats.metrics import (
+    BASELINE_EVENT,
+    answer_format,
+    baseline_record,
+    change_metrics,
+    count_tests,
+    probe_key,
+    report_metrics,
+)
 from .precision import Precision
-from .readout import HEADLINE_FIELDS, INTERVAL_SETTINGS
-from .report import PRECISION_FIELDS, REPORT_FIELDS, answer_format, headline_fields, json_records
+from .report import PRECISION_FIELDS, REPORT_FIELDS, headline_fields, json_records
 
 logger = logging.getLogger("tinymcf_callback")
 
@@ -120,14 +111,8 @@ def is_dose_history(path: str | os.PathLike) -> bool:
 
 
 def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, event: str) -> dict:
-    """One probe as a history line (its fields: :data:`LINE_FIELDS`); ``event`` says what triggered it.
-
-    Top level: what was scored and in which precision (``model``, ``device``, ``dtype``, ``autocast``),
-    the headline numbers with their bounds (``score``, ``score_lo``, ``score_hi``, ... ,
-    ``score_minus_sn_hi``), ``level``, ``n_resamples``, ``seed``, ``prompt_digest`` and ``answer_format``;
-    table rows carry ``<metric>_lo``/``<metric>_hi``; ``info`` holds the self-check (``info.self_check``)
-    and the precision (``info.precision``). ``None`` where undefined.
-    """
+    """One probe as a history line (its fields: :data:`LINE_FIELDS`, ``None`` where undefined); ``event`` says what
+    triggered it."""
     return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format(report),
             **{key: report.get(key) for key in PRECISION_FIELDS},
             **headline_fields(report),
@@ -138,7 +123,8 @@ def history_line(name: str, report: dict, metrics: dict, *, step: int, epoch, ev
 
 def vignette_s(report: dict) -> dict:
     """Each vignette's ``s`` in the four conditions (``CONDITIONS`` order), as plain values: a history line holds
-    them so that any two of its steps compare paired, as two reports do (:func:`~.comparison.line_report`)."""
+    them so that any two of its steps compare paired, as two reports do
+    (:func:`~tinymcf_callback.views.comparison.line_report`)."""
     record = baseline_record(report, 0)
     return {k: record[k] for k in ("id", "foundation_coarse", "s")}
 
@@ -149,9 +135,9 @@ def probe_line(name: str, report: dict, *, baseline: dict | None = None, target:
 
     The one recipe from a report to what is logged and written, for the callback, :class:`ProbeLogger`,
     the sweep and the dose-response alike: ``line["metrics"]`` holds the logged names
-    (:func:`~tinymcf_callback.results.metrics.report_metrics`, then
-    :func:`~tinymcf_callback.results.metrics.change_metrics` against ``baseline``, a
-    :func:`~tinymcf_callback.results.metrics.baseline_record`; with a ``target`` foundation its selectivity).
+    (:func:`~tinymcf_callback.stats.metrics.report_metrics`, then
+    :func:`~tinymcf_callback.stats.metrics.change_metrics` against ``baseline``, a
+    :func:`~tinymcf_callback.stats.metrics.baseline_record`; with a ``target`` foundation its selectivity).
     """
     metrics = {**report_metrics(name, report), **change_metrics(name, baseline, report, target)}
     return history_line(name, report, metrics, step=step, epoch=epoch, event=event)
@@ -161,18 +147,21 @@ def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str, event
     """A saved checkpoint that was not scored: deleted (by ``save_total_limit``) before it could be, or unreadable
     after every try. Recorded, so that a plot shows the gap (no number at that step) and says why; a follower scores
     the step after all if its checkpoint is there again."""
-    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format,
-            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": {event: why}, "table": [],
-            "fingerprint": None}
+    return _mark(name, answer_format, step, epoch, event, {event: why})
 
 
 def resume_line(name: str, answer_format: str, *, step: int, started: float | None, superseded: list[int]) -> dict:
     """The training resumed from ``checkpoint-<step>``: the lines of later steps written before this one belong to
     the branch it abandoned, and readers set them aside (:func:`current_run`). ``started`` names the attempt (its
     start time in the run's record), so that it is marked once."""
-    return {"step": step, "epoch": None, "event": RESUMED_EVENT, "name": name, "answer_format": answer_format,
-            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "table": [], "fingerprint": None,
-            "info": {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}}}
+    return _mark(name, answer_format, step, None, RESUMED_EVENT,
+                 {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}})
+
+
+def _mark(name: str, answer_format: str, step: int, epoch, event: str, info: dict) -> dict:
+    """A line without numbers (a gap, a resume mark): every headline number null, no metrics, no table."""
+    return {"step": step, "epoch": epoch, "event": event, "name": name, "answer_format": answer_format,
+            **{key: None for key in HEADLINE_FIELDS}, "metrics": {}, "info": info, "table": [], "fingerprint": None}
 
 
 def is_point(line: dict) -> bool:
@@ -197,7 +186,7 @@ def append_line(path: str | os.PathLike, line: dict, *, once: bool = False, run:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=LOCK_TIMEOUT_S):
         if once and path.exists():
-            newest = run.catch_up().newest if run is not None else newest_per_step(path)
+            newest = (run or CurrentRun(path)).catch_up().newest
             if same_record(newest.get(line["step"]), line):
                 return False
         append_jsonl(path, line)
@@ -313,17 +302,6 @@ def _move_unless_taken(path: Path, target: Path) -> bool:
     return True
 
 
-def newest_per_step(path: Path) -> dict[int, dict]:
-    """The current run's newest line of each step in the history at ``path`` ({} when it has no line yet)."""
-    try:
-        lines = read_lines(path)
-    except HistoryError as e:
-        if "is empty" in str(e):
-            return {}
-        raise
-    return {line["step"]: line for _, line in current_run(path, lines, warn=False)}
-
-
 def same_record(old: dict | None, new: dict) -> bool:
     """Whether ``new`` says nothing ``old`` (the newest line of its step) does not: both gaps, or both scores of
     the same weights (equal fingerprints, or one of them unknown)."""
@@ -419,7 +397,7 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
     if line["step"] < 0:
         raise HistoryError(f"{path}:{lineno}: step {line['step']} is negative")
     try:
-        answer_format_of(line_format(line))
+        answer_format_of(answer_format(line))
     except ValueError:
         raise HistoryError(f"{path}:{lineno}: {hint}: unknown answer_format {line['answer_format']!r}") from None
     for row in line["table"]:
@@ -479,11 +457,6 @@ def last_line_per_step(path: Path, lines: list[tuple[int, dict]]) -> list[tuple[
             more = "" if len(set(steps)) <= _SHOWN_STEPS else ", ..."
             logger.warning("%s: step(s) %s%s %s; drawing the last line of each", path, shown, more, why)
     return [by_step[s] for s in sorted(by_step)]
-
-
-def line_format(line: dict) -> str:
-    """The answer format of a history line; lines written before formats existed are Yes/No."""
-    return line.get("answer_format", DEFAULT_ANSWER_FORMAT)
 
 
 def line_precisions(kept: list[tuple[int, dict]]) -> dict[Precision, int]:
