@@ -55,10 +55,10 @@ def local_trackers(folder: Path, figure):
     import wandb
     from torch.utils.tensorboard import SummaryWriter
 
-    from tinymcf_callback.trackers.mlflow import MlflowWriter
+    from tinymcf_callback.trackers.mlflow import MlflowTracker
     from tinymcf_callback.trackers.sinks import Sink, Trackers
     from tinymcf_callback.trackers.tensorboard import TensorBoardWriter
-    from tinymcf_callback.trackers.trackio import TrackioWriter
+    from tinymcf_callback.trackers.trackio import TrackioTracker
     from tinymcf_callback.trackers.wandb import WandbTracker
 
     client = mlflow.tracking.MlflowClient(f"sqlite:///{folder}/mlflow.db")
@@ -67,8 +67,7 @@ def local_trackers(folder: Path, figure):
     trackio_run = trackio.init(project="bench", embed=False, auto_log_cpu=False, auto_log_gpu=False)
     wandb_run = wandb.init(project="bench", dir=str(folder), mode="offline")
     sinks = [Sink("tensorboard", TensorBoardWriter(SummaryWriter(str(folder / "tb"))).send, figure=True),
-             Sink("mlflow", MlflowWriter(client, run_id).send, figure=True),
-             Sink("trackio", TrackioWriter(trackio_run).send, figure=True),
+             MlflowTracker(client, run_id, "bench"), TrackioTracker(trackio_run, "bench", follower=False),
              WandbTracker(wandb_run)]
     return Trackers(sinks, strict=True, figure=figure), (trackio_run, wandb_run)
 

@@ -113,7 +113,7 @@ def main() -> int:
     from tinymcf_callback import Probe
     from tinymcf_callback.cli.main import main as tinymcf
     from tinymcf_callback.served import ServedModel
-    from tinymcf_callback.served.reload import Builtin
+    from tinymcf_callback.served.reload import Reloader
     from tinymcf_callback.testing import smollm2_dir, smollm2_untied
 
     tied = Path(smollm2_dir())
@@ -166,7 +166,7 @@ def main() -> int:
     step = moved(tied, work / "tied" / "checkpoint-1", 1)
     moved_model = AutoModelForCausalLM.from_pretrained(step, dtype=torch.float32).eval()
     with Server(tied, "float32", free_port(), env=DEV) as server:
-        Builtin("vllm", server.url, "smollm2", timeout=600).load(str(step), 1, "step-1")
+        Reloader("vllm", server.url, "smollm2", timeout=600).load(str(step), 1, "step-1")
         served = ServedModel(server.url, "smollm2")
         out["tied_reload"] = spread(probes["scifi"].run(served), probes["scifi"].run(moved_model))
     print(f"tied, reloaded in place: {out['tied_reload']}")

@@ -253,7 +253,7 @@ def test_a_figure_is_captioned_with_the_trainers_step_in_trackio_and_wandb(lines
     import trackio
     import wandb
 
-    from tinymcf_callback.trackers.trackio import TrackioWriter
+    from tinymcf_callback.trackers.trackio import TrackioTracker
     from tinymcf_callback.trackers.wandb import WandbWriter
 
     captions = []
@@ -261,7 +261,7 @@ def test_a_figure_is_captioned_with_the_trainers_step_in_trackio_and_wandb(lines
     monkeypatch.setattr(wandb, "Image", lambda image, caption: captions.append(caption))
 
     class Run:
-        id, entity, project, config = "r", None, "p", type("Config", (), {"update": lambda *a, **k: None})()
+        id, name, entity, project, config = "r", "r", None, "p", type("Config", (), {"update": lambda *a, **k: None})()
         settings = type("Settings", (), {"mode": "offline"})()
 
         def log(self, payload, step=None):
@@ -271,7 +271,7 @@ def test_a_figure_is_captioned_with_the_trainers_step_in_trackio_and_wandb(lines
             pass
 
     point = Point(lines[1], figure=object())
-    TrackioWriter(Run()).send(point)
+    TrackioTracker(Run(), "", follower=False).send(point)
     WandbWriter("scifi").write(Run(), point)
     assert captions == ["train/global_step 3"] * 2
 

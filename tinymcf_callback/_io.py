@@ -56,13 +56,10 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 def append_jsonl(path: str | os.PathLike, obj: Any) -> None:
     """Append one JSON line with a single ``write`` on an O_APPEND descriptor, then fsync; the whole line or an error.
 
-    One line is written by one system call, so concurrent appenders do not interleave, and a
-    crash leaves at most an unterminated last line, which the readers of the files the package
-    appends to skip (see :func:`read_jsonl`). The next append drops such a fragment first (it was
-    never a whole record): appending after it would leave it as a malformed line in the middle of
-    the file, which every reader would then refuse. A write the disk cuts short (a full disk, a
-    file-size limit) or an fsync that fails raises ``OSError`` naming the file, after cutting off
-    what part of the line did reach it: the file is as it was before the call.
+    One line is one system call, so concurrent appenders do not interleave, and a crash leaves at most an
+    unterminated last line, which the readers skip (:func:`read_jsonl`) and the next append drops first (appended
+    after, it would be a malformed line in the middle). A write the disk cuts short (a full disk) or an fsync that
+    fails raises ``OSError`` naming the file, after cutting off what part of the line reached it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

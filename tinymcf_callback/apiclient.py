@@ -9,11 +9,8 @@ through :class:`ApiClient`, so both follow the same rules:
 - **scrubbing** (:func:`scrub`, :func:`known_secrets`): every key this process could use is taken out of
   every message, log line and error; none is ever printed, logged or written;
 - **retries**: a request that may succeed later (a dropped connection, a timeout, 408, 409, 429, 5xx) is
-  sent again ``retries`` times after ``backoff * 2**n`` seconds (jittered down by at most a quarter, capped
-  at ``max_backoff``; a ``Retry-After`` within the cap is obeyed). Each retry is logged (what failed, the
-  wait, the try) and counted (:attr:`ApiClient.retried`), and a served report says how many
-  (``info.backend.retries``). The waits are spent on the client's ``cancel`` event, so Ctrl-C (or a test's
-  clock) ends them at once;
+  sent again with a jittered, capped exponential backoff (:class:`ApiClient`), each retry logged and counted;
+  the waits are spent on the client's ``cancel`` event, so Ctrl-C (or a test's clock) ends them at once;
 - **one line per failure** (:class:`ApiError`): what failed, on which route, after how many tries, its
   status and the server's own words, scrubbed and cut to one line; the callers turn it into their own
   error naming the option that fixes it.
@@ -115,13 +112,8 @@ def split_url(url: str, option: str = "--endpoint") -> tuple[str, str]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ApiError(f"{option} {url!r} is not an http(s) URL: give the server's address, e.g. "
                        "http://127.0.0.1:8000", kind="url")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    root = urlunsplit((parts.scheme, parts.netloc, path, "", "")).rstrip("/")
-    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-    shown = urlunsplit((parts.scheme, netloc, path, "", "")).rstrip("/")
-    return root, shown
+    root = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", "")).rstrip("/")
+    return root, _without_password(root)
 
 
 # ---- what went wrong ---------------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ The classes that stood for "bad value" before they had a common root stay ``Valu
 from __future__ import annotations
 
 
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, cut at ``limit`` characters (loader and compiler messages run over many)."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
 class TinymcfError(Exception):
     """Bad input or an unusable setup; the message says what is wrong and how to fix it."""
 

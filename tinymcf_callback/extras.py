@@ -1,13 +1,8 @@
 """Optional dependencies, imported one way: :func:`require` gives the module or says which extra to install.
 
-The core install scores models and logs through the Trainer. What only some commands need comes
-with an extra (``pip install 'tinymcf_callback[prepare]'``): the ``openai`` client (``[api]``, part of
-``[prepare]`` and ``[served]``), the ``.env`` reader and the lexicon of ``prepare``, matplotlib for the
-plots (and each probe's figure in the dashboards), wandb, tensorboard, mlflow and trackio for their
-dashboards, peft for adapter checkpoints, gguf for GGUF files,
-deepspeed for ZeRO checkpoints, datasets for preference pairs on the Hub (``[prefs]``), lm-evaluation-harness
-(``[lmeval]``). Every import of one of
-them goes through here, so a missing one is always the same single error, never a ``ModuleNotFoundError`` traceback.
+The core install scores models and logs through the Trainer; what only some commands need comes with an extra
+(:data:`EXTRAS`: module -> the extra and what it is for). Every import of one of them goes through here, so a missing
+one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import LoadError
+from .errors import LoadError, one_line
 from .extras import require
 
 
@@ -61,9 +61,9 @@ def hub_options(path: str) -> dict:
     except Exception as e:  # noqa: BLE001 - no connection, a timeout, a proxy refusing: the Hub cannot be asked
         if _in_hub_cache(path):
             return {"local_files_only": True}
-        why = f"{type(e).__name__}: {_one_line(e)[:160]}"
-        raise LoadError(f"cannot reach the Hugging Face Hub to fetch {path} ({why}), and the local Hub cache has no "
-                        f"copy of it: pass a local model folder, or try again with the Hub reachable") from None
+        raise LoadError(f"cannot reach the Hugging Face Hub to fetch {path} ({one_line(e, 160)}), and the local Hub "
+                        f"cache has no copy of it: pass a local model folder, or try again with the Hub reachable"
+                        ) from None
     return {}
 
 

@@ -1,12 +1,10 @@
 """One kind of table for everything the package looks up by name: trainers' folder layouts, weight formats with their
-loaders, the served reload routes.
+loaders, the served reload routes, the trackers.
 
-A :class:`Registry` holds named entries in the order they were registered (a run folder is tried against the layouts
-in that order). An entry is the thing itself or a ``"module:attribute"`` string, imported on first use and kept
-(:func:`resolve`): a table low in the package can name what a higher part implements (a weight format's loader, in
-``follow/``) without importing it, as lm-evaluation-harness's registry names its models. A name given twice is
-refused, since two entries would decide one thing; a name looked up and not there is an error listing the names there
-are; :meth:`Registry.scoped` undoes what was registered inside it (a test's made-up layout).
+A :class:`Registry` holds named entries in registration order. An entry is the thing itself or a lazy
+``"module:attribute"`` string, imported on first use (:func:`resolve`): a table low in the package can name what a
+higher part implements without importing it, as lm-evaluation-harness's registry names its models. A name given
+twice is refused; a name not there is an error listing the names there are.
 """
 
 from __future__ import annotations

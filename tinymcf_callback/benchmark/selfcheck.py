@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..errors import EngineMismatchError, UnsupportedModelError
+from ..errors import EngineMismatchError, UnsupportedModelError, one_line
 from ..scoring.engine import LogOnce, ModelCall
 from ..scoring.model_info import class_name, model_device
 from ..scoring.replay import float32_replay, without_compile
-from ..scoring.selfcheck import REDUCED_PRECISIONS, describe
+from ..scoring.selfcheck import REDUCED_PRECISIONS
 from .scoring import STRATEGIES, STRATEGY_WORDS, PairRunner, first_strategy, run_batches, score_alone
 from .sequences import CALL_TOKENS, Sequences
 
@@ -134,7 +134,7 @@ def check(runner: PairRunner, batches: list[list[int]], scores: np.ndarray, comp
         except (UnsupportedModelError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - a replay that cannot run costs the check, never the scores
-            found.note = f"the float32 replay failed ({describe(e)})"
+            found.note = f"the float32 replay failed ({one_line(e)})"
         if found.note is None:
             found.max_diff = _largest((fast - alone) / tokens)
             found.scored_diff = _largest((scores[idx] - alone) / tokens)
@@ -177,7 +177,7 @@ def score_sequences(model, seqs: Sequences, batches: list[list[int]], *, pad_id:
             calls += runner.call.n_forward
             if level == len(STRATEGIES) - 1:
                 raise
-            fallbacks.append(f"{STRATEGY_WORDS[strategy]} failed ({describe(e)})")
+            fallbacks.append(f"{STRATEGY_WORDS[strategy]} failed ({one_line(e)})")
             level += 1
             continue
         calls += runner.call.n_forward

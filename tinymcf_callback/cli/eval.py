@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import LoadError
+from ..errors import ConfigError, LoadError
 from ..extras import require
 from ..loading import load_model, load_tokenizer
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
@@ -57,7 +57,6 @@ def check_out_dir(out: Path) -> None:
 
 def read_baseline(path: str, config) -> dict:
     """The baseline record of ``--baseline REPORT`` (before any weights load); refused without ``--until``."""
-    from ..errors import ConfigError
     from ..rundir.report import load_report
     from ..stats.metrics import as_baseline
 
@@ -66,16 +65,18 @@ def read_baseline(path: str, config) -> dict:
     return as_baseline(load_report(path))
 
 
-def local_tokenizer(args):
-    """The tokenizer of a local ``--model``: ``--tokenizer`` when given (a folder of the model alone has none), else
-    the model's own, with the option named when it has none."""
+def tokenizer_of(args, served: bool):
+    """``--tokenizer`` when given (a folder of the model alone has none), else ``--model``'s own, with the option named
+    when it has none (with ``--endpoint``, ``--model`` is the served name)."""
     if args.tokenizer:
         return load_tokenizer(args.tokenizer, alone=True)
     try:
-        return load_tokenizer(args.model, args.gguf_file)
+        return load_tokenizer(args.model, None if served else args.gguf_file, alone=served)
     except LoadError as e:
-        raise LoadError(f"{e}; a model saved without its tokenizer takes one with --tokenizer PATH (the tokenizer "
-                        "it was trained with, e.g. the base model's)") from None
+        hint = ("with --endpoint, --model is the served name: give the model's tokenizer with --tokenizer PATH"
+                if served else "a model saved without its tokenizer takes one with --tokenizer PATH (the tokenizer "
+                "it was trained with, e.g. the base model's)")
+        raise LoadError(f"{e}; {hint}") from None
 
 
 def run(args) -> int:
@@ -92,8 +93,6 @@ def run(args) -> int:
     served = served_config(args, config)  # built once, checked once
     bench_config = benchmark_config(args, config)
     if bench_config is not None and served is not None:
-        from ..errors import ConfigError
-
         raise ConfigError("--prefs and --lm-eval score a model loaded here: they do not go with --endpoint")
     baseline = read_baseline(args.baseline, config) if args.baseline else None
     out_dir = Path(args.out or ".")
@@ -101,32 +100,21 @@ def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.gguf_file:
         require("gguf")
-    bench = None
+    tok = tokenizer_of(args, served is not None)
+    probe = make_probe(tok, config=config)  # bad data fail before the weights
+    bench = Benchmark(tok, bench_config) if bench_config is not None else None  # the pairs too
+    if baseline is not None:
+        probe.check_baseline(baseline)  # before the server is asked anything, or the weights load
     if served is not None:
-        try:
-            tok = load_tokenizer(args.tokenizer or args.model, alone=True)
-        except LoadError as e:
-            if args.tokenizer:
-                raise
-            raise LoadError(f"{e}; with --endpoint, --model is the served name: give the model's tokenizer with "
-                            "--tokenizer PATH") from None
-        probe = make_probe(tok, config=config)
-        if baseline is not None:
-            probe.check_baseline(baseline)  # before the server is asked anything
         reference = load_model(served.reference, device="cpu", dtype="float32") if served.reference else None
-        model = ServedModel.from_config(served, reference=reference)
+        model = ServedModel(config=served, reference=reference)
     else:
-        tok = local_tokenizer(args)
-        probe = make_probe(tok, config=config)  # bad data fail before the weights
-        bench = Benchmark(tok, bench_config) if bench_config is not None else None  # the pairs too
-        if baseline is not None:
-            probe.check_baseline(baseline)
         model = load_model(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file)
     report = probe.run(model, progress=not args.no_progress, baseline=baseline)
     print("\n".join(sanity_lines(report)))
     print(format_table(report["table"]))
     extra = {}
-    if served is None and bench is not None:
+    if bench is not None:
         extra = bench.run(model, progress=not args.no_progress)
         print("\n".join(benchmark_lines(extra)))
         extra = {k: v for k, v in extra.items() if v is not None}

@@ -146,44 +146,37 @@ def said_failures(result) -> int:
     sweep and the watcher): checkpoints that could not be scored or points a dashboard did not get (1); a training
     gone without ending (3, the watcher); a training gone quiet (5, the watcher); saved steps that are gaps in the
     curve (4); else 0. The last line names the status the command exits with."""
-    problems: list[tuple[int, str]] = []  # (status, why), in the order the statuses apply
-    if result.failures:
-        print(f"error: {len(result.failures)} checkpoint(s) could not be scored (each is a gap line; a new sweep or "
-              "watch tries them again):", file=sys.stderr)
-        for o in result.failures:
-            print(f"  {o.folder}: {o.error}", file=sys.stderr)
-        problems.append((EXIT_UNSCORED, "checkpoints not scored"))
-    if result.bench_failures:
-        print("error: the benchmark (--prefs, --lm-eval) could not be scored at some steps (their probe lines stand; "
-              "a rerun scores the benchmark again):", file=sys.stderr)
-        for why in result.bench_failures:
-            print(f"  {why}", file=sys.stderr)
-        problems.append((EXIT_UNSCORED, "benchmark steps not scored"))
-    if result.undelivered:
-        print("error: some points did not reach a dashboard (they are in the history; once it works again, run the "
-              "same command with --report-to naming it: it sends the history's lines to it again):", file=sys.stderr)
-        for line in result.undelivered:
-            print(f"  {line}", file=sys.stderr)
-        problems.append((EXIT_UNSCORED, "points a dashboard did not get"))
-    if result.training_gone:
-        print(f"error: the training stopped without ending: {result.training_gone}; resume it and start the watcher "
-              "again", file=sys.stderr)
-        problems.append((EXIT_TRAINING_GONE, "the training is gone without ending"))
-    if result.training_quiet:
-        print(f"error: the training has gone quiet: {result.training_quiet}; if it is still running, start the watcher "
-              "again (it picks up where it stopped, or raise --dead-after); if it died, resume it", file=sys.stderr)
-        problems.append((EXIT_TRAINING_QUIET, "the training has gone quiet"))
     unread = {o.step for o in result.failures}
     gaps = [step for step in result.gaps if step not in unread]
-    if gaps:
-        shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
-        print(f"error: {len(gaps)} saved step(s) are gaps in the curve, never scored: {shown} (each a gap line with "
-              f"its cause in {result.history.name}; MoralProbeCallback(hand_off=True) keeps a run's checkpoints "
-              "until they are scored)", file=sys.stderr)
-        problems.append((EXIT_GAPS, "saved steps are gaps in the curve"))
-    if not problems:
+    shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
+    # (status, why, whether it applies, what is printed, the lines under it), in the order the statuses apply
+    problems = [
+        (EXIT_UNSCORED, "checkpoints not scored", bool(result.failures), f"{len(result.failures)} checkpoint(s) "
+         "could not be scored (each is a gap line; a new sweep or watch tries them again):",
+         [f"{o.folder}: {o.error}" for o in result.failures]),
+        (EXIT_UNSCORED, "benchmark steps not scored", bool(result.bench_failures), "the benchmark (--prefs, "
+         "--lm-eval) could not be scored at some steps (their probe lines stand; a rerun scores the benchmark "
+         "again):", result.bench_failures),
+        (EXIT_UNSCORED, "points a dashboard did not get", bool(result.undelivered), "some points did not reach a "
+         "dashboard (they are in the history; once it works again, run the same command with --report-to naming it: "
+         "it sends the history's lines to it again):", result.undelivered),
+        (EXIT_TRAINING_GONE, "the training is gone without ending", bool(result.training_gone), "the training "
+         f"stopped without ending: {result.training_gone}; resume it and start the watcher again", []),
+        (EXIT_TRAINING_QUIET, "the training has gone quiet", bool(result.training_quiet), "the training has gone "
+         f"quiet: {result.training_quiet}; if it is still running, start the watcher again (it picks up where it "
+         "stopped, or raise --dead-after); if it died, resume it", []),
+        (EXIT_GAPS, "saved steps are gaps in the curve", bool(gaps), f"{len(gaps)} saved step(s) are gaps in the "
+         f"curve, never scored: {shown} (each a gap line with its cause in {result.history.name}; "
+         "MoralProbeCallback(hand_off=True) keeps a run's checkpoints until they are scored)", []),
+    ]
+    applied = [problem for problem in problems if problem[2]]
+    for _, _, _, said, lines in applied:
+        print(f"error: {said}", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+    if not applied:
         return 0
-    status = problems[0][0]
-    print(f"[tinymcf] exit status {status}: {'; '.join(why for _, why in problems)} (docs/cli.md)",
+    status = applied[0][0]
+    print(f"[tinymcf] exit status {status}: {'; '.join(problem[1] for problem in applied)} (docs/cli.md)",
           file=sys.stderr)
     return status

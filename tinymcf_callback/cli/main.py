@@ -1,20 +1,9 @@
-"""``tinymcf``: one command, one subcommand per job.
+"""``tinymcf``: one command, one subcommand per job (``tinymcf --help`` lists them; docs/cli.md).
 
-    tinymcf eval --model PATH --name scifi        score one model, write its JSON report
-    tinymcf sweep RUN_DIR --name scifi            score each checkpoint of a Trainer run into its history
-    tinymcf watch RUN_DIR --device cuda:1         the same while the run trains, into its dashboards
-    tinymcf compare A.json B.json                 the paired change between two reports
-    tinymcf plot RUN_DIR/moral_probe_scifi.jsonl  draw the curves
-    tinymcf prepare --name clifford               make a vignette set ready
-    tinymcf validate --name myset                 judge a set's texts with an LLM
-    tinymcf show --name myset                     spot-check a set's rewrites
-
-Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)``
-and ``run(args)`` (and ``USAGE``, a short usage line, where its options are many and come in groups); the outcome
-maps to the exit status in one place (:func:`.options.run`): 0 done, 2 bad input (one ``error:`` line), 1 a bug
-(with its traceback), 130 interrupted.
-``python -m tinymcf_callback`` is the same command, and ``python -m tinymcf_callback.prepare`` its
-``prepare`` subcommand (the name the project's design gives the offline step).
+Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)`` and ``run(args)``
+(and ``USAGE``, a short usage line, where its options are many and come in groups); the outcome maps to the exit
+status in one place (:func:`.options.run`). ``python -m tinymcf_callback`` is the same command, and ``python -m
+tinymcf_callback.prepare`` its ``prepare`` subcommand (the name the project's design gives the offline step).
 """
 
 from __future__ import annotations

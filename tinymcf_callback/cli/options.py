@@ -1,15 +1,7 @@
-"""What every subcommand shares: the parser that refuses in one line, the options defined once, the exit codes.
-
-- :class:`Parser`: an ``argparse`` parser whose mistakes are one ``error: ...`` line (exit 2), not
-  a usage block.
-- :func:`add_probe_options`: one option per :class:`~tinymcf_callback.config.ProbeConfig` field
-  (``--limit``, ``--answer-format``, ``--no-share-prefix``, ...), made from the fields by transformers'
-  ``HfArgumentParser``, and :func:`probe_config`, which builds the config back from the parsed options; a bad value
-  is named by its option.
-- :func:`add_home`, :func:`add_loading`: the options of the data home and of loading a model.
-- :func:`run`: the one mapping from what happened to the exit status: done 0; bad input (a
-  :class:`~tinymcf_callback.errors.TinymcfError`) one ``error:`` line and 2; Ctrl-C 130; anything
-  else is a bug, shown with its traceback, 1.
+"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once
+(the probe's, made from :class:`~tinymcf_callback.config.ProbeConfig`'s fields by transformers' ``HfArgumentParser``;
+a served model's; the dashboards'; the data home's), and the one mapping from what happened to the exit status
+(:func:`run`: done 0, bad input one ``error:`` line and 2, Ctrl-C 130, a bug its traceback and 1).
 """
 
 from __future__ import annotations
@@ -30,6 +22,7 @@ from transformers import HfArgumentParser
 from ..config import ProbeConfig
 from ..data.home import HOME_VAR, using_home
 from ..errors import ConfigError, TinymcfError
+from ..served.config import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, RELOAD_TIMEOUT_S
 from ..served.reload import RELOADS
 from ..trackers.table import TRACKERS
 
@@ -106,10 +99,11 @@ def add_served(parser, *, run: bool = False) -> None:
     checkpoint into the server); else ``tinymcf eval``'s (``--model`` names it, ``--tokenizer`` gives its tokenizer).
     """
     g = parser.add_argument_group("served model (--endpoint)")
+    key = "(API key, if any: $TINYMCF_API_KEY or $OPENAI_API_KEY)"
     if run:
         g.add_argument("--endpoint", default=None, metavar="URL",
-                       help="score each checkpoint through this OpenAI-compatible server (vLLM, SGLang, llama.cpp) "
-                            "after --reload has loaded it there (API key, if any: $TINYMCF_API_KEY or $OPENAI_API_KEY)")
+                       help=f"score each checkpoint through this OpenAI-compatible server (vLLM, SGLang, llama.cpp) "
+                            f"after --reload has loaded it there {key}")
         g.add_argument("--served-model", default=None, metavar="NAME",
                        help="the name the server serves the model under (default: the one it lists)")
         routes = ", ".join(f"{route.name} ({route.summary})" for route in RELOADS.values())
@@ -117,8 +111,9 @@ def add_served(parser, *, run: bool = False) -> None:
                        help=f"how each checkpoint is loaded into the server: {routes}, or a shell command that exits "
                             f"0 once the server serves it ({{checkpoint}} and {{step}} are replaced; also "
                             f"$TINYMCF_CHECKPOINT, $TINYMCF_STEP and $TINYMCF_PID, the follower's process)")
-        g.add_argument("--reload-timeout", type=float, default=1800.0, metavar="S",
-                       help="seconds a reload may take before the step is left unscored (default 1800)")
+        g.add_argument("--reload-timeout", type=float, default=RELOAD_TIMEOUT_S, metavar="S",
+                       help=f"seconds a reload may take before the step is left unscored (default "
+                            f"{RELOAD_TIMEOUT_S:g})")
         g.add_argument("--no-reload-check", dest="reload_check", action="store_false",
                        help="do not check each reload on the scores (by default the follower loads the checkpoint "
                             "in float32 and holds the server's answers to a few prompts to its forward pass: for a "
@@ -128,9 +123,8 @@ def add_served(parser, *, run: bool = False) -> None:
                             "what a server started fresh on a checkpoint differs by in its precision)")
     else:
         g.add_argument("--endpoint", default=None, metavar="URL",
-                       help="score the model through this OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...) "
-                            "instead of loading it; --model is then the name it serves (API key, if any: "
-                            "$TINYMCF_API_KEY or $OPENAI_API_KEY)")
+                       help=f"score the model through this OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...) "
+                            f"instead of loading it; --model is then the name it serves {key}")
         g.add_argument("--tokenizer", default=None, metavar="PATH",
                        help="the model's tokenizer (a folder or Hub id; default: --model): for a saved model without "
                             "tokenizer files (save_pretrained of the model alone), or a served model, whose prompts go "
@@ -139,16 +133,18 @@ def add_served(parser, *, run: bool = False) -> None:
                    help="how to ask for log-probabilities: auto (the server's exact form), logprob_token_ids (vLLM), "
                         "token_ids_logprob (SGLang), n_probs (llama.cpp), echo, top_logprobs (a bound)")
     g.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="requests in flight at once (default 8; 1 on llama.cpp, whose batching moves the numbers)")
+                   help="requests in flight at once (default: about 8 sequences in flight; 1 on llama.cpp, whose "
+                        "batching moves the numbers)")
     g.add_argument("--check-form", default="auto", metavar="FORM",
                    help="the self-check's second request form (default auto: another route through the server than "
                         "the scoring's, echo on vLLM and SGLang)")
     g.add_argument("--batch-prompts", type=int, default=None, metavar="N",
-                   help="prompts per request where the server takes a list of them (default 16; 1 on llama.cpp)")
-    g.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds per request before it is retried (default 60)")
-    g.add_argument("--request-retries", type=int, default=4, metavar="N",
-                   help="retries of a request on 429/5xx/timeouts, with backoff (default 4)")
+                   help="prompts per request where the server takes a list of them (default 4; 1 for echo and on "
+                        "llama.cpp)")
+    g.add_argument("--request-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"seconds per request before it is retried (default {DEFAULT_TIMEOUT_S:g})")
+    g.add_argument("--request-retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+                   help=f"retries of a request on 429/5xx/timeouts, with backoff (default {DEFAULT_RETRIES})")
     if not run:
         g.add_argument("--reference", default=None, metavar="PATH",
                        help="the same weights as a local model: the self-check's prompts are also scored by its "
@@ -186,7 +182,7 @@ def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *
                         seed=config.seed if config is not None else None, reference=getattr(args, "reference", None),
                         reference_tolerance=getattr(args, "reference_tolerance", None),
                         reload=getattr(args, "reload", None),
-                        reload_timeout=getattr(args, "reload_timeout", None) or 1800.0,
+                        reload_timeout=getattr(args, "reload_timeout", None) or RELOAD_TIMEOUT_S,
                         reload_check=getattr(args, "reload_check", True))
 
 
@@ -219,12 +215,6 @@ def named_runs(args: argparse.Namespace) -> dict[str, str]:
 
 def add_progress(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def check_home(args: argparse.Namespace) -> None:
-    home = getattr(args, "home", None)
-    if home is not None and not home.strip():
-        raise ConfigError("--home needs a folder")
 
 
 class Say(logging.Handler):
@@ -265,8 +255,10 @@ def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     ``scrub`` removes secrets (API keys) from anything printed.
     """
     try:
-        check_home(args)
-        with using_home(getattr(args, "home", None)), saying(scrub):
+        home = getattr(args, "home", None)
+        if home is not None and not home.strip():
+            raise ConfigError("--home needs a folder")
+        with using_home(home), saying(scrub):
             return command(args)
     except TinymcfError as e:
         print(f"error: {scrub(str(e))}", file=sys.stderr)

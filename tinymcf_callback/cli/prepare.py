@@ -5,11 +5,8 @@ its rewrites are shipped, so no API key is needed and no extra is. ``--name myse
 my.csv`` registers your own set in the home and has its three rewrites per vignette made by an
 LLM through any OpenAI-compatible API (the ``[prepare]`` extra). See
 :mod:`tinymcf_callback.prepare.pipeline`. The options of the LLM (``--base-url``, ``--model``,
-``--concurrency``, ...) are shared with ``tinymcf validate`` (:func:`add_llm_options`).
-
-Exit status: 0 done, 1 some requests failed (listed, nothing of them cached), 2 bad input or
-setup (nothing half-written), 130 interrupted (everything finished is kept). No message ever
-shows an API key.
+``--concurrency``, ...) are shared with ``tinymcf validate`` (:func:`add_llm_options`). Exit status:
+docs/cli.md. No message ever shows an API key.
 """
 
 from __future__ import annotations

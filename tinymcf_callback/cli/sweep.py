@@ -1,8 +1,7 @@
 """``tinymcf sweep RUN_DIR``: score every checkpoint of a Trainer output folder into its history.
 
-See :mod:`tinymcf_callback.follow.sweep`. Exit status 0 when every saved step is scored; 1 when some checkpoints
-could not be read (listed, each a gap line; a rerun tries them again) or some points did not reach a dashboard;
-2 for bad input; 4 when saved steps are gaps in the curve (deleted before they could be scored).
+See :mod:`tinymcf_callback.follow.sweep`. Its exit status says what it left undone (:func:`.followed.said_failures`,
+docs/cli.md).
 """
 
 from __future__ import annotations

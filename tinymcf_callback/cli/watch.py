@@ -1,11 +1,8 @@
 """``tinymcf watch RUN_DIR``: score each checkpoint of a run as it is saved, beside the training, into its dashboards.
 
-See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over. Exit status, the first that
-applies: 1 some checkpoints could not be read, or some points did not reach a dashboard (listed); 2 bad input;
-3 the training is gone without ending (its process, on this machine); 5 the training has gone quiet (no heartbeat
-from another machine for ``--dead-after``: paused or gone); 4 some saved steps are gaps in the curve (deleted
-before they could be scored); 0 the run ended and every step it saved is scored. Killed and started again, it picks
-up where the history says it was.
+See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over; killed and started again, it picks
+up where the history says it was. Its exit status says what it left undone (:func:`.followed.said_failures`,
+docs/cli.md).
 """
 
 from __future__ import annotations

@@ -32,14 +32,6 @@ def shipped_dir(kind: str) -> Path:
     raise FileNotFoundError(f"the package's {kind}/ folder is missing; reinstall tinymcf_callback")
 
 
-def home_dir() -> Path:
-    """The home: ``$TINYMCF_HOME``, else the platform's user data folder."""
-    env = os.environ.get(HOME_VAR, "").strip()
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_data_dir("tinymcf_callback", appauthor=False))
-
-
 @dataclass(frozen=True)
 class Folders:
     """The home's folders and the order in which rewrites are looked up."""
@@ -81,8 +73,10 @@ class Folders:
 
 
 def folders() -> Folders:
-    """The folders of the current home (``$TINYMCF_HOME``, else the platform's user data folder)."""
-    return Folders(home_dir())
+    """The folders of the current home: ``$TINYMCF_HOME``, else the platform's user data folder."""
+    env = os.environ.get(HOME_VAR, "").strip()
+    return Folders(Path(env).expanduser() if env else Path(platformdirs.user_data_dir("tinymcf_callback",
+                                                                                       appauthor=False)))
 
 
 @contextmanager

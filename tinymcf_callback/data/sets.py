@@ -1,12 +1,10 @@
 """Vignette sets and the rewrite cache: the data layer under everything else.
 
-A *set* is a list of vignettes (one third-person violation each, the ``other_violate``
-condition) with fine and coarse foundation labels. Its three rewrites per vignette
-(``other_uphold``, ``self_violate``, ``self_uphold``) live in the rewrite cache, keyed
-by the md5 of the exact original text plus the condition. The shipped ``configs/``
-and ``cache/`` hold the ``scifi`` set and the rewrites of both built-in sets; sets
-made by ``tinymcf prepare`` (``clifford`` after its download, and
-users' own sets) and their new rewrites live in the home (:mod:`tinymcf_callback.data.home`).
+A *set* is a list of vignettes (one third-person violation each, the ``other_violate`` condition) with fine and
+coarse foundation labels; its three rewrites per vignette live in the rewrite cache, keyed by the md5 of the exact
+original text and the condition. The shipped ``configs/`` and ``cache/`` hold the ``scifi`` set and the rewrites of
+both built-in sets; sets made by ``tinymcf prepare`` and their new rewrites live in the home
+(:mod:`tinymcf_callback.data.home`).
 """
 
 from __future__ import annotations
@@ -38,13 +36,16 @@ def prepare_command(name: str) -> str:
     return f"tinymcf prepare --name {name}"
 
 
-def builtin_sets() -> dict[str, dict]:
-    """The sets shipped with the package (``configs/sets.json``)."""
-    path = shipped_dir("configs") / "sets.json"
+def _json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ProbeDataError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+
+
+def builtin_sets() -> dict[str, dict]:
+    """The sets shipped with the package (``configs/sets.json``)."""
+    return _json(shipped_dir("configs") / "sets.json")
 
 
 def registry() -> dict[str, dict]:
@@ -53,12 +54,8 @@ def registry() -> dict[str, dict]:
     udir = folders().sets
     if udir.is_dir():
         for meta in sorted(udir.glob("*.json")):
-            name = meta.stem
-            if name not in sets:
-                try:
-                    sets[name] = json.loads(meta.read_text(encoding="utf-8"))
-                except json.JSONDecodeError as e:
-                    raise ProbeDataError(f"{meta}:{e.lineno}: malformed JSON ({e.msg})") from None
+            if meta.stem not in sets:
+                sets[meta.stem] = _json(meta)
     return sets
 
 

@@ -1,24 +1,17 @@
 """One planner of a run's state: what is done, what is pending, the baseline, the precision, the fingerprints.
 
-A sweep is one look with no waiting; a watcher is the same look repeated (:class:`Planner`, kept between
-looks, remembers what only time shows: the steps it has seen, the fingerprints it has read, the starting
-model and the precision it settled on). Every decision about a run is made here, once, and read by both:
+A sweep is one look with no waiting; a watcher is the same look repeated (:class:`Planner`, kept between looks,
+remembers what only time shows: the steps it has seen, the fingerprints it has read, the starting model and the
+precision it settled on). Every decision about a run is made here, once, and read by both:
 
-- **what is there**: the complete checkpoints of the run folder and of the hand-off queue (the queue's
-  first), those of the branch a resumed training abandoned left out;
-- **what is done**: a step whose newest line scored the weights its checkpoint holds now (equal
-  fingerprints); a checkpoint saved again with other weights is pending again, its new line superseding
-  the old one; a gap line's step is pending again when its checkpoint is there after all;
-- **the resumed run**: when the run's record names an attempt resumed from step K and the history holds
-  later steps of the branch it abandoned, a resume line sets them aside (written before anything else);
-- **the starting model** (step 0, and the base of adapters and of sharded checkpoints without a config):
-  ``--base-model``, else the one the run's record names, else the one the adapters name; a ``--base-model``
-  that disagrees with the record or an adapter is refused before anything is scored;
-- **the precision**: ``--dtype``/``--autocast``, else what the run trains in, else what its checkpoints
-  were saved in, else the history's own; one for every line, and a history scored in another one refused
-  with the options that extend it as it is;
-- **what is missing**: saved steps no longer there, each with its cause (rotated away, not handed off, gone
-  from the queue before this probe registered), and whether the run is over or its training is gone.
+- **what is there**: the complete saves of the run folder and of the hand-off queue, the branch a resumed training
+  abandoned left out (a resume line sets its lines aside, written before anything else);
+- **what is done**: a step whose newest line scored the weights its checkpoint holds now (equal fingerprints);
+- **the starting model**: ``--base-model``, else the one the run's record names, else the one the adapters name
+  (one that disagrees with the others is refused before anything is scored);
+- **the precision**: ``--dtype``/``--autocast``, else what the run trains in, else what its checkpoints were saved
+  in, else the history's own (a history scored in another one refused with the options that extend it);
+- **what is missing**: saved steps no longer there, each with its cause, and whether the run is over.
 """
 
 from __future__ import annotations

@@ -17,14 +17,10 @@ def process_state(device: str | None) -> PartialState:
     Without an accelerator (or with ``--device cpu``) accelerate must be told ``cpu=True``, or under
     torchrun each process would see itself alone and sweep every checkpoint.
     """
-    cpu = (device or "").startswith("cpu") or parse_flag_from_env("ACCELERATE_USE_CPU") or not has_accelerator()
+    # torch >= 2.6 knows every accelerator (CUDA, ROCm, XPU, MPS, ...); before it, CUDA
+    accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    cpu = (device or "").startswith("cpu") or parse_flag_from_env("ACCELERATE_USE_CPU") or not accelerator
     return PartialState(cpu=cpu)
-
-
-def has_accelerator() -> bool:
-    if hasattr(torch, "accelerator"):  # torch >= 2.6: CUDA, ROCm, XPU, MPS, ...
-        return torch.accelerator.is_available()
-    return torch.cuda.is_available()
 
 
 def agree(state: PartialState, value):

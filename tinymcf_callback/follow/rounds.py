@@ -1,22 +1,12 @@
 """Scoring a plan: its checkpoints in rounds of one per process, their lines written in step order (main process).
 
-The sweep calls this once per look, the watcher at each look. Here live what both do with a plan:
-
-- every line goes through the run's one curve writer (:class:`~tinymcf_callback.rundir.curve.Curve`): the resume
-  line and the gap lines first (a gap only once the step-0 baseline is in, whose line starts the history's run);
-- the step-0 baseline is scored first and alone: every later line carries the change since it;
-- a line goes to the trackers, then (the baseline's report first) into the history; a checkpoint
-  saved again with other weights gets a new line, said once; a line that cannot be written stops the sweep,
-  naming the file and the steps scored but not written;
-- what the scoring saw (the baseline's scores, the first line's precision) is told to the planner
-  (:meth:`~.planner.Planner.saw`), which decides; a line whose change cannot be measured from the baseline
-  (another prompt digest) says why, once;
-- a checkpoint that cannot be read while it is there is tried again, ``retries`` times with a doubling
-  wait; after that its step is a gap line with the cause (``unreadable``), and the caller hears of it. A weight file
-  cut short is a gap at once in a sweep (a complete save's file will not grow), in one line; the watcher reads it
-  again quietly (a copy may still be in progress);
-- a scored checkpoint's hand-off entry is marked as scored by this probe, and goes once every consumer
-  of the run has scored it.
+The sweep calls this once per look, the watcher at each look. Every line goes through the run's one curve writer
+(:class:`~tinymcf_callback.rundir.curve.Curve`): the resume line and the gap lines first (a gap once the step-0
+baseline's line has started the history's run), the step-0 baseline scored first and alone, each line to the
+trackers and then into the history. What the scoring saw is told to the planner (:meth:`~.planner.Planner.saw`),
+which decides. A checkpoint that cannot be read is tried again ``retries`` times with a doubling wait, then its step
+is a gap line with the cause (a weight file cut short: at once in a sweep, quietly again in a watch). A scored
+checkpoint's hand-off entry is marked as scored by this probe.
 """
 
 from __future__ import annotations
@@ -247,7 +237,7 @@ class Rounds:
                                    "supersedes the old one", o.step, task.why, o.line["fingerprint"], task.replaces)
                 logger.info("step %d (%s%s): %s", o.step, o.folder, where, summary(o.line))
             self._write_benchmark(o)
-            if not task_is_baseline(by_step[o.step]):
+            if not by_step[o.step].checkpoint.baseline:
                 self.planner.queue().scored(o.step, self.planner.settings.consumer)
         if outcomes and outcomes[0].report is not None:
             self._gaps(plan)  # step 0's line is in (it starts the history's run): the gaps follow
@@ -297,10 +287,6 @@ class Rounds:
     def close(self) -> None:
         self.trackers.close()
         self.result.undelivered = self.trackers.undelivered()
-
-
-def task_is_baseline(task: Task) -> bool:
-    return task.checkpoint.baseline
 
 
 def summary(line: dict) -> str:

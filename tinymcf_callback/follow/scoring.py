@@ -1,19 +1,12 @@
 """Scoring one checkpoint of a run into its history line, in the run's one precision (any process).
 
-The line records what was scored (``fingerprint``, read before the model loads and again after the probe:
-a checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights) and, when it
-supersedes an earlier line of its step, that line's fingerprint (``replaces``). Through a server
-(``--endpoint``), the run has one :class:`~tinymcf_callback.served.ServedModel`, built once from its
-:class:`~tinymcf_callback.served.ServedConfig`: each checkpoint is loaded into the server by ``--reload``, then
-scored through it, its self-check rotating over the run's probes as a local one does. Each reload is checked on
-the scores (:mod:`~tinymcf_callback.served.verify`): the checkpoint is loaded here too, in float32, and the server's
-answers to a few prompts held to its forward pass.
-
-A checkpoint whose weight files are cut short is never loaded nor sent to a server
-(:class:`~tinymcf_callback.errors.CheckpointIncomplete`): its headers are read again after each back-off (a copy may
-still be in progress), and one that stays short is one line naming the file, its step a gap. A server that did not
-take a checkpoint it was given twice, or a reload check that failed, is not tried again in this run
-(:class:`~tinymcf_callback.errors.CheckpointUnusable`): its step is a gap at once.
+The line records what was scored (``fingerprint``, read before the model loads and again after the probe: a
+checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights). A checkpoint whose weight files
+are cut short is never loaded nor sent to a server (:class:`~tinymcf_callback.errors.CheckpointIncomplete`). Through a
+server (``--endpoint``) the run has one :class:`~tinymcf_callback.served.ServedModel`: each checkpoint is loaded into
+it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`); a checkpoint the
+server did not take, or a failed check, is not tried again in this run
+(:class:`~tinymcf_callback.errors.CheckpointUnusable`).
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import CheckpointIncomplete, CheckpointUnusable
+from ..errors import CheckpointIncomplete, CheckpointUnusable, one_line
 from ..loading import release_memory
 from ..probe import AdaptiveProbe, Probe, make_probe
 from ..rundir.checkpoints import FORMATS, Checkpoint, cut_short, fingerprint, tokenizer_fingerprint
@@ -95,13 +88,12 @@ class ProbeCache:
             config = self.served_config
             if not config.model:
                 config = config.replace(model=served_name(config.endpoint))
-            self._served = ServedModel.from_config(config)
+            self._served = ServedModel(config=config)
         if not base:
             return self._served
         if self._served_base is None:
             config = self._served.config
-            self._served_base = ServedModel.from_config(config.replace(model=base_name(config.endpoint,
-                                                                                         config.model)))
+            self._served_base = ServedModel(config=config.replace(model=base_name(config.endpoint, config.model)))
         return self._served_base
 
     @property
@@ -164,7 +156,7 @@ def score_task(task: Task, settings: RunSettings, plan: Plan, probes: ProbeCache
             raise OSError(f"{checkpoint.folder} was written to while it was scored (fingerprint {before} then "
                           f"{after}): its weights changed under the probe")
     except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not end the run's other scores
-        return Outcome(checkpoint.step, checkpoint.name, process, error=describe(e),
+        return Outcome(checkpoint.step, checkpoint.name, process, error=one_line(e, 400),
                        gone=not checkpoint.baseline and not checkpoint.folder.exists(),
                        final=isinstance(e, CheckpointUnusable), incomplete=isinstance(e, CheckpointIncomplete))
     if checkpoint.shown_as:
@@ -198,7 +190,7 @@ def score_bench(bench, model, tokenizer: str, checkpoint: Checkpoint, weights: s
     except (KeyboardInterrupt, torch.OutOfMemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - said by the writer, and the step is tried again at the next sweep or look
-        return [], describe(e)
+        return [], one_line(e, 400)
 
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
@@ -243,9 +235,3 @@ def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe,
         served.loaded = None
         del reference
         release_memory()
-
-
-def describe(error: Exception) -> str:
-    """``Type: message`` on one line (loader messages can run over many)."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"

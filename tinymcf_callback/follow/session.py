@@ -21,16 +21,14 @@ logger = logging.getLogger(__name__)
 
 
 def open_run_trackers(settings: RunSettings) -> Trackers:
-    """The trackers ``--report-to`` names, opened on the main process, with the lines an earlier sweep or watch wrote
-    sent to each that does not hold them yet first: a follower killed after writing a line may not have got it to its
-    trackers (they write from buffers), and a tracker that failed then (a full disk) gets its points now; a point a
-    tracker holds is not sent again (it would be drawn twice). The history's lines start the curve each figure
-    draws."""
+    """The trackers ``--report-to`` names, opened on the main process, first sent the lines an earlier sweep or watch
+    wrote that they do not hold yet (a follower killed before its trackers flushed, a tracker that failed then); a
+    point a tracker holds is not sent again (it would be drawn twice). The history's lines start each figure's curve."""
     if not settings.report_to:
         return Trackers()
     history = settings.history
     trackers = open_trackers(settings.run_dir, settings.report_to, settings.consumer, runs=settings.runs,
-                             figure=tracker_figure(history) if settings.figure else None)
+                             figure=(lambda lines: probe_figure(lines, history)) if settings.figure else None)
     if not trackers:
         return trackers
     logger.info("logging each line to %s", "; ".join(trackers.names))
@@ -57,11 +55,6 @@ def sent_again(trackers: Trackers) -> str:
     missed = f"; {sum(map(len, trackers.missed.values()))} did not reach a tracker (said above)" if trackers.missed \
         else ""
     return f"sent to the dashboards again where they were missing ({said}){missed}"
-
-
-def tracker_figure(history: Path):
-    """Draws the curve so far of ``history``'s probe for the trackers (:mod:`~tinymcf_callback.figures.tracked`)."""
-    return lambda lines: probe_figure(lines, history)
 
 
 def look(planner: Planner, hold) -> object:

@@ -1,29 +1,18 @@
 """Checkpoints whose model is not one ``save_pretrained`` folder, read in this one process: sharded across files of the
 training's ranks, or written without a config.
 
-- **FSDP** with ``SHARDED_STATE_DICT`` (``checkpoint-<step>/pytorch_model_fsdp_0/``): a torch distributed
-  checkpoint (DCP) holding ``model.<name>`` entries, written by every rank. The Trainer saves no
-  ``config.json`` beside it; the model is built from the run's starting model's config and the shards are
-  read into it by ``torch.distributed.checkpoint.load`` in this one process (no process group needed).
-- **DeepSpeed ZeRO** (``checkpoint-<step>/global_step<N>/``): with ZeRO-3 (and ZeRO-1/2) the float32 weights
-  live in the optimizer states of each rank; DeepSpeed's own ``zero_to_fp32`` utilities gather them
-  (:func:`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, the ``[deepspeed]`` extra).
+- **FSDP** ``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``) and **a torch distributed checkpoint of a whole model**
+  (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``: the model's own names, or torchtitan's,
+  :data:`TITAN_NAMES`): read by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's
+  config, no process group needed;
+- **DeepSpeed ZeRO** (``global_step<N>/``): its float32 weights gathered by DeepSpeed's own ``zero_to_fp32``;
+- **verl** (``actor/model_world_size_<W>_rank_<R>.pt``): each rank's DTensor shards concatenated along their
+  placement's dimension, into the model of ``actor/huggingface/``;
+- **weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
 
-- **verl** (``global_step_<N>/actor/model_world_size_<W>_rank_<R>.pt``): each rank's ``torch.save`` of its FSDP
-  ``SHARDED_STATE_DICT`` (DTensors), merged here: each weight's local shards concatenated along the dimension its
-  placement names, in rank order (one replica of a hybrid-sharded mesh), into the model of ``actor/huggingface/``.
-- **A torch distributed checkpoint of a whole model** (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``): read
-  by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's config; its names are the
-  model's own, with or without a ``model.`` prefix (NeMo-RL), or torchtitan's (:data:`TITAN_NAMES`: Llama 3 with
-  its query and key rows in the interleaved order of its rotary embedding, put back in Hugging Face's; Qwen3).
-- **Weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
-
-Either way the model is built in the run's dtype, every weight is checked to have come from the checkpoint
-(ties to another weight excepted), and the model is returned in eval mode on the device.
-
-Each loader here is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names for its weight
-format (lazily, ``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype,
-device)``, so the follower loads every save one way (``FORMATS[checkpoint.format].load(...)``).
+Every weight is checked to have come from the checkpoint (ties excepted); the model is returned in eval mode on the
+device. Each loader is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype, device)``. docs/rl.md.
 """
 
 from __future__ import annotations
@@ -79,21 +68,14 @@ def _no_init():
 
 def load_fsdp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of an FSDP ``SHARDED_STATE_DICT`` checkpoint (``pytorch_model_fsdp_0/``)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
     folder = checkpoint.folder
     shards = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("pytorch_model_fsdp_"))[0]
     model = empty_model(config_source, dtype)
-    state = model.state_dict()
-    stored = set(dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata)
+    stored = _dcp_names(shards)
     prefix = "model." if any(k.startswith("model.") for k in stored) else ""
-    wanted = {k: v for k, v in state.items() if f"{prefix}{k}" in stored}
+    wanted = {k: v for k, v in model.state_dict().items() if f"{prefix}{k}" in stored}
     _check_all_there(model, set(wanted), f"{shards} (FSDP's sharded checkpoint)")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-        dcp.load({"model": wanted} if prefix else dict(wanted), checkpoint_id=str(shards),
-                 planner=DefaultLoadPlanner(allow_partial_load=True))
+    _dcp_load({"model": wanted} if prefix else dict(wanted), shards)
     model.tie_weights()
     return model.eval().to(device)
 
@@ -134,28 +116,38 @@ def merge_shards(values: list):
 
 def load_dcp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
     """The model of a torch distributed checkpoint of a whole model (NeMo-RL, torchtitan; see the module)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
     folder = checkpoint.folder
     model = empty_model(config_source, dtype)
     own = model.state_dict()
-    stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    stored = _dcp_names(folder)
     prefix = "model." if stored and all(k.startswith("model.") for k in stored) and not set(own) & stored else ""
     names = {k: f"{prefix}{k}" for k in own if f"{prefix}{k}" in stored}
     rows = {}
-    if len(names) < len([k for k in own if not _tied(model, k)]):  # not the model's own names: torchtitan's?
+    if len(names) < len([k for k in own if not _tied_to(model, k)]):  # not the model's own names: torchtitan's?
         names, rows = titan_names(model, stored)
-    wanted = {k: own[k] for k in names}
-    _check_all_there(model, set(wanted), f"{folder} (a torch distributed checkpoint)")
-    buffers = {names[k]: v for k, v in wanted.items()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-        dcp.load(buffers, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=True))
+    _check_all_there(model, set(names), f"{folder} (a torch distributed checkpoint)")
+    _dcp_load({names[k]: own[k] for k in names}, folder)
     for name, heads in rows.items():  # Llama 3's interleaved query and key rows, in Hugging Face's order again
         own[name].copy_(rope_halves(own[name], heads))
     model.tie_weights()
     return model.eval().to(device)
+
+
+def _dcp_names(folder) -> set[str]:
+    """The names a torch distributed checkpoint in ``folder`` stores."""
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+
+
+def _dcp_load(state: dict, folder) -> None:
+    """Read ``state``'s tensors in place from the torch distributed checkpoint in ``folder``, in this one process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=True))
 
 
 def load_without_config(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):
@@ -238,15 +230,6 @@ def rope_halves(weight, heads: int):
     return weight.reshape(heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
-def _tied(model, name: str) -> bool:
-    """A weight that shares its storage with an earlier one (an output layer tied to the embedding)."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    if name not in params:
-        return False
-    first = next(k for k, v in params.items() if v.data_ptr() == params[name].data_ptr())
-    return first != name
-
-
 def load_zero(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, device: str):
     """The model of a DeepSpeed ZeRO checkpoint, its float32 weights gathered by DeepSpeed's ``zero_to_fp32`` (its
     config the checkpoint's own, else the starting model's)."""
@@ -256,32 +239,26 @@ def load_zero(checkpoint: Checkpoint, base_model: str | None, *, dtype: str, dev
     zero = require("deepspeed.utils.zero_to_fp32")
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         state = zero.get_fp32_state_dict_from_zero_checkpoint(str(folder))  # it prints a line and a bar per step
-    model = empty_model(config_source, dtype)
-    own = model.state_dict()
-    _check_all_there(model, set(state) & set(own), f"{folder} (DeepSpeed ZeRO checkpoint)")
-    target = own[next(iter(own))].dtype
-    model.load_state_dict({k: v.to(own[k].dtype if k in own else target) for k, v in state.items() if k in own},
-                          strict=False)
-    model.tie_weights()
-    del state
-    return model.eval().to(device)
+    return _into_model(state, config_source, dtype, device, f"{folder} (DeepSpeed ZeRO checkpoint)")
 
 
 def _check_all_there(model, found: set[str], what: str) -> None:
     """Every weight of ``model`` was found in the checkpoint, but those tied to one that was (an output layer
     that shares the embedding)."""
-    missing = set(model.state_dict()) - found
-    tied = {name for name in missing if _tied_to_found(model, name, found)}
-    missing -= tied
+    missing = {name for name in set(model.state_dict()) - found if not _tied_to(model, name, found)}
     if missing:
         shown = ", ".join(sorted(missing)[:5]) + (" ..." if len(missing) > 5 else "")
         raise LoadError(f"{what} does not hold {len(missing)} weight(s) of the model it should be ({shown}): the "
                         f"base model whose config built it is not the one this run trained (pass --base-model)")
 
 
-def _tied_to_found(model, name: str, found: set[str]) -> bool:
+def _tied_to(model, name: str, among: set[str] | None = None) -> bool:
+    """Whether weight ``name`` shares its storage with another of ``among`` (default: with an earlier weight, as an
+    output layer tied to the embedding does)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     if name not in params:
         return False
     ptr = params[name].data_ptr()
-    return any(params[other].data_ptr() == ptr for other in found if other in params)
+    if among is None:
+        return next(k for k, v in params.items() if v.data_ptr() == ptr) != name
+    return any(params[other].data_ptr() == ptr for other in among if other in params)

@@ -2,21 +2,10 @@
 
     tinymcf sweep OUT --name scifi [--base-model BASE] [--answer-format json]
 
-Scores every checkpoint of a Trainer output directory (and of its hand-off queue) that the history does not
-hold yet, in step order, and appends one line per checkpoint to ``OUT/moral_probe_<name>.jsonl``
-(``..._<name>_json.jsonl`` with JSON answers): the file ``MoralProbeCallback`` writes, each line built by
-the same ``probe_line`` (:mod:`tinymcf_callback.rundir.history`, with ``event: "sweep"``). What to score,
-the step-0 baseline, the precision and what each line scored are the planner's
-(:mod:`~tinymcf_callback.follow.planner`), the same as the watcher's:
-
-- **Resumable**: a step whose line scored the weights its checkpoint holds is skipped; a checkpoint saved
-  again with other weights (a resumed run) is scored again, its line superseding the old one.
-- **From step 0**: the run's starting weights (``--base-model``, else the run's record, else the base its
-  adapters name) are scored as the step-0 baseline, and every line carries the change since it.
-- **Failures**: a checkpoint that cannot be read is tried again a few times with a doubling wait; after
-  that its step is a gap line with the cause, the sweep goes on, and its status says so.
-- **Several processes** (``accelerate launch`` or ``torchrun``): the checkpoints go in rounds of one per
-  process; the main process writes each round's lines in step order, once.
+Scores every checkpoint of a run folder (and of its hand-off queue) that the history does not hold yet, in step
+order, into the file ``MoralProbeCallback`` writes (``OUT/moral_probe_<name>.jsonl``, each line with ``event:
+"sweep"``), the step-0 baseline first. What to score is the planner's (:mod:`~tinymcf_callback.follow.planner`), the
+same as the watcher's; under several processes the checkpoints go in rounds of one per process (docs/cli.md).
 """
 
 from __future__ import annotations

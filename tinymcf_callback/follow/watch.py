@@ -2,29 +2,10 @@
 
     tinymcf watch OUT --device cuda:1 [--base-model BASE] [--report-to auto]
 
-The sweep's look, repeated (:mod:`~tinymcf_callback.follow.planner`): every ``--poll`` seconds the watcher
-looks at the run folder and its hand-off queue, scores what is complete and not yet in the history (the
-step-0 baseline first), appends the lines (event ``watch``) and sends them to the run's dashboards. The
-training process pays nothing. What it does through a run's whole life:
-
-- **Before the run**: a folder that is not there yet, or holds nothing of a run yet, is waited for (said
-  once); a folder that holds runs rather than being one (``runs/``) is refused, naming them.
-- **Complete**: a checkpoint counts once its ``trainer_state.json`` (written last) parses; its fingerprint, read
-  before and after it is scored, catches one written to meanwhile (tried again).
-- **Resumed**: a training resumed from an earlier checkpoint sets aside the history's lines of the branch it
-  abandoned (a resume line), and a checkpoint saved again with other weights is scored again.
-- **Unreadable**: a checkpoint that cannot be read is tried again with a doubling wait; after that its step
-  is a gap line with the cause.
-- **Deleted** (``save_total_limit``): a checkpoint it knew of (listed, in the run's record, or implied by
-  ``save_steps``) that is gone is recorded once as a gap line with its cause. With the callback's hand-off
-  the model files of each save are kept for every consumer of the run (:mod:`~tinymcf_callback.rundir.queue`).
-- **The end**: the run's record says it ended; or a checkpoint at ``max_steps`` is scored; or ``--stop-at``;
-  or ``--idle-timeout``; or the training is gone without ending (its process, on this machine), or has gone
-  quiet (no heartbeat for ``--dead-after``, from another machine: paused or gone, which cannot be told apart):
-  once what it saved is scored, the watcher ends and its status says which.
-- **Restartable**: the history says what is done; the history's writer lock keeps a second watcher (or a
-  sweep) of the same probe out.
-- **Several processes** (``accelerate launch``): each round's checkpoints are shared out as the sweep does.
+The sweep's look, repeated (:mod:`~tinymcf_callback.follow.planner`): every ``--poll`` seconds the watcher looks at
+the run folder and its hand-off queue, scores what is complete and not yet in the history (the step-0 baseline
+first), appends the lines (event ``watch``) and sends them to the run's dashboards, until the run ends or its
+training dies. What it does through a run's whole life, and when it stops: docs/watch.md.
 """
 
 from __future__ import annotations
@@ -82,7 +63,7 @@ class Follower:
                                  backoff=self.settings.backoff)
             held.callback(self.rounds.close)
             if self.main:
-                self._open_trackers()
+                self.rounds.trackers = open_run_trackers(self.settings.run)
             while not self._step():
                 pass
             self.rounds.finish_benchmark()  # the run is over: its end (and middle) are known now
@@ -113,9 +94,6 @@ class Follower:
                 self.result.why_stopped = f"{run.run_dir} never became a run ({missing}; --idle-timeout)"
                 return False
             time.sleep(self.settings.poll)
-
-    def _open_trackers(self) -> None:
-        self.rounds.trackers = open_run_trackers(self.settings.run)
 
     # ---- one look ------------------------------------------------------------------------------------------
     def _step(self) -> bool:

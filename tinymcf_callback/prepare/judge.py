@@ -1,14 +1,10 @@
 """Judge validation of a prepared set: does each text engage the foundation it is meant to?
 
-``tinymcf validate --name NAME`` asks a judge model, for every
-vignette and each of the four conditions, which of the seven foundations the act
-engages and whether the actor violates or upholds it. Verdicts are cached by
-``(md5 of the judged text, judge model)`` in ``<home>/cache/judgements.jsonl``, so a rerun
-asks only for what is new; the requests go through the same loop as the rewrites
-(:mod:`tinymcf_callback.prepare.request_loop`). The report gives foundation accuracy per condition (the
-original, ``other_violate``, is the ceiling the rewrites can reach), valence accuracy, a
-confusion matrix and the flagged rewrites; one JSON line per judged text goes to
-``--out`` (default ``./validate_<name>.jsonl``).
+``tinymcf validate --name NAME`` asks a judge model, for every vignette and each of the four conditions, which
+foundation the act engages and whether the actor violates or upholds it; verdicts are cached by ``(md5 of the text,
+judge model)`` in ``<home>/cache/judgements.jsonl`` (the same request loop as the rewrites: a rerun asks only for
+what is new). The report: accuracy per condition (the original, ``other_violate``, is the ceiling the rewrites can
+reach), a confusion matrix and the flagged rewrites; one JSON line per judged text goes to ``--out``.
 """
 
 from __future__ import annotations
@@ -94,11 +90,6 @@ def load_judgements(dirs: list[Path]) -> dict[tuple[str, str], dict]:
 # --------------------------------------------------------------------------- planning
 
 
-def unjudged(texts: dict[str, str], known: dict, judge: str) -> dict[str, str]:
-    """The texts (md5 -> text) that ``judge`` has not judged yet, in order."""
-    return {h: t for h, t in texts.items() if (h, judge) not in known}
-
-
 def judge_records(vignettes: list[dict], known: dict, judge: str, failed: dict[str, str]) -> list[dict]:
     """One record per (vignette, condition): expected and judged foundation and valence, flagged or not.
 
@@ -158,7 +149,7 @@ def validate_set(args, secrets: list, say: Callable[[str], None]) -> int:
     judge = args.judge_model or args.model
     texts = {md5(v[c]): v[c] for v in vignettes for c in CONDITIONS}
     known = load_judgements([f.cache])
-    todo = unjudged(texts, known, judge)
+    todo = {h: t for h, t in texts.items() if (h, judge) not in known}  # in order
     n_items = len(vignettes) * len(CONDITIONS)
     if args.dry_run:
         say(f"dry run: would ask {judge} at {args.base_url} for {len(todo)} judgements "

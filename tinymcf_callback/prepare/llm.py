@@ -70,13 +70,9 @@ class Answer:
 
 
 class ChatClient:
-    """Chat requests to one endpoint, through :class:`~tinymcf_callback.apiclient.ApiClient`.
-
-    Rate limits (429), server errors (5xx), timeouts and dropped connections are retried
-    ``retries`` times with backoff ``backoff * 2**n`` seconds (jittered, at most
-    ``max_backoff``; a ``Retry-After`` header wins when shorter than ``max_backoff``), each retry
-    logged and counted (``retried``). A rejected key or an unknown model raises :class:`FatalLLMError`.
-    """
+    """Chat requests to one endpoint, through :class:`~tinymcf_callback.apiclient.ApiClient` (its retries of rate
+    limits, server errors, timeouts and dropped connections); a rejected key or an unknown model raises
+    :class:`FatalLLMError`."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0, retries: int = 5,
                  backoff: float = 1.0, max_backoff: float = 30.0, json_mode: bool = True,

@@ -1,23 +1,10 @@
 """A vignette set made ready for the probe, start to end (``tinymcf prepare``; once, offline after).
 
-* ``--name clifford`` downloads the Clifford et al. (2015) CSV from the URL in
-  ``configs/sets.json`` (or reads ``--source PATH``), checks it and stores the raw file
-  and the normalized set in the home (:mod:`tinymcf_callback.prepare.clifford`). Its rewrites
-  are shipped, so no API key is needed.
-* ``--name myset --source my.csv`` (or ``.jsonl``) registers your own set in the home
-  (:mod:`tinymcf_callback.prepare.userset`) and has its three rewrites per vignette made by an
-  LLM through any OpenAI-compatible API (:mod:`tinymcf_callback.prepare.rewrites`).
-* ``--validate --name NAME`` asks a judge model which foundation each text engages
-  (:mod:`tinymcf_callback.prepare.judge`).
-* ``--show N --name NAME [--seed S]`` prints N random vignettes of a prepared set with
-  their four conditions side by side, for a spot check before trusting an eval
-  (:mod:`tinymcf_callback.prepare.show`).
-
-Everything is written to, and read back from, one home: ``--home DIR`` or
-``$TINYMCF_HOME`` (:mod:`tinymcf_callback.data.home`). Only rewrites missing from the caches
-are requested; each is appended the moment it passes the rules, so an interrupted run
-loses nothing and a rerun finishes the rest. Bad input raises :class:`PrepareError`;
-the CLI prints ``error: ...`` and exits with status 2.
+``--name clifford`` downloads the Clifford et al. (2015) CSV (or reads ``--source PATH``), checks it and stores it in
+the home (:mod:`~tinymcf_callback.prepare.clifford`; its rewrites are shipped: no API key). ``--name myset --source
+my.csv`` registers your own set (:mod:`~tinymcf_callback.prepare.userset`) and has its three rewrites per vignette
+made by an LLM (:mod:`~tinymcf_callback.prepare.rewrites`). Only rewrites missing from the caches are requested, each
+appended the moment it passes the rules, so an interrupted run loses nothing. docs/preparing.md.
 """
 
 from __future__ import annotations

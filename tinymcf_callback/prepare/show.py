@@ -1,12 +1,9 @@
 """The spot check: a seeded random sample of a set's vignettes, their four conditions side by side.
 
-The original project's advice: read about ten random rewrites before trusting an eval.
-``tinymcf show --name NAME [-n 10] [--seed S]`` prints them for a
-terminal (each vignette's foundation label and id prefix, then ``other_violate``,
-``other_uphold``, ``self_violate`` and ``self_uphold`` in columns wrapped to its width);
-:func:`show_rewrites` returns the same sample as a DataFrame for a notebook. Where
-``--validate`` has judged the texts, each shows the judge's verdict, and a rewrite the
-judge flags says why. It reads only local files: no key, no network, no ``openai``.
+The original project's advice: read about ten random rewrites before trusting an eval. ``tinymcf show --name NAME
+[-n 10] [--seed S]`` prints them for a terminal, in columns wrapped to its width; :func:`show_rewrites` returns the
+same sample as a DataFrame for a notebook. Where ``tinymcf validate`` has judged the texts, each shows the judge's
+verdict, and a flagged rewrite says why. It reads only local files: no key, no network.
 """
 
 from __future__ import annotations
@@ -63,17 +60,8 @@ def sample_vignettes(name: str, n: int, seed: int = 0, *, limit: int | None = No
     return [vignettes[i] for i in picked], len(vignettes)
 
 
-def pick_judge(vignettes: list[dict], known: dict, judge: str | None) -> str | None:
-    """``judge`` itself, or (``None``) the judge with the most verdicts on these texts; ``None`` if there is none."""
-    if judge is not None:
-        return judge
-    hashes = {md5(v[c]) for v in vignettes for c in CONDITIONS}
-    counts = Counter(j for h, j in known if h in hashes)
-    return min(counts, key=lambda j: (-counts[j], j)) if counts else None
-
-
 def verdicts(vignettes: list[dict], known: dict, judge: str | None) -> dict[tuple[str, str], dict]:
-    """The judge's record (see :func:`validate.judge_records`) per ``(id, condition)`` that it has judged."""
+    """The judge's record (see :func:`~.judge.judge_records`) per ``(id, condition)`` that it has judged."""
     if judge is None:
         return {}
     records = judge_records(vignettes, known, judge, {})
@@ -109,15 +97,14 @@ def show_rewrites(name: str = "scifi", n: int = 10, seed: int = 0, *, judge_mode
 
 
 def judged(sample: list[dict], f, judge_model: str | None) -> tuple[str | None, dict, list[str]]:
-    """``(judge, verdicts, judges)`` for the sample from the judgement caches of folders ``f``.
-
-    ``judges`` are all the judges with a verdict on one of the sample's texts.
-    """
+    """``(judge, verdicts, judges)`` for the sample from the judgement caches of folders ``f``: ``judge_model``, else
+    the judge with the most verdicts on the sample's texts (None: there is none); ``judges``: every judge with a
+    verdict on one of them."""
     known = load_judgements([f.cache])
     hashes = {md5(v[c]) for v in sample for c in CONDITIONS}
-    judges = sorted({j for h, j in known if h in hashes})
-    judge = pick_judge(sample, known, judge_model)
-    return judge, verdicts(sample, known, judge), judges
+    counts = Counter(j for h, j in known if h in hashes)
+    judge = judge_model or (min(counts, key=lambda j: (-counts[j], j)) if counts else None)
+    return judge, verdicts(sample, known, judge), sorted(counts)
 
 
 def sample_frame(sample: list[dict], judge: str | None, found: dict) -> pd.DataFrame:

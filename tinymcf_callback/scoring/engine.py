@@ -1,37 +1,21 @@
 """The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out (P(true), true+false with JSON answers).
 
-Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]``
-tensor: it asks the model for the last position's logits (``logits_to_keep=1``) on
-left-padded batches, with ``position_ids`` that skip the padding so every prompt sees
-the positions it would see alone (needed for absolute-position models; harmless for
-RoPE). Which prompts share a batch is decided apart from running the model
-(:mod:`tinymcf_callback.scoring.batching`), so a distributed caller can hand each rank its own
-share; the eval/inference mode and the precision are :mod:`tinymcf_callback.scoring.mode`'s.
-
-Three strategies run the batches, fastest first (:data:`STRATEGIES`):
-
-- ``"shared"`` (:class:`SharedPrefixes`): the chat header once, each scenario once for its
-  two frames, the questions on top of the key/value cache;
-- ``"full"`` (:class:`FullPrompts`): each prompt whole, padding at the far left of its row;
-- ``"unpadded"`` (:class:`FullPrompts` with ``padded=False``): each forward call takes
-  prompts of one length only, with no padding at all.
-
-:func:`first_strategy` reads the model's class and config and starts at the fastest
-strategy nothing is known against, saying why in the log when that is not the shared one (once
-per model and cause for each probe: :class:`LogOnce`, held by the probe). Whether the chosen
-strategy really gives each prompt's own score is not left to those rules:
-:mod:`tinymcf_callback.scoring.selfcheck` compares a few prompts with :func:`score_alone` on every
-probe and moves to the next strategy when they disagree. A batch that runs out of memory is halved
-(:func:`split_on_oom`).
+Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]`` tensor: it asks for the last
+position's logits (``logits_to_keep=1``) on left-padded batches, with ``position_ids`` that skip the padding. Which
+prompts share a batch is :mod:`~tinymcf_callback.scoring.batching`'s, the mode and precision
+:mod:`~tinymcf_callback.scoring.mode`'s. Three strategies run the batches, fastest first (:data:`STRATEGIES`):
+``"shared"`` (:class:`SharedPrefixes`: the chat header once, each scenario once for its two frames, the questions on
+the key/value cache), ``"full"`` (:class:`FullPrompts`: each prompt whole) and ``"unpadded"`` (one length per call).
+:func:`first_strategy` starts at the fastest one nothing in the model's class or config is known against; whether it
+gives each prompt's own score is :mod:`~tinymcf_callback.scoring.selfcheck`'s to check. A batch that runs out of
+memory is halved (:func:`split_on_oom`). docs/engine.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,11 +23,13 @@ import torch
 
 from ..errors import UnsupportedModelError
 from .answers import AnswerScores, score_prompts
-from .batching import PrefixPlan
+from .batching import PrefixPlan, encode_prompts
 from .model_info import (
     NEEDS,
     ForwardArgs,
     class_name,
+    forward_params,
+    held_ref,
     model_device,
     pad_token_id,
     padding_problem,
@@ -62,8 +48,6 @@ STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padde
                   "unpadded": "unpadded prompts (one length per forward call)"}
 
 
-# ---- reading the answer off the logits ---------------------------------------------------------
-
 # ---- running the model: three strategies -----------------------------------------------------
 
 class LogOnce:
@@ -76,28 +60,18 @@ class LogOnce:
     """
 
     def __init__(self):
-        self._model = None  # the model the causes below were said for (a weak reference where it takes one)
+        self._model = None  # the model the causes below were said for (model_info.held_ref: weakly where it can)
         self._said: set = set()
 
     def __call__(self, model, message: str, key=None) -> None:
-        if not self._is(model):
-            self._model, self._said = _ref(model), set()
+        held = held_ref(model)
+        if held != self._model:  # another model (a weak reference equals another only while both hold one model)
+            self._model, self._said = held, set()
         key = message if key is None else key
         if key not in self._said:
             self._said.add(key)
             if _is_main_process():  # under several processes every rank decides alike: one of them says so
                 logger.warning(message)
-
-    def _is(self, model) -> bool:
-        held = self._model
-        return held is not None and (held() is model if isinstance(held, weakref.ref) else held == id(model))
-
-
-def _ref(model):
-    try:
-        return weakref.ref(model)
-    except TypeError:  # not weak-referenceable: known by its id while this probe holds it
-        return id(model)
 
 
 def _is_main_process() -> bool:
@@ -164,7 +138,7 @@ def encode_batch(tok, prompts: list[str], model=None, *, device=None) -> dict:
     tensors go (default: the model's device, else CPU). Score the logits with
     :func:`~tinymcf_callback.score_prompts`.
     """
-    seqs = tok(list(prompts), add_special_tokens=False)["input_ids"]
+    seqs = encode_prompts(tok, prompts)
     if model is not None:
         args, pad_id = ForwardArgs.of(model), pad_token_id(model, tok)
         device = model_device(model) if device is None else device
@@ -456,16 +430,11 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
                 strategy: str | None = None, calls: int | None = None, say: LogOnce | None = None) -> ScoreResult:
     """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
 
-    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the
-    probe's :class:`LogOnce`, when it is not the shared one; without ``say``, at every call). ``answer_format``
-    names the answer tokens read at the answer position (``prompts.ANSWER_FORMATS``): the prompts must have been
-    formatted for it. ``calls``:
-    make exactly this many forward calls, adding one-token calls whose results are dropped when
-    the batches need fewer (every rank of a sharded model must make the same number; see
-    :func:`tinymcf_callback.scoring.selfcheck.score_checked`). A batch that runs out of memory is split in
-    two and retried; a prompt that does not fit alone re-raises. NaN or infinite logits raise
-    ``FloatingPointError``. The caller chooses the mode (eval, inference); see :func:`probe_mode`.
-    No check against each prompt alone happens here.
+    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the probe's
+    :class:`LogOnce`). ``answer_format``: the answer tokens read (the prompts must have been formatted for it).
+    ``calls``: make exactly this many forward calls, one-token fillers where the batches need fewer (every rank of a
+    sharded model must make the same number). A batch that runs out of memory is split; NaN or infinite logits raise
+    ``FloatingPointError``. The caller chooses the mode (:func:`probe_mode`); nothing is checked here.
     """
     res = empty_result(len(encoded))
     if pad_id is None:
@@ -514,10 +483,7 @@ def score_alone(model, encoded: list[list[int]], idx: list[int], tok, answer_for
     """
     call = call if call is not None else ModelCall(model)
     before = call.n_forward
-    try:
-        params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
-    except (TypeError, ValueError):
-        params = set()
+    params = forward_params(model)
     device = model_device(model)
     rows = []
     for i in idx:

@@ -1,11 +1,6 @@
-"""The probe's mode: eval and inference mode, state restored after, and the precision it computes in.
-
-:func:`probe_mode` puts the model in eval and inference mode for the probe and restores every
-module's train/eval flag and every RNG state afterwards, so observing a training run cannot
-change it. It also decides the precision: by default the weights' own dtype, with the
-mixed-precision wrapper accelerate puts on a model's forward (the Trainer's ``bf16=True``)
-lifted for the probe, so a checkpoint scores as ``eval`` scores its saved weights.
-:class:`Precision` records what the forward calls really computed in.
+"""The probe's mode: eval and inference mode, state restored after (:func:`probe_mode`), and the precision it
+computes in (:class:`Precision`): observing a training run must not change it, and a checkpoint scores as ``eval``
+scores its saved weights.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""What the engine needs to know about a model before running it.
-
-- the model inside the wrappers a training run hands over (FSDP, DDP, DeepSpeed, PEFT,
-  ``torch.compile``), to read its forward signature and config (:func:`unwrap_model`);
-- whether it is a causal language model with its LM head at all (:func:`check_causal_lm`);
-- which optional forward arguments it takes, and where its positions start (:class:`ForwardArgs`);
-- what it computes in (:func:`weights_dtype`) and which token may pad its rows (:func:`pad_token_id`);
-- what one padded token and one prompt's row cost it in memory (:func:`memory_per_token`), and how much
-  memory its device has free (:func:`device_memory`): what a forward call's size is planned from;
-- what left padding, and padding *inside* a shared-prefix cache, would do to its scores
-  (:func:`padding_problem`, :func:`shared_prefix_blocker`);
-- what its forward computes apart from its weights' values (its modules, hooks, adapters, wrappers:
-  :func:`forward_signature`), so a probe sees that it changed between two probes.
-
-All of it reads classes, configs and the device's allocator only; nothing here runs the model.
+"""What the engine needs to know about a model before running it: the model inside its wrappers
+(:func:`unwrap_model`), whether it is a causal LM with its head (:func:`check_causal_lm`), which forward arguments it
+takes (:class:`ForwardArgs`), its dtype, pad token, memory cost per token and its device's free memory, what left
+padding or padding inside a shared-prefix cache would do to its scores (:func:`padding_problem`,
+:func:`shared_prefix_blocker`), and what its forward computes apart from its weights' values
+(:func:`forward_signature`), so a probe sees that it changed. It reads classes, configs and the device's allocator
+only; nothing here runs the model.
 """
 
 from __future__ import annotations
@@ -169,14 +161,19 @@ class ForwardArgs:
 
     @classmethod
     def of(cls, model) -> ForwardArgs:
-        try:
-            params = set(inspect.signature(type(unwrap_model(model)).forward).parameters)
-        except (TypeError, ValueError):
-            params = set()
+        params = forward_params(model)
         if prompt_learning(model):  # the adapter owns positions and the cache (see prompt_learning)
             params -= {"position_ids", "cache", "past_key_values"}
         cache_kw = next((k for k in ("cache", "past_key_values") if k in params), None)
         return cls("position_ids" in params, "logits_to_keep" in params, cache_kw, position_base(model))
+
+
+def forward_params(model) -> set[str]:
+    """The names the forward of the model inside the wrappers takes (none where its signature cannot be read)."""
+    try:
+        return set(inspect.signature(type(unwrap_model(model)).forward).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def position_base(model) -> int:
@@ -478,17 +475,19 @@ def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
     from torch.nn.modules import module as torch_module
 
     skip = set(ignore)
-    modules = tuple((name, _ref(m), type(m), _hook_ids(m._forward_pre_hooks, skip), _hook_ids(m._forward_hooks, skip),
-                     _ref(m.__dict__.get("forward")), _adapter_state(m)) for name, m in model.named_modules())
+    modules = tuple((name, held_ref(m), type(m), _hook_ids(m._forward_pre_hooks, skip),
+                     _hook_ids(m._forward_hooks, skip), held_ref(m.__dict__.get("forward")), _adapter_state(m))
+                    for name, m in model.named_modules())
     global_hooks = tuple(_hook_ids(getattr(torch_module, name, {}), skip)
                          for name in ("_global_forward_pre_hooks", "_global_forward_hooks"))
     attention = getattr(model_config(model), "_attn_implementation", None)
     return modules, global_hooks, attention, str(model_device(model))
 
 
-def _ref(obj):
-    """``obj`` as a signature holds it: a weak reference (equal while both live and are the same object; never equal
-    to one whose object died), or its id where it cannot be weakly referenced; None stays None."""
+def held_ref(obj):
+    """``obj`` as a signature (or :class:`~.engine.LogOnce`) holds it: a weak reference (equal while both live and are
+    the same object; never equal to one whose object died), or its id where it cannot be weakly referenced; None
+    stays None."""
     if obj is None:
         return None
     try:

@@ -1,18 +1,11 @@
 """Scoring one :class:`Probe` across the processes of a distributed training run.
 
-Under DDP, FSDP or DeepSpeed every rank holds the model, so the probe's batches are split
-between ranks, each rank scores its share, and the per-prompt results are gathered so that
-every rank ends with the whole :class:`ScoreResult` and computes the same metrics (keys
-added to the Trainer's ``metrics`` must agree on all ranks, or a checkpoint barrier hangs).
-The self-check and the choice of strategy are collective too (:mod:`tinymcf_callback.scoring.selfcheck`).
-
-With sharded parameters (FSDP, ZeRO-3) the forward pass itself runs collectives, so every
-rank must make the same number of forward calls: every rank gets the same number of batches
-(the short ranks repeat their last one, whose results are written twice with the same
-values), the ranks count the forward calls their share needs before the first one, and the
-ranks that need fewer make one-token filler calls. A batch split on out-of-memory on one
-rank only would still make the counts differ: under sharding, size ``token_budget`` so that
-a batch fits.
+Under DDP, FSDP or DeepSpeed the probe's batches are split between ranks and the per-prompt results gathered, so
+that every rank computes the same metrics (keys added to the Trainer's ``metrics`` must agree on all ranks, or a
+checkpoint barrier hangs). With sharded parameters (FSDP, ZeRO-3) every forward call runs collectives, so every rank
+gets the same number of batches (the short ranks repeat their last one) and makes the same number of forward calls
+(counted before the first, the short ranks filling up with one-token calls); under sharding, size ``token_budget``
+so that a batch fits (a batch split on out-of-memory on one rank only would still make the counts differ).
 """
 
 from __future__ import annotations

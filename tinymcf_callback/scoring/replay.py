@@ -1,32 +1,15 @@
 """The self-check's float32 replay: a reduced-precision model's checked prompts computed again in float32.
 
-Why: in bfloat16 a prompt scored in a batch and the same prompt scored alone differ by up to 0.06
-in P(Yes) on SmolLM2-135M with nothing wrong at all (different kernels, shapes and reduction
-orders round differently), which is as large as a real defect (a position off by one on padded
-rows: 0.066). No tolerance can tell the two apart in bfloat16. But bfloat16 and float16 values are
-float32 values, exactly: the very same weights can compute in float32, where that noise is 1e-6.
-The defects the check looks for (a position, a mask, a cache or a hook that treats a padded or
-cached row differently from the prompt alone) do not depend on the precision, so comparing a
-strategy with each prompt alone *in float32* sees them at float32's resolution.
+Why: in bfloat16 a prompt scored in a batch and the same prompt alone differ by up to 0.06 in P(Yes) on SmolLM2-135M
+with nothing wrong, as large as a real defect; bfloat16 and float16 values are float32 values exactly, and the
+defects the check looks for do not depend on the precision, so in float32 they stand out from 1e-6 of noise.
 
-How, without touching the model: while :class:`Float32Replay` is active, a forward pre-hook on
-every module puts float32 copies in place of the reduced-precision parameters and buffers that
-module holds at that moment, and a forward hook puts the very same objects back when the module
-returns (also when it raises, and again when the replay ends). Nothing of the model is written:
-its parameters keep their identity, storage, dtype and values, so an optimizer or a sharding
-wrapper that holds them never notices. Doing it per module at call time is what works under
-sharding: ZeRO-3 and FSDP2 gather a module's parameters just before it runs (their hooks were
-registered earlier, so they run first) and release them after (the restore runs first, before
-theirs). Without sharding the copies are made a block at a time: a module whose whole subtree is small
-(a decoder layer: at most :data:`BLOCK_SHARE` of the model's reduced-precision bytes) puts float32 copies
-of all of it in place while it runs, so a module that reads a child's weight (Mamba's mixer reads its
-``dt_proj.weight``) computes in float32 too, and the extra memory is one block's copy, never the model's.
-The vocabulary table is never copied: ``nn.Embedding`` lookups are cast after the lookup, and the output
-layer multiplies in float32 a slice of its rows at a time (:data:`HEAD_ROWS`).
-
-The replay checks itself too: a module that receives a reduced-precision floating input (a wrapper
-that casts activations, FSDP's mixed-precision input cast, code that casts to another module's
-dtype) makes it impure, and an impure replay is not used (:attr:`Float32Replay.impure` says where).
+How, without touching the model: while :class:`Float32Replay` is active, a forward pre-hook on every module puts
+float32 copies in place of the reduced-precision tensors it holds (a block's whole subtree at a time, unsharded;
+module by module under sharding, inside the window where ZeRO-3 and FSDP gather them) and a forward hook puts the
+very same objects back: nothing of the model is written. The vocabulary tables are never copied. A module that
+receives a reduced-precision input makes the replay impure, and an impure replay is not used. docs/engine.md says
+the rest, with what it costs.
 """
 
 from __future__ import annotations

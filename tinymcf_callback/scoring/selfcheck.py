@@ -1,53 +1,16 @@
 """The engine checks itself: every probe compares its fast path with each prompt scored alone.
 
-The rules in :mod:`tinymcf_callback.scoring.model_info` pick a starting strategy from what is known
-about a model's class and config. Rules only cover the families someone has tried, so on
-every probe :func:`score_checked` also scores a few prompts the simplest way
-(:func:`tinymcf_callback.scoring.engine.score_alone`: each prompt alone, unpadded, no cache, one full
-forward call, the last position) and compares them with what the strategy gives *for the same
-prompts, padded as they were in the batches they were really scored in*. The prompts checked
-(:func:`check_prompts`) cover what a defect can hit: the most padded prompt, the most padded of the
-last batch, on the shared path the most padded scenario seam and question seam, and the least
-padded of the padded prompts.
-
-**In the precision researchers train in.** In bfloat16 a prompt in a batch and the same prompt
-alone differ by up to 0.07 in P(Yes) on SmolLM2-135M with nothing wrong, as much as a real defect,
-so no tolerance separates the two there. The defects the check looks for (a position, a mask, a
-cache or a hook that treats a padded or cached row differently) do not depend on the precision,
-while bfloat16 and float16 weights are exactly float32 values: so when the forward computes in a
-reduced precision (bfloat16, float16, TF32, autocast), the checked prompts are *replayed in
-float32* (:mod:`tinymcf_callback.scoring.replay`), the strategy on the rows that set each checked
-prompt's padding and each prompt alone, and compared at float32's tolerance. The scores the probe
-reports are still checked too, against the float32 reference at their own precision's tolerance
-(:data:`TOLERANCES`), which catches a defect of the reduced precision's own kernels when it is
-large. Where the replay cannot run (a wrapper that casts activations back, a module that reads
-another's weights, out of memory), the check compares in the reduced precision and says so
-(``reference``, ``replay_note``); its ``resolution`` says in every case the smallest difference on
-a checked prompt that it flags.
-
-When a difference is above its tolerance, the probe moves to the next safer strategy (shared
-prefixes -> full prompts -> unpadded prompts), says once why with the measured difference, and
-scores again; a strategy that raises moves on the same way. If even the unpadded strategy
-disagrees, :class:`EngineMismatchError` names the model class and the difference.
-
-**A changed model.** What the check guards against changes without the model object changing: a
-steering hook added, removed or replaced, an adapter switched, disabled or merged, a wrapper, a module
-swapped, new weights that make a path's small error large. So the probe remembers (in its own
-:class:`Memory`, never in the process) the forward it scored last
-(:func:`~tinymcf_callback.scoring.model_info.forward_signature`: every module, the exact ids of its
-hooks, its adapters) and the safest strategy that forward needed. The next probe of the same forward
-starts at that strategy and checks prompts as its budget pays for them (:class:`Rotation`); a
-changed forward starts again from the rules' first strategy and checks at least one prompt, the
-riskiest (the most left-padded on the full path, the most padded seams on the shared one), so a
-position-dependent forward cannot pass on an unpadded prompt. Weights changed in place (a training
-step) are the same forward: the rotation's cycle goes on over them.
-
-Under several processes (DDP, FSDP, DeepSpeed) the check and the decision are collective:
-every rank scores its share, the shares are gathered, every rank checks (and replays) the same
-prompts, and the largest difference over the ranks decides for all of them. Every rank also makes
-the same number of forward calls (counted before the first one, the short ranks padded with
-one-token calls, also after a replay that failed on one rank), which models with sharded parameters
-need: each forward call gathers parameters.
+The rules in :mod:`~tinymcf_callback.scoring.model_info` only cover the families someone has tried, so
+:func:`score_checked` also scores a few prompts the simplest way (:func:`~tinymcf_callback.scoring.engine.score_alone`)
+and compares them with what the strategy gave *for the same prompts, padded as they were in their batches*; above the
+tolerance it moves to the next safer strategy, and :class:`EngineMismatchError` when even the unpadded one disagrees.
+Which prompts, and when: the riskiest first (:func:`check_prompts`), then the rest, a few per probe at a fixed share
+of the probe's time (:class:`Rotation`). A reduced-precision probe is *replayed in float32*
+(:mod:`~tinymcf_callback.scoring.replay`): in bfloat16 a prompt in a batch and alone differ by up to 0.07 in P(Yes)
+on SmolLM2 with nothing wrong, while the defects looked for do not depend on the precision. A changed forward (a hook,
+an adapter, a wrapper) starts again from the rules' first strategy (:class:`Memory`, the probe's own). Under several
+processes the check and the decision are collective, and every rank makes the same number of forward calls. The
+whole of it, with the measured figures: docs/engine.md ("The engine checks itself").
 """
 
 from __future__ import annotations
@@ -59,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..errors import EngineMismatchError, UnsupportedModelError
+from ..errors import EngineMismatchError, UnsupportedModelError, one_line
 from .batching import batch_layout, padding_per_prompt, seam_padding
 from .engine import (
     STRATEGIES,
@@ -206,23 +169,13 @@ def replay_rows(encoded: list[list[int]], batches: list[list[int]], strategy: st
 class Rotation:
     """Which prompts a :class:`~tinymcf_callback.probe.Probe`'s self-check compares, probe after probe, and when.
 
-    Which: the next ones of one order, the prompts a strategy treats most differently from each prompt alone first
-    (:func:`check_prompts`), then every other prompt in a seeded order; so over a run of probes the check covers
-    every prompt, the riskiest first, and then starts the cycle again. Another structure (:func:`structure`: a
-    changed forward, another precision or strategy) starts a new cycle: a steering hook added, removed or replaced
-    between probes, an adapter switched, or a strategy the check fell back to, is checked where a defect shows
-    most (the most padded prompt first). ``coverage()`` says how far the cycle has come.
-
-    When: the first probe of a structure always checks (at least one prompt: it decides the strategy). After that
-    each probe earns ``budget`` (:data:`CHECK_BUDGET` unless ``self_check_budget`` says otherwise) of its own
-    scoring time, and the check spends what has been earned: as
-    many prompts as it pays for (at the last check's measured time per prompt, at most :data:`N_CHECKED`), none
-    when it cannot pay for one yet. So leaving the check on costs a run about :data:`CHECK_BUDGET` of its probe
-    time, whatever a checked prompt costs on the hardware (a float32 replay of a bfloat16 model on a GPU costs
-    many times its tokens' share), and the coverage grows by what that buys.
-
-    A probe with a precision target has one rotation for all its looks: each look checks its own prompts
-    (``rows``), in the one seeded order of them all; a look whose prompts are all checked starts the cycle again.
+    Which: the riskiest first (:func:`check_prompts`), then every other prompt in a seeded order, cycle after cycle;
+    another structure (:func:`structure`: a changed forward, another precision or strategy) starts a new cycle. When:
+    the first probe of a structure always checks (it decides the strategy); after that each probe earns ``budget`` of
+    its own scoring time, and the check spends what was earned, at the last check's time per prompt (at most
+    :data:`N_CHECKED`), so the check costs a run about that share whatever a checked prompt costs on the hardware.
+    The looks of a probe with a precision target share one rotation, each checking its own prompts (``rows``).
+    docs/engine.md ("The engine checks itself").
     """
 
     seed: int = 0
@@ -354,26 +307,16 @@ class Memory:
         return changed
 
 
-def describe(error: BaseException) -> str:
-    """``Type: message`` on one line, cut at 300 characters (compiler errors run over pages)."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
-
-
 def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: Ranks | None = None, precision=None,
                   progress: bool = False, tolerance: float | None = None, check: bool = True) -> ScoreResult:
     """Score every prompt of ``job`` on ``model``, checked against each prompt alone; the same on every rank.
 
-    ``job`` is a :class:`~tinymcf_callback.probe.Probe` (its ``encoded``, ``batches``, ``tok``,
-    ``prefix_plan``, ``sample_index``, ``answer_format`` and ``name`` are read). ``precision``: the
-    :class:`~tinymcf_callback.scoring.mode.Precision` of the running
-    :func:`~tinymcf_callback.scoring.mode.probe_mode`, which gives the tolerance (``tolerance``
-    overrides it). The result's ``check`` holds the :class:`SelfCheck` record. Raises
-    :class:`EngineMismatchError` when no strategy agrees with each prompt alone, and the last
-    strategy's own error when every strategy raised. ``check=False`` scores with the first strategy
-    and compares nothing (``res.check`` is None). ``batches``: only the prompts of these (a look of a probe with a
-    precision target, batched on its own), checked among themselves with the probe's one rotation and memory; the
-    result holds every prompt of ``job``, NaN outside them.
+    ``job`` is a :class:`~tinymcf_callback.probe.Probe`; ``precision`` the running
+    :class:`~tinymcf_callback.scoring.mode.Precision`, which gives the tolerance (``tolerance`` overrides it). The
+    result's ``check`` holds the :class:`SelfCheck` record (None with ``check=False``: the first strategy, unchecked).
+    Raises :class:`EngineMismatchError` when no strategy agrees with each prompt alone, the last strategy's own error
+    when every one raised. ``batches``: only the prompts of these (a look of a probe with a precision target), the
+    result holding every prompt of ``job``, NaN outside them.
     """
     ranks, memory = ranks or Ranks(), job.memory
     rows = None if batches is None else sorted(i for b in batches for i in b)
@@ -405,7 +348,7 @@ def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: 
             raise
         except Exception as e:  # noqa: BLE001 - any fast-path failure (a compiler error, a cache the model rejects)
             error, share = e, None
-        errors = ranks.gather(None if error is None else describe(error))
+        errors = ranks.gather(None if error is None else one_line(error))
         failed = next((e for e in errors if e), None)
         if failed is not None:
             if level == len(STRATEGIES) - 1:
@@ -553,7 +496,7 @@ def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int, batc
     except (UnsupportedModelError, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - a replay that cannot run costs resolution, never the probe
-        note = f"the float32 replay failed ({describe(e)})"
+        note = f"the float32 replay failed ({one_line(e)})"
     finally:
         if call.n_forward < planned:
             pad_calls(call, planned, job.encoded, device)

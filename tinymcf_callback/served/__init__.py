@@ -1,12 +1,7 @@
 """Scoring a model that lives in an inference server (vLLM, SGLang, llama.cpp, any OpenAI-compatible one).
 
-:class:`ServedModel` stands where a local model would: ``Probe.run``, ``evaluate``, the callback, the
-sweep and the watcher take it. See ``docs/served.md``. The package by job: ``config`` (one
-:class:`ServedConfig`, built once from the options), ``client`` (the HTTP client and its one-line failures),
-``server`` (what the server is, and the checks before scoring), ``forms`` (each request form as a pure
-payload/parse pair), ``transport`` (batched requests through a bounded pool), ``answers`` (readings to scores),
-``selfcheck`` (the served self-check), ``model`` (:class:`ServedModel`, composing them), ``reload`` (a checkpoint
-loaded into the server).
+:class:`ServedModel` stands where a local model would: ``Probe.run``, ``evaluate``, the callback, the sweep and the
+watcher take it (docs/served.md; its modules: docs/development.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The HTTP side of a served model: the package's one client (:mod:`tinymcf_callback.apiclient`), and each failure
-as one line naming what fixes it.
-
-Every request goes through :class:`~tinymcf_callback.apiclient.ApiClient` (the real ``openai`` client, the
-package's retries, logged and counted). The server's own routes outside ``/v1`` (llama.cpp's ``/completion``,
-SGLang's ``/generate``, vLLM's ``/tokenize``) are sent the same way. Nothing is cached: a reloaded model is
-read afresh at every request.
-
-The API key comes from ``TINYMCF_API_KEY``, else ``OPENAI_API_KEY`` (a local server needs none); it goes into
-the ``Authorization`` header only and is taken out of every message.
+"""The HTTP side of a served model: the package's one client (:mod:`tinymcf_callback.apiclient`, its retries logged
+and counted), each failure as one line naming what fixes it. The server's own routes outside ``/v1`` (llama.cpp's
+``/completion``, SGLang's ``/generate``, vLLM's ``/tokenize``) are sent the same way. Nothing is cached: a reloaded
+model is read afresh at every request. The API key (``TINYMCF_API_KEY``, else ``OPENAI_API_KEY``; a local server
+needs none) goes into the ``Authorization`` header only and is taken out of every message.
 """
 
 from __future__ import annotations
@@ -32,12 +27,12 @@ class ServerClient:
     never the key.
     """
 
-    def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4, environ=None):
+    def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4):
         try:
             self.root, self.shown = split_url(url)
         except ApiError as e:
             raise ServedError(str(e)) from None
-        key, self.key_source = find_key(KEY_VARS, environ)
+        key, self.key_source = find_key(KEY_VARS)
         # a request that timed out is not sent again: the server is slow, and a second copy only adds to its queue
         self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
                              retry_timeouts=False)

@@ -8,17 +8,7 @@ the top tokens when the form gives them, and, for a top-k form, the ``floor`` (t
 log-probability, the most any token it did not list can have). A form whose server takes a list of prompts in
 one request (``batched``) is sent several at once, as lm-evaluation-harness batches its API requests.
 
-``logprob_token_ids``  vLLM ``/v1/completions``: the answer ids' log-probabilities, read straight off the full
-                       softmax (exact); a list of prompts per request.
-``token_ids_logprob``  SGLang ``/generate``: the same, with the top tokens beside them (exact); a list of prompts
-                       per request.
-``n_probs``            llama.cpp ``/completion``: the top ``n_probs`` (1000) tokens of the full-vocabulary softmax,
-                       before any sampler; a prompt with an answer token below them is asked again for the whole
-                       vocabulary (exact). One prompt per request: llama.cpp's batched decoding moves the numbers.
-``echo``               ``/v1/completions`` with ``echo`` and ``logprobs``: each prompt plus one answer token, read
-                       back as a prompt log-probability (lm-evaluation-harness's ``local-completions`` form); exact,
-                       one sequence per answer token, many sequences per request.
-``top_logprobs``       ``/v1/completions`` with ``logprobs=k`` only: a bound (what hosted APIs allow).
+The forms, one class each (:data:`FORMS`), and which server takes which: docs/served.md ("How it asks").
 
 The sampling settings each request pins (:data:`PINS`) are the ones that processed log-probabilities depend on,
 set to what leaves the model's own distribution unchanged (temperature 1, no top-k/top-p/min-p cut, no penalties),
@@ -92,7 +82,6 @@ class Form:
 
     name = ""
     route = ""
-    exact = True
     batched = True
 
     def __init__(self, model: str, sides: tuple[list[int], list[int]], *, top: int = 10,
@@ -271,7 +260,6 @@ class TopLogprobs(Form):
     """``logprobs=k`` on ``/v1/completions``: the top k only, so an unlisted answer token is a bound."""
 
     name, route = "top_logprobs", "/v1/completions"
-    exact = False
 
     def payload(self, prompts, *, temperature=None, top=False, only=None, whole=False):
         return {"model": self.model, "prompt": _one_or_list(prompts), "max_tokens": 1, "logprobs": self.top,
@@ -288,4 +276,3 @@ class TopLogprobs(Form):
 
 
 FORM_CLASSES = {cls.name: cls for cls in (LogprobTokenIds, TokenIdsLogprob, NProbs, Echo, TopLogprobs)}
-EXACT = {name: cls.exact for name, cls in FORM_CLASSES.items()}

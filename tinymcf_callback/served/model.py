@@ -1,18 +1,10 @@
 """A model behind an OpenAI-compatible server, scored like a local one: :class:`ServedModel`.
 
 ``Probe.run(ServedModel("http://127.0.0.1:8000", "my-model"))`` gives the same report as a local probe, with
-``info["backend"]`` saying what answered. Each probe, through the parts of this package:
-
-1. **finds the server** and checks the model name (:func:`~.server.discover`);
-2. **checks the template** (:func:`~.server.check_template`) on the sample prompt;
-3. **checks the log-probabilities** (:func:`~.server.check_logprobs`): the sample prompt read at temperature 1,
-   0.5 and 1, every other sampling setting pinned; processed ones are refused;
-4. **scores every prompt** (:mod:`~.transport`): batched requests where the server takes a list of prompts, a
-   bounded pool of them in flight, as the server is really run (prefix caching, continuous batching);
-5. **self-checks** (:mod:`~.selfcheck`): a few prompts of the probe's rotation asked again, later in the queue and
-   in a second form, and optionally scored by a local reference.
-
-Nothing is cached between probes: a model reloaded into the server is read afresh, with a new connection.
+``info["backend"]`` saying what answered. Each probe finds the server (:func:`~.server.discover`), checks its template
+(:func:`~.server.check_template`) and that its log-probabilities are the model's own (:func:`~.server.check_logprobs`),
+scores every prompt through a bounded pool of batched requests (:mod:`~.transport`) and self-checks a few of them
+(:mod:`~.selfcheck`). Nothing is cached between probes: a model reloaded into the server is read afresh.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from ..scoring.prompts import answer_token_ids
 from ..scoring.selfcheck import Rotation
 from . import answers, selfcheck, verify
 from .client import ServerClient, ServerGone
-from .config import DEFAULT_BATCH, N_CHECKED, ServedConfig
+from .config import DEFAULT_BATCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, N_CHECKED, ServedConfig
 from .forms import FORM_CLASSES, PINS, Reading
 from .reload import adapter_root, weight_version
 from .server import Server, change, check_logprobs, check_template, discover, token_ids_refused
@@ -54,63 +46,40 @@ IN_FLIGHT = 8  # sequences
 
 
 class ServedModel:
-    """A model served by vLLM, SGLang, llama.cpp or any OpenAI-compatible completions server.
+    """A model served by vLLM, SGLang, llama.cpp or any OpenAI-compatible completions server (docs/served.md).
 
     Args:
-        endpoint: the server's URL (``http://host:port``; a trailing ``/v1`` is fine).
-        model: the name the server serves it under (``GET /v1/models``).
-        form: the request form (:data:`~tinymcf_callback.served.forms.FORMS`), default the exact one of the
-            server found: ``logprob_token_ids`` on vLLM, ``token_ids_logprob`` on SGLang, ``n_probs`` on
-            llama.cpp, ``echo`` elsewhere.
-        concurrency: requests in flight at once (a bounded pool); default about 8 sequences in flight (2
-            requests of 4 prompts, 8 of one; echo: 1 request of one prompt's answer tokens), and 1 on llama.cpp,
-            whose batched decoding changes a prompt's numbers.
-        batch: prompts per request where the server takes a list of them (default 4; echo 1: its request holds the
-            prompt once per answer token; llama.cpp 1).
-        timeout, retries: per request; 408/409/429/5xx and dropped connections are retried with backoff, each
-            retry logged and counted (``info.backend.retries``); a request that timed out is not sent again (the
-            error names ``--request-timeout``).
-        top: how many top tokens a top-k form asks for (llama.cpp ``n_probs`` 1000, ``top_logprobs`` 20).
-        reference: the same weights as a local model, to score the checked prompts with the forward pass too.
-        check_prompts: prompts the self-check asks again per probe (0: no self-check).
-        tolerance: what the self-check holds the server's two readings of a prompt to (default: the probe's
-            ``self_check_tolerance`` when set, else 1e-3).
-        reference_tolerance: what it holds the local forward pass's difference to (default: recorded only).
-        name: what the report calls the model (default ``model``).
+        endpoint, model: the server's URL (``http://host:port``) and the name it serves the model under.
+        form, concurrency, batch, timeout, retries, top, check_prompts, tolerance, reference_tolerance, seed: how it
+            is asked and self-checked, as the fields of that name of
+            :class:`~tinymcf_callback.served.config.ServedConfig` say (the defaults: the server's exact form, about
+            8 sequences in flight, 4 prompts per request).
         config: a :class:`~tinymcf_callback.served.config.ServedConfig` holding all of the above instead.
+        reference: the same weights as a local model, to score the checked prompts with the forward pass too.
+        name: what the report calls the model (default ``model``).
 
     The API key, when the server wants one, is read from ``TINYMCF_API_KEY`` or ``OPENAI_API_KEY``.
     """
 
     def __init__(self, endpoint: str | None = None, model: str | None = None, *, form: str = "auto",
-                 concurrency: int | None = None, batch: int | None = None, timeout: float = 60.0, retries: int = 4,
-                 top: int | None = None, reference=None, check_prompts: int = N_CHECKED,
+                 concurrency: int | None = None, batch: int | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 retries: int = DEFAULT_RETRIES, top: int | None = None, reference=None, check_prompts: int = N_CHECKED,
                  tolerance: float | None = None, reference_tolerance: float | None = None, name: str | None = None,
-                 seed: int | None = None, config: ServedConfig | None = None, environ=None):
+                 seed: int | None = None, config: ServedConfig | None = None):
         if config is None:
-            if not isinstance(model, str) or not model:
-                raise ServedError(f"--model must name the served model (GET <endpoint>/v1/models lists them), got "
-                                  f"{model!r}")
             config = ServedConfig(endpoint, model, form=form, concurrency=concurrency, batch=batch, timeout=timeout,
                                   retries=retries, top=top, check_prompts=check_prompts, tolerance=tolerance,
                                   seed=seed, reference_tolerance=reference_tolerance)
-        elif not config.model:
-            raise ServedError("a served model needs the name the server serves it under (--served-model NAME; GET "
-                              "<endpoint>/v1/models lists them)")
-        self.config = config
-        self._reference = reference
-        self.environ = environ
-        self.name = name or config.model
+        if not config.model:
+            raise ServedError("a served model needs the name the server serves it under (--model, or --served-model "
+                              "NAME; GET <endpoint>/v1/models lists them)")
+        self.config, self.reference, self.name = config, reference, name or config.model
         self.server: Server | None = None  # what answered the last probe
         self.client: ServerClient | None = None
         self._rotation: Rotation | None = None
         self.expected_version: str | None = None  # the weight version a reload just set (checked at the probe)
         self.loaded: Loaded | None = None  # what a follower just loaded into the server, checked on the scores
         self._reload_rotation: Rotation | None = None
-
-    @classmethod
-    def from_config(cls, config: ServedConfig, *, name: str | None = None, reference=None) -> ServedModel:
-        return cls(config=config, name=name, reference=reference)
 
     @property
     def model(self) -> str:
@@ -119,19 +88,12 @@ class ServedModel:
     def __repr__(self) -> str:
         return f"ServedModel({self.config.shown!r}, {self.model!r})"
 
-    @property
-    def reference(self):
-        """The local model the checked prompts are also scored with (``reference=``; the command line loads
-        ``--reference``)."""
-        return self._reference
-
     # ------------------------------------------------------------------ what Probe.score hands a served model
     def score_probe(self, probe, *, progress: bool = False, rows: list[int] | None = None) -> ScoreResult:
         """Every prompt of ``probe`` (``rows``: those prompts only, at their indices of a result of every prompt)
         through the server; the self-check on a few; ``res.backend`` says how."""
         self.close()
-        self.client = ServerClient(self.config.endpoint, timeout=self.config.timeout, retries=self.config.retries,
-                                   environ=self.environ)
+        self.client = ServerClient(self.config.endpoint, timeout=self.config.timeout, retries=self.config.retries)
         try:
             return self._score(probe, self.client, progress, list(range(len(probe.encoded))) if rows is None else
                                list(rows))
@@ -189,17 +151,11 @@ class ServedModel:
         pair = [max(side, key=lambda a: found.reading.logp.get(a, float("-inf"))) for side in (yes, no)]
         # echo carries a sequence per (prompt, answer token): one per request where the server takes no list
         one_each = single and form.name == "echo"
-        answers_of = [*yes, *no]
-        main = (one_token_each(form, ((("main", i), prompts[i]) for i in rows), answers_of) if one_each else
-                batches(form, ((("main", i), prompts[i]) for i in rows), size))
-        repeat = (one_token_each(form, ((("repeat", i), prompts[i]) for i in checked), answers_of) if one_each else
-                  batches(form, ((("repeat", i), prompts[i]) for i in checked), size))
+        main = asks(form, "main", rows, prompts, size, one_each, [*yes, *no])
+        repeat = asks(form, "repeat", checked, prompts, size, one_each, [*yes, *no])
         alone = single and second.name == "echo"  # the check's echo, after the others, one sequence at a time
-        keyed = [(("second", i), prompts[i]) for i in checked]
-        if alone:
-            second_asks = one_token_each(second, keyed, pair)
-        else:
-            second_asks = batches(second, keyed, size, only=pair if second.name == "echo" else None)
+        second_asks = asks(second, "second", checked, prompts, size, alone, pair,
+                           only=pair if second.name == "echo" else None)
         extra = list(repeat) + ([] if alone else list(second_asks))
         if form.name in ("logprob_token_ids", "echo"):  # their readings hold no top tokens: the sample's, asked apart
             top_form = self.form("top_logprobs" if form.name == "logprob_token_ids" else "echo", tok, yes, no, server,
@@ -358,6 +314,14 @@ class ServedModel:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def asks(form, kind: str, indices: list[int], prompts: list[list[int]], size: int, one_each: bool,
+         answers: list[int], **options) -> list[Ask]:
+    """The requests of the prompts ``indices``, each keyed ``(kind, index)``: one sequence each (``one_each``: each
+    prompt with one of ``answers``, on a server that takes no list of them), else in batches of ``size``."""
+    keyed = [((kind, i), prompts[i]) for i in indices]
+    return one_token_each(form, keyed, answers) if one_each else batches(form, keyed, size, **options)
 
 
 def check_form(config: ServedConfig, form, server: Server) -> str:

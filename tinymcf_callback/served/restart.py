@@ -5,19 +5,11 @@ checkpoint.
         --reload "python -m tinymcf_callback.served.restart --port 8000 --name policy -- \\
                   vllm serve {checkpoint} --port 8000 --served-model-name policy --dtype float32"
 
-``tinymcf`` fills in ``{checkpoint}`` and runs this before scoring each step (the step-0 baseline too). It stops the
-server it started for the step before (its process group, whose id it keeps in ``--state``), checks that nothing else
-listens on ``--port``, starts the command given after ``--`` in a process group of its own (its output in
-``<state>.log``), and exits 0 once that server, still running, lists ``--name`` at ``GET /v1/models`` (from the
-checkpoint's folder, where the server says where its model came from); 1, with one line saying why, when the port is
-taken by another process, when the server exits first (its log's last line) or does not answer within ``--timeout``
-seconds. ``tinymcf`` then scores the step; a failed reload leaves it unscored, never scored on other weights.
-
-The server it starts is stopped when the follower that ran this ends (``$TINYMCF_PID``, which ``tinymcf`` sets: a
-small guard process waits for it), and by ``python -m tinymcf_callback.served.restart --port 8000 --stop`` at any
-time. It ships with the package (no clone needed) and imports nothing but the standard library.
-Servers that reload in place need no script: ``--reload vllm``, ``--reload sglang``, ``--reload lora``
-(docs/served.md).
+``tinymcf`` runs this before scoring each step (the step-0 baseline too). It stops the server it started for the step
+before (its process group, kept in ``--state``), refuses a ``--port`` another process listens on, starts the command
+after ``--`` and exits 0 once that server, still running, lists ``--name`` from the checkpoint's folder; 1, with one
+line saying why, otherwise. The server is stopped when the follower ends (``$TINYMCF_PID``: a small guard process
+waits for it), or by ``--stop``. Standard library only; docs/served.md ("Following a run through a server").
 """
 
 from __future__ import annotations

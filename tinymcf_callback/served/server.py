@@ -1,12 +1,8 @@
-"""Finding out what a server is, and checking it before any prompt is scored: each check returns what it found.
+"""Finding out what a server is, and checking it before any prompt is scored; each check returns what it found.
 
-- :func:`discover`: the server's kind (``/props`` for llama.cpp, ``/get_server_info`` for SGLang,
-  ``/version`` for vLLM, else a plain OpenAI-compatible one), its version, the models it lists (adapters with
-  their base, where vLLM says), and that it serves the model asked for;
-- :func:`check_template`: the server's own tokenization of a prompt and its own rendering of that prompt's chat
-  turn (the turn :func:`~tinymcf_callback.scoring.prompts.chat_turn` builds for every prompt) must be the local
-  tokenizer's; another tokenizer or template is refused, naming the first token or character that differs;
-- :func:`check_logprobs`: whether the log-probabilities a form reads are the model's own (see its docstring).
+:func:`discover` (the server's kind, version and models, and that it serves the model asked for), :func:`check_template`
+(its tokenization and chat template must be the local tokenizer's: another is refused, naming the first token or
+character that differs) and :func:`check_logprobs` (whether the log-probabilities a form reads are the model's own).
 """
 
 from __future__ import annotations
@@ -96,11 +92,6 @@ def setup_of(info) -> dict[str, str]:
         device, dtype = info.get("device"), info.get("dtype")
     found = {"device": device, "dtype": dtype}
     return {k: str(v).removeprefix("torch.") for k, v in found.items() if isinstance(v, str) and v and v != "auto"}
-
-
-def server_setup(client: ServerClient) -> dict[str, str]:
-    """The server's device and precision, as far as it says (:func:`setup_of`)."""
-    return setup_of(server_info(client))
 
 
 def refuse_python_llama_cpp(client: ServerClient) -> None:

@@ -1,12 +1,7 @@
-"""Sending a probe's requests to one server: batched where the server takes a list of prompts, a bounded pool of
-requests in flight, in a fixed order, with a progress bar.
-
-A probe's work is a list of :class:`Ask`: a form, the prompts one request carries (several where the form is
-``batched``, :func:`batches`) and what to read. :class:`Transport` sends them through at most ``concurrency``
-requests at once, in the order given (so a check's repeat of a prompt lands far from its first reading), and
-returns every prompt's :class:`~tinymcf_callback.served.forms.Reading` by its key. When a request fails for good,
-the requests not sent yet are dropped and the client's connections are closed, so that the server aborts the
-requests still in flight instead of computing answers nobody reads; the failure is raised.
+"""Sending a probe's requests to one server: batched where the server takes a list of prompts, through a bounded
+pool of requests in flight, in the order given (so a check's repeat of a prompt lands far from its first reading).
+When a request fails for good, the requests not sent yet are dropped and the client's connections closed, so that
+the server aborts the requests still in flight instead of computing answers nobody reads.
 """
 
 from __future__ import annotations

@@ -5,36 +5,14 @@
     print(result.summary())                                              # per coefficient: change, random spread
     result.table()                                                       # one row per direction and coefficient
 
-``intervene(c)`` is any context manager factory:
-:class:`~tinymcf_callback.steering.hooks.ResidualSteering` (activation addition at every position or
-at the answer position only, on any HF causal LM), a PEFT adapter's scale, a steering library's context.
-For each coefficient the probe gives the full report (with its intervals) and the paired change against
-``c = 0`` (the unsteered model, scored once; the same vignettes,
-:func:`~tinymcf_callback.stats.bootstrap.paired_change`).
-
-**The random-direction control.** A steering vector moves a model's answers however it was found:
-any push of that size on the residual stream shifts P(Yes) somewhere. So the same intervention
-is applied along ``k`` random directions of the same norm (seeded,
-:func:`~tinymcf_callback.steering.directions.random_directions`), and the result tests for each
-coefficient whether the real direction moved the score, and each foundation's ``align_other``, more than
-the random ones do: a rank test on the size of the change, ``p = (1 + #{random j: |change_j| >= |change|})
-/ (k + 1)``, two-sided, exact under the null that the real direction is one more random direction. Its
-smallest value is ``1 / (k + 1)``: with ``k`` random directions a test at level ``1 - level`` (0.05) can
-only succeed when ``k >= 1 / (1 - level) - 1`` (19 at 0.05); the summary says so when ``k`` is smaller,
-instead of a verdict it cannot give.
-
-**Where the model stops answering.** At large coefficients a steered model may no longer say Yes or
-No; its P(Yes) is then renormalised from a small mass and its numbers are soft. Every coefficient's
-Yes+No mass and frame agreement are kept, and a coefficient whose mean mass is below
-:data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged (``answering`` false).
-
-The history (``<output_dir>/moral_probe_<name>_dose.jsonl``) holds the usual history lines with
-``coefficient``, ``direction`` (``none`` for the unsteered line, ``real``, ``random``) and
-``direction_index``; ``tinymcf plot --x coefficient`` draws it, the random band shaded.
-
-Every steered probe goes through the engine's self-check (each prompt scored alone), which
-catches a hook that acts differently on the shared-prefix path. :class:`ResidualSteering` at the
-answer position only needs each prompt whole in one call, so its probes skip prefix sharing.
+``intervene(c)`` is any context manager factory (:class:`~tinymcf_callback.steering.hooks.ResidualSteering`, a PEFT
+adapter's scale, a steering library's context). For each coefficient the probe gives the full report and the paired
+change against ``c = 0`` (the unsteered model, scored once). **The random-direction control**: any push of a steering
+vector's size moves P(Yes) somewhere, so the same intervention is applied along ``k`` random directions of the same
+norm, and a rank test, ``p = (1 + #{random j: |change_j| >= |change|}) / (k + 1)``, says whether the real direction
+moved a number more than they do (its smallest value is ``1 / (k + 1)``: 19 directions for a verdict at 0.05). A
+coefficient whose Yes+No mass falls below :data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged
+(``answering`` false). The history, its fields and a measured example: docs/steering.md.
 """
 
 from __future__ import annotations

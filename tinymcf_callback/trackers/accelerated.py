@@ -10,13 +10,11 @@ from ..errors import ConfigError
 from .sinks import Point, line_metrics
 from .tracker import Tracker
 
-PACKAGES = {"comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab"}
+NAMES = ("comet_ml", "aim", "clearml", "dvclive", "swanlab")  # each also the package to install for it
 
 
 class AccelerateTracker(Tracker):
-    """One of accelerate's trackers (its :attr:`name` is accelerate's), numbers only, for a follower."""
-
-    package = ""  # what to install for it
+    """One of accelerate's trackers (its :attr:`name` is accelerate's, and the package to install), numbers only."""
 
     def __init__(self, accelerator):
         super().__init__(f"accelerate's {self.name} tracker", figure=False)
@@ -29,8 +27,8 @@ class AccelerateTracker(Tracker):
         accelerator = Accelerator(log_with=[cls.name], project_dir=str(run_dir))
         accelerator.init_trackers(run_dir.name)
         if not accelerator.trackers:
-            raise ConfigError(f"--report-to {cls.name}: accelerate found no {cls.name} tracker (the {cls.package} "
-                              f"package is not installed): pip install {cls.package}")
+            raise ConfigError(f"--report-to {cls.name}: accelerate found no {cls.name} tracker (the {cls.name} "
+                              f"package is not installed): pip install {cls.name}")
         return cls(accelerator)
 
     def send(self, point: Point) -> None:
@@ -41,6 +39,5 @@ class AccelerateTracker(Tracker):
 
 
 def accelerate_trackers() -> list[type[AccelerateTracker]]:
-    """A tracker class per name of :data:`PACKAGES`."""
-    return [type(f"{name.title().replace('_', '')}Tracker", (AccelerateTracker,), {"name": name, "package": package})
-            for name, package in PACKAGES.items()]
+    """A tracker class per name of :data:`NAMES`."""
+    return [type(f"{name.title().replace('_', '')}Tracker", (AccelerateTracker,), {"name": name}) for name in NAMES]

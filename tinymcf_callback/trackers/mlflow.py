@@ -1,26 +1,9 @@
 """The probe in the training's own MLflow run: its metrics with their bounds, its figure and its tables at each step.
 
-The callback records the run the Trainer's ``MLflowCallback`` opened (its id, experiment and tracking URI) in
-``moral_probe_run.json``, looked up once at train begin; the sweep and the watcher write into that run through an
-``MlflowClient`` of that URI (a tracking server, or the sqlite store the training writes to: each write is one
-transaction of MLflow's own, with the store's busy timeout), never starting a run and never ending one. What a point
-gives the run, at the Trainer's global step:
-
-- the metrics under the names ``MLflowCallback`` gives the callback's (``eval_moral_<name>/score``; MLflow keeps a
-  name as logged): each value beside its ``_lo`` and ``_hi``;
-- the figure of the curve so far, twice: ``mlflow.log_image`` with the step (``eval_moral_<name>/figure``: an image
-  chart with a step slider among the probe's charts of the run's *Model metrics* tab, MLflow 2.12 and later), and
-  the newest as the artifact ``moral_probe_<name>/figure.png`` (the *Artifacts* tab shows it, in every version);
-- the per-foundation rows and the per-vignette rows, each one table with a ``step`` column
-  (``moral_probe_<name>/foundations.json``, ``/vignettes.json``: ``log_table`` appends, so every probe's rows are
-  kept; the run's Artifacts and Evaluation views show them).
-
-Before anything is written the store is checked: a sqlite file or a folder that is not there (a typo would make a
-new, empty store) and a server that does not answer are refused in one line naming the whole URI. A follower started
-again sends only the points the run's metric history does not hold yet (:meth:`MlflowTracker.held`).
-
-A tracking URI is recorded without the credentials it may carry (``https://user:token@host``): the follower takes
-them from its own environment (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``/``_TOKEN``), as MLflow does.
+The callback records the run the Trainer's ``MLflowCallback`` opened in ``moral_probe_run.json``; the sweep and the
+watcher write into that run through an ``MlflowClient`` of its tracking URI once the store is checked (never a new
+run or a new store; a URI is recorded without credentials). What a run gets, and where to look: docs/dashboards.md
+("MLflow").
 """
 
 from __future__ import annotations
@@ -34,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import SweepError
+from ..errors import SweepError, one_line
 from ..extras import require
 from .sinks import Point, line_probe_key
 from .tracker import Tracker
@@ -48,36 +31,6 @@ SERVER_TIMEOUT_S = 10.0  # how long a tracking server has to answer before it is
 def mlflow_name(key: str) -> str:
     """A logged name as ``MLflowCallback`` writes it (characters MLflow refuses become ``_``)."""
     return re.sub(r"[^0-9A-Za-z_\-\.\ :/]", "_", key)
-
-
-class MlflowWriter:
-    """Points into one MLflow run through a client: metrics (``metrics=False``: they went through ``Trainer.log``),
-    the figure and the tables."""
-
-    def __init__(self, client, run_id: str, *, metrics: bool = True):
-        self.client, self.run_id, self.metrics = client, run_id, metrics
-        # log_table reads the table back to append to it: without this, MLflow draws a download bar at every probe
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-    def send(self, point: Point) -> None:
-        import pandas as pd
-        from mlflow.entities import Metric
-
-        line, step = point.line, point.step
-        key = line_probe_key(line) or "probe"
-        now = int(time.time() * 1000)
-        if self.metrics:
-            values = [Metric(mlflow_name(k), float(v), now, step) for k, v in (line.get("metrics") or {}).items()]
-            for start in range(0, len(values), 1000):  # MLflow takes at most 1000 metrics per batch
-                self.client.log_batch(self.run_id, metrics=values[start:start + 1000])
-        if point.figure is not None:
-            self.client.log_image(self.run_id, point.figure, key=f"eval_moral_{key}/figure", step=step, timestamp=now)
-            self.client.log_image(self.run_id, point.figure, artifact_file=f"moral_probe_{key}/figure.png")
-        if point.fresh and line.get("table"):
-            table = pd.DataFrame([{"step": step, **row} for row in line["table"]])
-            self.client.log_table(self.run_id, table, f"moral_probe_{key}/foundations.json")
-        if point.rows:
-            self.client.log_table(self.run_id, pd.DataFrame(point.rows), f"moral_probe_{key}/vignettes.json")
 
 
 def public_uri(uri: str) -> str:
@@ -133,8 +86,9 @@ class MlflowTracker(Tracker):
 
     def __init__(self, client, run_id: str, where: str, *, metrics: bool = True):
         super().__init__(f"MLflow run {run_id} ({where})")
-        self.client, self.run_id = client, run_id
-        self.writer = MlflowWriter(client, run_id, metrics=metrics)
+        self.client, self.run_id, self.metrics = client, run_id, metrics
+        # log_table reads the table back to append to it: without this, MLflow draws a download bar at every probe
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
@@ -177,9 +131,9 @@ class MlflowTracker(Tracker):
         try:
             run = client.get_run(run_id)
         except Exception as e:  # noqa: BLE001 - a run that is not there: the user's setup, said in one line
-            raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}); pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI "
-                             f"of the store the training logs to") from None
+            raise SweepError(f"the MLflow run {run_id} cannot be read at {public_uri(uri)} ({one_line(e, 200)}); "
+                             f"pass --mlflow-run RUN_ID with MLFLOW_TRACKING_URI of the store the training logs "
+                             f"to") from None
         if run.info.lifecycle_stage != "active":
             raise SweepError(f"the MLflow run {run_id} at {public_uri(uri)} is deleted: restore it (mlflow runs "
                              f"restore) or pass --mlflow-run RUN_ID of another")
@@ -187,7 +141,25 @@ class MlflowTracker(Tracker):
 
     # ---- points --------------------------------------------------------------------------------------------
     def send(self, point: Point) -> None:
-        self.writer.send(point)
+        """The metrics (unless they went through ``Trainer.log``), the figure and the tables, at the point's step."""
+        import pandas as pd
+        from mlflow.entities import Metric
+
+        line, step = point.line, point.step
+        key = line_probe_key(line) or "probe"
+        now = int(time.time() * 1000)
+        if self.metrics:
+            values = [Metric(mlflow_name(k), float(v), now, step) for k, v in (line.get("metrics") or {}).items()]
+            for start in range(0, len(values), 1000):  # MLflow takes at most 1000 metrics per batch
+                self.client.log_batch(self.run_id, metrics=values[start:start + 1000])
+        if point.figure is not None:
+            self.client.log_image(self.run_id, point.figure, key=f"eval_moral_{key}/figure", step=step, timestamp=now)
+            self.client.log_image(self.run_id, point.figure, artifact_file=f"moral_probe_{key}/figure.png")
+        if point.fresh and line.get("table"):
+            table = pd.DataFrame([{"step": step, **row} for row in line["table"]])
+            self.client.log_table(self.run_id, table, f"moral_probe_{key}/foundations.json")
+        if point.rows:
+            self.client.log_table(self.run_id, pd.DataFrame(point.rows), f"moral_probe_{key}/vignettes.json")
 
     def held(self, name: str) -> dict[int, list[float]]:
         """The run's metric history of ``name``, by step."""

@@ -1,14 +1,7 @@
-"""The trackers a run folder names, opened for probes scored outside the training process (sweep, watch).
-
-Each line the watcher or the sweep writes goes, on the main process, to the same places the callback's metrics reach,
-under the same names, at the Trainer's global step: each tracker of ``--report-to`` (the
-table, :mod:`.table`) reopens the training's run from what the run's ``moral_probe_run.json`` keeps under its name,
-or the run named on the command line (its option, e.g. ``--mlflow-run``); ``auto`` takes the Trainer's own
-reporters, as the record keeps them.
-
-A tracker named but not installed is an error naming what to install, before anything is scored: nothing is logged
-without a word. A tracker that fails later is a warning and a missed step (:class:`~.sinks.Trackers`); the history
-is the record.
+"""The trackers a run folder names, opened for probes scored outside the training process (sweep, watch): each
+reopens the training's run from what ``moral_probe_run.json`` keeps under its name, or the run named on the command
+line. A tracker named but not installed is an error before anything is scored; one that fails later is a warning
+and a missed step (:class:`~.sinks.Trackers`): the history is the record.
 """
 
 from __future__ import annotations

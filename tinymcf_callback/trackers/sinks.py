@@ -1,16 +1,9 @@
 """A sink takes one :class:`Point`; :class:`Trackers` feeds several and remembers what did not reach each.
 
-A :class:`Point` is a history line that was written: its ``metrics`` under the logged names at its ``step``
-(``eval_moral_<name>/score``, ..., or any other metrics at a step: a point need not be the probe's), and for a probe
-line its ``table`` and precision (``dtype``/``autocast``/``compute``/``device``). A point just scored also carries
-what the dashboards show besides the numbers: the per-vignette rows (:mod:`~tinymcf_callback.views.rows`) and,
-for a point of the probe's curve (a line with a ``score``), the figure of the curve so far. A line sent again (a
-sweep or a watch sends the lines an earlier one wrote) carries neither, and goes only to the trackers that do not
-hold it yet (:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
-
-``Sink(what, send)``: ``send(point)`` gives the point to one destination; ``what`` names it in messages;
-``figure=True`` when it shows the figure. :func:`~.targets.as_sink` makes one of what a training loop already has;
-:class:`~.tracker.Tracker` is a sink that also knows the training's run (the trackers of ``report_to``).
+A :class:`Point` is a history line that was written (its metrics under the logged names at its step); a point just
+scored also carries the per-vignette rows and, on the probe's curve, the figure so far. A line sent again (a sweep or
+a watch sends the lines an earlier one wrote) carries neither, and goes only to the sinks that do not hold it yet
+(:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import one_line
 from ..rundir.history import BASELINE_EVENT, is_point
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 from ..stats.metrics import dashboard_names, probe_key
@@ -150,7 +144,7 @@ class Trackers:
                 if self.strict:
                     raise
                 ok = False
-                cause = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                cause = one_line(e, 200)
                 self.missed.setdefault(sink.what, []).append(line["step"])
                 self.causes.setdefault(sink.what, cause)
                 logger.warning("%s: step %d not sent to %s: %s", label, line["step"], sink.what, cause)
@@ -167,8 +161,8 @@ class Trackers:
             try:
                 self._held[key] = sink.held(name)
             except Exception as e:  # noqa: BLE001 - not knowing what it holds costs a point sent twice, no more
-                logger.warning("moral probe: could not read which points %s holds (%s: %s); the history's lines are "
-                               "sent to it again", sink.what, type(e).__name__, " ".join(str(e).split())[:200])
+                logger.warning("moral probe: could not read which points %s holds (%s); the history's lines are "
+                               "sent to it again", sink.what, one_line(e, 200))
                 self._held[key] = None
         held = self._held[key]
         return held is not None and holds(held, point.step, value)
@@ -182,8 +176,8 @@ class Trackers:
             if self.strict:
                 raise
             self.figure = None
-            logger.warning("%s: the dashboards get no figure in this run: %s: %s (figure=False, or --no-figure, "
-                           "says so without this warning)", label, type(e).__name__, " ".join(str(e).split())[:300])
+            logger.warning("%s: the dashboards get no figure in this run: %s (figure=False, or --no-figure, says so "
+                           "without this warning)", label, one_line(e))
             return None
 
     def undelivered(self) -> list[str]:

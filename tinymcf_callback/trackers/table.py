@@ -1,16 +1,8 @@
 """The table of trackers: a ``report_to`` name -> its :class:`~.tracker.Tracker` class, read by everything that
 logs (the callback, the sweep, the watcher, the ``--report-to`` options), as transformers keeps its
-``INTEGRATION_TO_CALLBACK``.
-
-``report_to`` is read here once (:func:`requested`: a string, comma-separated as ``--report-to`` takes it, or
-``TrainingArguments.report_to``'s list), and ``auto`` replaced by the names the run's record keeps
-(:func:`resolve`). The table is a :class:`~tinymcf_callback.registry.Registry` (a name taken twice refused;
-``TRACKERS.scoped()`` for a test's own); a tracker of one's own is added with :func:`register`::
-
-    @register
-    class MyTracker(Tracker):
-        name = "mine"
-        ...
+``INTEGRATION_TO_CALLBACK``. It is a :class:`~tinymcf_callback.registry.Registry`; a tracker of one's own is added
+with :func:`register`. ``report_to`` is read here once (:func:`requested`), ``auto`` replaced by the names the run's
+record keeps (:func:`resolve`).
 """
 
 from __future__ import annotations

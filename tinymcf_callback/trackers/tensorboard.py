@@ -1,19 +1,9 @@
 """TensorBoard: the probe's events in a folder of their own inside the Trainer's, its margin charts and its figure.
 
-**Why a folder of its own.** TensorBoard reads a folder's event files in order and, with its default
-``--reload_multifile=false``, only the newest one once it has moved on: a second writer in the Trainer's own folder
-(an earlier version wrote ``*.tinymcf`` there) makes a live TensorBoard stop showing the training's later points
-until it restarts. The probe's writer (the watcher's, the sweep's, the callback's) writes to
-``<logging folder>/moral_probe_<name>/``: TensorBoard shows it as a run of its own next to the training's
-(``<time>_<host>/moral_probe_scifi`` beside ``<time>_<host>``), and each folder has one writer.
-
-**Intervals.** The custom-scalars plugin draws a value with its bounds as a band (a *margin chart*); the probe
-writes its layout once per writer (again when a chart is added, e.g. the change since step 0 once a baseline
-exists): the score, the Social Norms control, the score minus the control, the self-other gap, the change since
-step 0 (and the selectivity of a target), and each foundation's ``align_other``. Layouts of all runs are merged,
-so the charts also show the curves the Trainer's own writer logged for an in-process callback.
-
-**The figure** of the curve so far is an image (``eval/moral_<name>/figure``) at the probe's step.
+A folder of its own (``<logging folder>/moral_probe_<name>/``), because TensorBoard reads a folder's event files in
+order and, by default, only the newest once it has moved on: a second writer in the Trainer's folder stops a live
+TensorBoard showing the training's later points. The intervals are margin charts of the custom-scalars plugin (the
+layout written once per writer, again when a chart is added). docs/dashboards.md ("TensorBoard") says where to look.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """What every tracker is: one class with the same methods, registered by its ``report_to`` name (:mod:`.table`).
 
-A tracker is the probe's side of one experiment tracker (TensorBoard, W&B, MLflow, trackio, ...), over the whole
-life of a run, the way lm-evaluation-harness keeps one class per logger and transformers one callback per
-integration:
-
-- **in the training** (the callback, main process, once at train begin): :meth:`Tracker.recorded` says which run
-  the Trainer's own reporter has open (what ``moral_probe_run.json`` keeps under the tracker's name), and
-  :meth:`Tracker.in_training` gives that run what the probe shows besides its numbers (the figure, the tables, a
-  layout) and, when the callback was given no Trainer to log them through, the numbers too, at the Trainer's step;
-- **in another process** (``tinymcf sweep``, ``tinymcf watch``): :meth:`Tracker.reopen` opens that run again from
-  what the record keeps (or the run named on the command line, the tracker's :attr:`Tracker.option`), never a new
-  one;
-- **at each point**: :meth:`~.sinks.Sink.send`; :meth:`~.sinks.Sink.held` says which points the run already holds, so
-  that a restarted follower sends none twice; :meth:`~.sinks.Sink.finish` ends what opening it started.
-
-A tracker of one's own is a subclass registered with :func:`~.table.register`: the callback, the sweep, the watcher
-and the ``--report-to`` option then use it like the built-in ones.
+A tracker is the probe's side of one experiment tracker over the whole life of a run, the way lm-evaluation-harness
+keeps one class per logger: in the training (:meth:`Tracker.recorded`, :meth:`Tracker.in_training`), in a follower
+(:meth:`Tracker.reopen`), at each point (``send``, ``held``, ``finish``). A tracker of one's own is a subclass
+registered with :func:`~.table.register` (docs/dashboards.md, "A tracker of your own").
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """The probe in the training's own trackio run: its metrics with their bounds, its figure and its tables.
 
-The callback records the run the Trainer's ``TrackioCallback`` opened (project, run name and id, the local folder
-trackio writes to, a Space or a self-hosted server) in ``moral_probe_run.json``; the sweep and the watcher open
-that run again (``trackio.init(..., resume="must")``: never a new one) and log into it beside the training, which
-trackio allows: its local store takes each write under a lock of its own (``<project>.lock``), so two processes
-writing one project's database wait for each other. A point gives the run, with ``train/global_step``:
-
-- the metrics under the dashboard names (``eval/moral_<name>/score``, ``_lo``, ``_hi``, ...), as
-  ``TrackioCallback`` logs the callback's;
-- ``eval/moral_<name>/figure`` (a ``trackio.Image`` captioned with its ``train/global_step``), the curve so far with
-  its bands;
-- ``eval/moral_<name>/table`` and ``eval/moral_<name>/vignette_rows`` (``trackio.Table``), the per-foundation and the
-  per-vignette rows of the probe, each with its ``step`` column (trackio keeps a table per logged step).
-
-**Where a point sits on trackio's default x axis.** trackio plots against its own ``step``, a row counter: the
-Trainer's ``TrackioCallback`` logs each row without one, so a row's step is how many rows came before it, not the
-training's step (a 6-step run's step-6 rows are rows 11-14). The callback's own rows come right after the Trainer's
-row of the same step, so they sit beside it. A follower logs each point with an explicit step
-(``Run.log(..., step=)``, the one way trackio lets a logger place a row): the row of the Trainer's own at the same
-``train/global_step`` (the first of them), else the last before it (the step-0 baseline: the first), read from
-trackio's local store (:meth:`TrackioTracker.anchor`). Its points thus sit where the callback's would, on either
-axis; a run synced to a Space or a server, whose rows are not in the local store, gets trackio's next row instead.
-
-trackio reports its own failures as warnings (its writer is a background thread): a point it could not store is
-said by trackio, not counted here. A follower started again sends only the points the run's rows do not hold yet
-(:meth:`TrackioTracker.held`, local store only). A write token of a self-hosted server is never recorded: the
-follower takes it from ``TRACKIO_WRITE_TOKEN``, as trackio does.
+The callback records the run the Trainer's ``TrackioCallback`` opened in ``moral_probe_run.json``; the sweep and the
+watcher open that run again (``trackio.init(..., resume="must")``: never a new one) and log into it beside the
+training, under trackio's own lock on its local store. trackio plots against its own ``step``, a row counter, not
+the training's step: a follower places each point on the Trainer's row of its ``train/global_step``
+(:meth:`TrackioTracker.anchor`). What a run gets, and where to look: docs/dashboards.md ("trackio").
 """
 
 from __future__ import annotations
@@ -48,31 +27,6 @@ logger = logging.getLogger(__name__)
 SETTLE_S = 1.0  # twice trackio's batch interval (0.5 s): a row the training logged has reached its store by then
 
 
-class TrackioWriter:
-    """Points into one trackio run (``metrics=False``: they went through ``Trainer.log``), each at ``step(point)``:
-    a trackio step, or None for trackio's next row."""
-
-    def __init__(self, run, *, metrics: bool = True, step=lambda point: None):
-        self.run, self.metrics, self.step = run, metrics, step
-
-    def send(self, point: Point) -> None:
-        import pandas as pd
-
-        trackio = require("trackio")
-        line, key = point.line, line_probe_key(point.line) or "probe"
-        payload = line_metrics(line) if self.metrics else {}
-        if point.figure is not None:
-            payload[f"eval/moral_{key}/figure"] = trackio.Image(point.figure,
-                                                                caption=f"train/global_step {point.step}")
-        if point.fresh and line.get("table"):
-            rows = pd.DataFrame([{"step": point.step, **row} for row in line["table"]])
-            payload[f"eval/moral_{key}/table"] = trackio.Table(dataframe=rows)
-        if point.rows:
-            payload[f"eval/moral_{key}/vignette_rows"] = trackio.Table(dataframe=pd.DataFrame(point.rows))
-        if payload:
-            self.run.log({**payload, "train/global_step": point.step}, step=self.step(point))
-
-
 def _trackio_dir() -> Path:
     from trackio.utils import TRACKIO_DIR
 
@@ -89,10 +43,9 @@ class TrackioTracker(Tracker):
 
     def __init__(self, run, where: str, *, metrics: bool = True, follower: bool = True, owned: bool = False):
         super().__init__(f"trackio run {run.name} of {run.project}{' (' + where + ')' if where else ''}")
-        self.run, self._owned = run, owned
         # in the training its rows come right after the Trainer's own row of the probe's step; a follower places each
         # point beside the Trainer's rows of its step
-        self.writer = TrackioWriter(run, metrics=metrics, step=self.anchor if follower else (lambda point: None))
+        self.run, self.metrics, self.follower, self._owned = run, metrics, follower, owned
 
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
@@ -156,7 +109,24 @@ class TrackioTracker(Tracker):
 
     # ---- points --------------------------------------------------------------------------------------------
     def send(self, point: Point) -> None:
-        self.writer.send(point)
+        """The metrics (unless they went through ``Trainer.log``), the figure and the tables, at :meth:`anchor`'s
+        trackio step (a follower's) or trackio's next row."""
+        import pandas as pd
+
+        trackio = require("trackio")
+        line, key = point.line, line_probe_key(point.line) or "probe"
+        payload = line_metrics(line) if self.metrics else {}
+        if point.figure is not None:
+            payload[f"eval/moral_{key}/figure"] = trackio.Image(point.figure,
+                                                                caption=f"train/global_step {point.step}")
+        if point.fresh and line.get("table"):
+            rows = pd.DataFrame([{"step": point.step, **row} for row in line["table"]])
+            payload[f"eval/moral_{key}/table"] = trackio.Table(dataframe=rows)
+        if point.rows:
+            payload[f"eval/moral_{key}/vignette_rows"] = trackio.Table(dataframe=pd.DataFrame(point.rows))
+        if payload:
+            step = self.anchor(point) if self.follower else None
+            self.run.log({**payload, "train/global_step": point.step}, step=step)
 
     def anchor(self, point: Point) -> int | None:
         """The trackio step of the point at ``train/global_step`` ``point.step``: the first row the Trainer logged at

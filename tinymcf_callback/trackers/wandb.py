@@ -1,24 +1,10 @@
 """The probe in a wandb run: one recipe for the callback, ``ProbeLogger``, the sweep and the watcher.
 
-Once per run (a new run id: a new hyperparameter-search trial, say) every ``eval/moral_<name>/...``
-key is plotted against ``train/global_step`` (``define_metric``): wandb silently drops a row whose own
-step is below the run's current one, which is what a score that comes late is. The probe's precision
-goes into the run's config (``moral_<name>/dtype``, ``/autocast``, ``/compute``, ``/device``). At each
-probe, at the Trainer's step:
-
-- the metrics (each headline number with its ``_lo``/``_hi``, each foundation's ``align_other`` too);
-- ``eval/moral_<name>/table``, the per-foundation table, and ``eval/moral_<name>/vignette_rows``, the per-vignette
-  rows, both with a ``step`` column and logged as *incremental* tables: each probe adds its rows, and the run keeps
-  every probe's (a table logged whole under one key shows only the newest);
-- ``eval/moral_<name>/figure``, the curve so far with its bands (a ``wandb.Image``);
-- ``eval/moral_<name>/intervals``, a custom chart of each value with its interval as a band, faceted by metric:
-  W&B draws a band only across grouped runs, never from a run's own lo/hi. The chart's Vega-Lite spec is a preset
-  of the run's entity (:data:`BAND_CHART`), created by the first online run that logs it; an offline run (or one
-  whose entity cannot create presets) logs everything else and warns once why the chart is left out (a warning, so
-  that a Trainer script shows it).
-
-A follower started again sends only the points the run does not hold yet (:meth:`WandbTracker.held`): asked of
-W&B's server for an online run, read from the run's own files for an offline one.
+Once per run every ``eval/moral_<name>/...`` key is plotted against ``train/global_step`` (``define_metric``): wandb
+silently drops a row whose own step is below the run's current one, which is what a score that comes late is. The
+tables are *incremental* (a table logged whole under one key shows only the newest probe's rows), and the band chart
+is a Vega-Lite preset of the run's entity (:data:`BAND_CHART`: W&B draws a band only across grouped runs), left out
+with one warning where it cannot be made (an offline run). What a run gets: docs/dashboards.md ("Weights & Biases").
 """
 
 from __future__ import annotations
@@ -28,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import ConfigError, MissingExtraError, SweepError
+from ..errors import ConfigError, MissingExtraError, SweepError, one_line
 from ..extras import require
 from ..stats.metrics import dashboard_names
 from ..views.rows import ROW_COLUMNS
@@ -97,7 +83,7 @@ class WandbWriter:
             self._recorded = run.id
         payload = line_metrics(line) if metrics else {}
         if point.fresh:
-            table = self._table(f"eval/{self.key}/table", ["step", *_columns(line.get("table"))],
+            table = self._table(f"eval/{self.key}/table", ["step", *(line.get("table") or [{}])[0]],
                                 [_foundation_rows(earlier) for earlier in point.curve[:-1]])
             if table is not None and self._add(table, _foundation_rows(line)):
                 payload[f"eval/{self.key}/table"] = table
@@ -154,10 +140,6 @@ class WandbWriter:
                                 {"title": f"{self.key}: each value with its interval"})
 
 
-def _columns(table: list[dict] | None) -> list[str]:
-    return list((table or [{}])[0].keys())
-
-
 def _foundation_rows(line: dict) -> list[dict]:
     return [{"step": line["step"], **row} for row in line.get("table") or []]
 
@@ -185,16 +167,9 @@ def _preset(entity: str) -> bool:
             exists = "exist" in str(e).lower()
             _presets[entity] = exists
             if not exists:
-                logger.warning("moral probe: the W&B chart preset %s/%s could not be created (%s: %s); the interval "
-                               "chart is left out, the figure shows the bands", entity, BAND_CHART, type(e).__name__,
-                               " ".join(str(e).split())[:200])
+                logger.warning("moral probe: the W&B chart preset %s/%s could not be created (%s); the interval "
+                               "chart is left out, the figure shows the bands", entity, BAND_CHART, one_line(e, 200))
     return _presets[entity]
-
-
-def active_wandb_run():
-    """The current wandb run, or None (no run started); :func:`~tinymcf_callback.extras.require` names the
-    ``[wandb]`` extra when wandb is missing."""
-    return getattr(require("wandb"), "run", None)
 
 
 class WandbTracker(Tracker):
@@ -212,7 +187,7 @@ class WandbTracker(Tracker):
     # ---- the training process ------------------------------------------------------------------------------
     @classmethod
     def recorded(cls, args, trainer=None) -> dict | None:
-        run = active_wandb_run()
+        run = require("wandb").run  # the current run, None when none was started
         if run is None:
             return None
         settings = getattr(run, "settings", None)
@@ -223,7 +198,7 @@ class WandbTracker(Tracker):
     def in_training(cls, args, key: str, run: dict | None, *, numbers: bool) -> WandbTracker | None:
         """The tables, the figure and the band chart (with ``numbers``, the metrics too, against
         ``train/global_step``), into the run the Trainer's ``WandbCallback`` opened."""
-        live = active_wandb_run()
+        live = require("wandb").run
         return None if live is None else cls(live, metrics=numbers)
 
     # ---- another process -----------------------------------------------------------------------------------
@@ -236,8 +211,8 @@ class WandbTracker(Tracker):
         except (SweepError, ConfigError, MissingExtraError):
             raise  # nothing names a run, or wandb is not installed: the user's setup, said in one line
         except Exception as e:  # noqa: BLE001 - wandb's service not answering costs its curve, not the scoring
-            logger.warning("moral probe: the wandb run could not be opened (%s: %s); lines go to the history and the "
-                           "other trackers only", type(e).__name__, " ".join(str(e).split())[:300])
+            logger.warning("moral probe: the wandb run could not be opened (%s); lines go to the history and the "
+                           "other trackers only", one_line(e))
             return None
         return cls(run, finish=opened_here)
 

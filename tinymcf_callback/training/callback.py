@@ -2,14 +2,9 @@
 
     trainer.add_callback(MoralProbeCallback(name="scifi"))
 
-At the start of training (a step-0 baseline) and on each evaluation and/or save, the
-callback scores the live model on a vignette set, through the same :class:`Probe` as
-``evaluate`` (its batches shared among the processes of a distributed run), and logs the alignment
-metrics at the Trainer's global step into ``state.log_history`` and the dashboards of ``report_to``: through
-``Trainer.log`` when it is given the Trainer (``trainer=``, as TRL's callbacks take it: every reporter, and the
-``on_log`` event of every other callback), else through the table of trackers (TensorBoard, wandb, MLflow, trackio:
-the Trainer's own runs). The class decides *when* to probe and *where* the result goes; the writers below (history
-line, checkpoint report, the trackers) do the writing.
+The class decides *when* to probe (a step-0 baseline, then evaluations and/or saves) and *where* the result goes
+(``state.log_history``, and the dashboards of ``report_to``: through ``Trainer.log`` when given ``trainer=``, else
+through the table of trackers); :class:`~.logger.ProbeLogger` and the writers do the writing. docs/callback.md.
 """
 
 from __future__ import annotations
@@ -44,12 +39,10 @@ EVENTS = ("evaluate", "save")
 class MoralProbeCallback(TrainerCallback, ExportableState):
     """Log per-checkpoint moral-foundations alignment of the model being trained.
 
-    Scores a fixed vignette set on the live model at the answer position (two frames answered
-    Yes/No, or true/false in JSON; four conditions) and logs ``eval/moral_<name>/score`` (mean align_other over
-    the six real foundations), ``gap``, the Social Norms control and ``score_minus_sn``, each
-    with interval bounds (``_lo``, ``_hi``), the change of the score since the step-0 baseline
-    with its p-value, sanity figures and per-foundation ``align_other`` / ``align_self`` /
-    ``self_other_gap``.
+    Scores a fixed vignette set on the live model at the answer position and logs ``eval/moral_<name>/score`` (mean
+    align_other over the six real foundations), ``gap``, the Social Norms control and ``score_minus_sn``, each with
+    interval bounds, the change since the step-0 baseline with its p-value, sanity figures and per-foundation
+    ``align_other`` / ``align_self`` / ``self_other_gap`` (every name: docs/callback.md).
 
     Example:
 
@@ -57,18 +50,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         trainer.add_callback(MoralProbeCallback(name="scifi"))
         trainer.train()
 
-    Everything the callback needs comes with the Trainer's events (its arguments, state, model and
-    ``processing_class``). transformers hands a callback no Trainer, so the metrics reach the dashboards of
-    ``report_to`` through the table of trackers (:mod:`~tinymcf_callback.trackers.table`), each into the run the
-    Trainer's own reporter opened, at the Trainer's global step, and ``state.log_history``; a reporter the table does
-    not know (Comet, Neptune, ...) is said once. ``trainer=trainer`` (as TRL's callbacks take it) sends them through
-    ``Trainer.log`` instead: every reporter, under the Trainer's own names and in its own TensorBoard folder, and the
-    ``on_log`` event of every other callback.
-
-    Its counters (events seen for ``every``, the last probed and attempted steps, whether
-    the baseline ran) and the baseline's per-vignette scores are saved in each checkpoint's
-    ``trainer_state.json``; a run resumed from a checkpoint probes on the same steps as an
-    uninterrupted run, without a second baseline, and measures its change from the first one.
+    Everything it needs comes with the Trainer's events. Without ``trainer=`` the metrics reach the dashboards of
+    ``report_to`` through the table of trackers (:mod:`~tinymcf_callback.trackers.table`), a reporter it does not
+    know said once; with ``trainer=trainer`` (as TRL's callbacks take it) through ``Trainer.log``. Its counters and
+    the baseline's scores are saved in each checkpoint's ``trainer_state.json``, so a resumed run probes on the same
+    steps as an uninterrupted one and measures its change from the first baseline; ``<output_dir>/
+    moral_probe_run.json`` tells a watcher the run's dashboards, starting model, saves and whether it is alive.
 
     Args:
         name: vignette set (``scifi``; ``clifford`` after ``tinymcf prepare --name clifford``).
@@ -84,13 +71,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
             trackers carries them to the ones it knows.
         strict: raise instead of warning when the probe fails (default: warn and let training go on).
         verbose: print the sanity lines and the table at every probe on the main process.
-        hand_off: probe nothing in this process: leave every probe, the step-0 baseline included, to
-            ``tinymcf watch`` in another process or on another device. The callback then only links each
-            checkpoint's model files into ``<output_dir>/.moral_probe_queue/`` (hard links: no copy), so
-            ``save_total_limit`` cannot delete a checkpoint before the watcher has scored it, registers its
-            probe as a consumer of that queue (an entry goes once every consumer has scored it: two callbacks,
-            one per answer format, can both hand off) and says once, at the first save, the ``tinymcf watch``
-            command that scores them. A link that cannot be made (another filesystem) is said once.
+        hand_off: probe nothing in this process (the step-0 baseline included) and leave every probe to ``tinymcf
+            watch``: each checkpoint's model files are hard-linked into ``<output_dir>/.moral_probe_queue/``, out of
+            ``save_total_limit``'s reach until every probe following the run has scored them (docs/watch.md).
         figure: at each probe, give the reporters that show images (TensorBoard, wandb, MLflow, trackio) a figure of
             the curve so far with its interval bands (about 0.2 s a probe, measured; ``False``: none).
         endpoint: a :class:`~tinymcf_callback.served.ServedModel` to score instead of the Trainer's model: the
@@ -102,18 +85,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         benchmark: every setting of that benchmark (:class:`~tinymcf_callback.BenchmarkConfig`: configs, split,
             per_config, lm_eval_include, at, ...); ``prefs`` and ``lm_eval`` are shortcuts into it.
 
-    Either way the callback keeps ``<output_dir>/moral_probe_run.json`` on the main process: the run's
-    dashboards (TensorBoard folder, wandb run), its starting model, its saves, each start of the training
-    (a resume from a checkpoint among them) with a heartbeat refreshed as it trains, and whether it ended,
-    so that a watcher logs into the same dashboards, knows when the run is over and tells a dead training
-    from a live one. A run resumed from a checkpoint before the newest probed step sets the history's
-    later lines aside (a resume line: the branch the training abandoned) and probes those steps again.
-
-    With ``answer_format="json"`` everything the callback writes carries the format in its name (metrics under
-    ``eval/moral_<name>_json/``, ``moral_probe_<name>_json.jsonl``): two formats never share a curve, a file or a
-    dashboard panel, and both can probe one run side by side. With the default
-    ``keep_autocast=False`` the probe scores in the weights' own dtype, so the number at step N is
-    ``eval`` of ``checkpoint-N``; every report and history line records the precision either way.
+    With ``answer_format="json"`` everything it writes carries the format in its name (``eval/moral_<name>_json/``,
+    ``moral_probe_<name>_json.jsonl``), so two formats can probe one run side by side.
     """
 
     def __init__(self, name: str | None = None, *, config: ProbeConfig | None = None, events=EVENTS, every: int = 1,
@@ -159,7 +132,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.last_report: dict | None = None
         self._start_counting()
         if tokenizer is not None:
-            self._build_probe(tokenizer)
+            self.probe = make_probe(tokenizer, config=self.config)  # tokenised once, reused at every probe
 
     @property
     def name(self) -> str:
@@ -171,12 +144,9 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- saved in checkpoints (transformers' ExportableState) ------------------------------------
     def state(self) -> dict:
-        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``.
-
-        ``args`` are this callback's keyword arguments (the probe's settings, then ``events``, ``every``,
-        ``baseline``, ``strict``, ``verbose``): the Trainer rebuilds the callback from them with
-        ``restore_callback_states_from_checkpoint=True`` and sets ``attributes`` on it.
-        """
+        """Settings and counters stored in ``trainer_state.json`` under ``stateful_callbacks``: ``args``, this
+        callback's keyword arguments (the Trainer rebuilds it from them with ``restore_callback_states_from_checkpoint
+        =True`` and sets ``attributes`` on it)."""
         return {
             "args": {**self.config.as_dict(), "events": list(self.events), "every": self.every,
                      "baseline": self.baseline, "strict": self.strict, "verbose": self.verbose,
@@ -340,14 +310,12 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         state.log_history.append({**metrics, **epoch, "step": state.global_step})
 
     # ---- plumbing ----------------------------------------------------------------------------------
-    def _build_probe(self, tok) -> None:
-        self.probe = make_probe(tok, config=self.config)  # tokenised once, reused at every probe
-
     def _start_logger(self, args) -> None:
         """The history, the baseline and the change for this run: the object a loop of one's own uses, writing
         into ``args.output_dir``. Its baseline is the callback's (restored from ``trainer_state.json``, the
         callback's state), never read back from the output folder."""
-        publishes = self._is_main(args) and not self.hand_off  # with the hand-off the watcher logs every probe
+        # the main process publishes; with the hand-off the watcher logs every probe
+        publishes = getattr(args, "process_index", 0) == 0 and not self.hand_off
         if publishes and self.runs is None:  # an evaluation outside trainer.train(): the reporters' runs now
             self.runs = reported_runs(args, self.trainer)
         key = probe_key(self.name, self.answer_format)
@@ -357,10 +325,6 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if self.baseline_record is not None:
             self.logger.use_baseline(self.baseline_record)
 
-    @staticmethod
-    def _is_main(args) -> bool:
-        return getattr(args, "process_index", 0) == 0
-
     def _ensure_probe(self, kwargs) -> None:
         tok = self._tokenizer or kwargs.get("processing_class") or kwargs.get("tokenizer")
         if tok is not None and not hasattr(tok, "apply_chat_template") and hasattr(tok, "tokenizer"):
@@ -368,7 +332,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         if tok is None:
             raise ConfigError("MoralProbeCallback found no tokenizer: pass processing_class=tok to the Trainer "
                               "or MoralProbeCallback(tokenizer=tok)")
-        self._build_probe(tok)
+        self.probe = make_probe(tok, config=self.config)
 
     def _resume_counting(self, state) -> None:
         """Take the counters from the checkpoint the run resumed from.

@@ -1,13 +1,9 @@
-"""The callback's side of ``moral_probe_run.json`` and the hand-off queue (main process; see
-:mod:`tinymcf_callback.rundir.record` and :mod:`tinymcf_callback.rundir.queue` for what they hold and who reads them).
+"""The callback's side of ``moral_probe_run.json`` and the hand-off queue (main process; what they hold and who reads
+them: :mod:`tinymcf_callback.rundir.record`, :mod:`tinymcf_callback.rundir.queue`).
 
-At ``on_train_begin`` the keeper starts an attempt (from step 0, or the step the training resumed from),
-at every step, log, evaluation and save it refreshes the attempt's heartbeat (at most every 30 seconds: one
-small atomic write), at every save it records the step and, with the hand-off, links the checkpoint into the
-queue, and at ``on_train_end`` it marks the run ended. Every write happens under the record's lock, so two
-callbacks of one run (one per answer format) keep one file. A write that fails is a warning: the training
-goes on. A hand-off that fails (hard links across filesystems) is said once, and recorded per step so that a
-watcher gives the checkpoint its real cause.
+At train begin the keeper starts an attempt, refreshes its heartbeat as the training goes (at most every 30 s), at
+every save records the step and, with the hand-off, links the checkpoint into the queue, and at train end marks the
+run ended; every write under the record's lock. A write that fails is a warning: the training goes on.
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ class RunKeeper:
                 setattr(record, field, getattr(facts, field))
             record.hand_off = record.hand_off or hand_off  # a second callback without the hand-off leaves it on
             record.ended, record.global_step = False, None
-            if not any(a.started == self.attempt.started and a.pid == self.attempt.pid for a in record.attempts):
-                record.attempts.append(self.attempt)
+            self._mine(record)  # this attempt, added once
 
         self._update(start)
         if hand_off:

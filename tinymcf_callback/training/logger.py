@@ -7,25 +7,11 @@
         if step % 100 == 0:
             logger.log(model, step=step)   # the history line, score_change since step 0, the trackers
 
-Everything the callback keeps for a Trainer run, kept here for any loop: the history file
-(``<output_dir>/moral_probe_<name>.jsonl``, the callback's schema, drawn by ``tinymcf plot``), the
-step-0 baseline (its report in ``moral_probe_<name>_baseline.json``, read back when a resumed loop
-logs its first step after 0), the change since it (``score_change``, ``score_change_p``; with a
-``target`` foundation its ``selectivity``), and the metrics sent to what the loop already uses
-(``to=``): an ``accelerate.Accelerator`` (its trackers, through ``Accelerator.log``), a wandb run,
-a TensorBoard ``SummaryWriter`` (torch's or tensorboardX's), or any callable
-``fn(metrics, step)``. They get the dashboard names (``eval/moral_<name>/score``, ...), the ones the
-Trainer's reporters show for the callback.
-
-``MoralProbeCallback`` is a ProbeLogger driven by Trainer events: it calls :meth:`ProbeLogger.score`
-and :meth:`ProbeLogger.record`, then :meth:`ProbeLogger.publish` to the trackers of ``report_to`` (and, given
-``trainer=``, hands the metrics to ``Trainer.log``). So the two write the same lines and compute the same change.
-
-Under ``torch.distributed`` every process must call :meth:`log` at the same steps (the probe's
-batches are split among them and gathered); the files and the trackers are written by the main
-process only. A probe that fails is a warning and an empty result (``strict=True``: the error), so
-a broken probe never stops the training it watches; the probe runs in eval mode and inference
-mode and restores the model's mode after, so it does not change the training either.
+Everything the callback keeps for a Trainer run, kept here for any loop: the history file, the step-0 baseline and
+its report, the change since it, and the metrics sent to what the loop already uses (``to=``).
+``MoralProbeCallback`` is a ProbeLogger driven by Trainer events (:meth:`ProbeLogger.score`, :meth:`~ProbeLogger.
+record`, :meth:`~ProbeLogger.publish`), so the two write the same lines. A probe that fails is a warning and an empty
+result, never a stop of the training it watches. docs/python.md ("Custom training loops").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The Trainer's reporters, as the callback meets them (main process, once at train begin).
 
-For each reporter of ``report_to`` the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and only for
-one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once:
-
-- which run the reporter has open (:meth:`~tinymcf_callback.trackers.tracker.Tracker.recorded`), what the run's
-  record keeps for a follower (:func:`reported_runs`);
-- what the probe gives that run (:meth:`~tinymcf_callback.trackers.tracker.Tracker.in_training`,
-  :func:`reporter_sinks`): TensorBoard's margin charts and figure (in the probe's own folder inside the Trainer's
-  logging folder), wandb's tables, figure and band chart, MLflow's figure and tables, trackio's figure and tables;
-  and the numbers too when the callback has no Trainer whose ``log`` reaches every reporter (no ``trainer=``).
-
-A reporter whose package is missing, whose run cannot be read, or whose writer cannot be made, is a warning: the
-training goes on.
+For each reporter of ``report_to`` the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and only
+for one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once which run
+it has open (:func:`reported_runs`: what the run's record keeps for a follower) and what the probe gives that run
+(:func:`reporter_sinks`: the figure, the tables, a layout, and the numbers when no ``trainer=`` carries them). A
+reporter whose package, run or writer fails is a warning: the training goes on.
 """
 
 from __future__ import annotations

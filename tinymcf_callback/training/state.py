@@ -31,14 +31,9 @@ def stored_counters(stateful_callbacks: dict | None, key: str, name: str,
 
 def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict,
                     answer_format: str = DEFAULT_ANSWER_FORMAT) -> None:
-    """Replace (or add) the saved state of the ``key`` callback probing set ``name`` in ``answer_format``.
-
-    One entry is kept per set and answer format.
-
-    With several callbacks of one class the Trainer appends all their states at every save; older
-    entries of this set are dropped, so ``trainer_state.json`` (which holds the baseline's scores)
-    does not grow with the number of saves.
-    """
+    """Replace (or add) the saved state of the ``key`` callback probing set ``name`` in ``answer_format``: one entry
+    per set and answer format (the Trainer appends every callback's state at each save; older entries of this set are
+    dropped, so ``trainer_state.json``, which holds the baseline's scores, does not grow with the saves)."""
     entries = _entries(stateful_callbacks, key)
     mine = _mine(entries, name, answer_format)
     if mine:

@@ -34,12 +34,9 @@ def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None
             write_report(os.path.join(folder, f"moral_probe_{probe_key(name, answer_format(report))}.json"), report,
                          step=state.global_step, epoch=state.epoch)
         if os.path.exists(os.path.join(folder, "trainer_state.json")):  # atomically: a watcher may be reading it
-            atomic_write_text(os.path.join(folder, "trainer_state.json"), state_json(state))
+            # TrainerState.save_to_json's text (sorted keys, indent 2), written atomically
+            text = json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
+            atomic_write_text(os.path.join(folder, "trainer_state.json"), text)
     except OSError as e:
         logger.warning("moral probe [%s]: could not write the checkpoint report: %s", name, e)
-
-
-def state_json(state) -> str:
-    """``TrainerState.save_to_json``'s text (sorted keys, indent 2), to be written atomically."""
-    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
 
