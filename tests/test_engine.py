@@ -302,6 +302,7 @@ def test_model_without_cache_gets_full_prompts(tiny_qwen, qwen_tok, caplog):
                               logits_to_keep=logits_to_keep)
 
     probe = Probe(qwen_tok, "scifi", limit=2)
+    caplog.clear()  # the probe's own note on limit=2; only the scoring's warnings are read below
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         a, b = probe.score(NoCache(tiny_qwen)), probe.score(tiny_qwen)
     assert a.n_forward == len(probe.batches) and np.abs(a.p_yes - b.p_yes).max() < 1e-5
@@ -321,6 +322,7 @@ def test_model_rejecting_the_cache_at_run_time_falls_back_once(tiny_qwen, qwen_t
 
     probe = Probe(qwen_tok, "scifi", limit=2, token_budget=300)
     model = RejectsCache(tiny_qwen)
+    caplog.clear()  # the probe's own note on limit=2
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         a = probe.score(model)
     assert a.n_forward == len(probe.batches) > 1  # the failed attempt is not counted

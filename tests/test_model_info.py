@@ -187,6 +187,7 @@ def test_fallback_reason_is_logged_once_per_model(qwen_tok, caplog):
     model = T.MistralForCausalLM(T.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=8)).eval()
     probe = Probe(qwen_tok, "scifi", limit=2, token_budget=300)
     assert len(probe.batches) > 1
+    caplog.clear()  # the probe's own note on limit=2
     with caplog.at_level(logging.WARNING, logger="tinymcf_callback"):
         probe.score(model)
         probe.score(model)

@@ -17,8 +17,6 @@ from dataclasses import Field, fields
 from types import MappingProxyType
 from typing import get_type_hints
 
-from transformers import HfArgumentParser
-
 from ..config import ProbeConfig
 from ..data.home import HOME_VAR, using_home
 from ..errors import ConfigError, TinymcfError
@@ -43,6 +41,8 @@ def add_probe_options(parser, skip: tuple[str, ...] = ()) -> None:
     """One option per ProbeConfig field (less ``skip``), made by transformers' ``HfArgumentParser`` from the field's
     type, default and help: ``--per-foundation`` (and HF's ``--per_foundation``), ``--no-share-prefix`` and
     ``--share-prefix [BOOL]`` for a switch on by default, ``--keep-autocast`` for one off."""
+    from transformers import HfArgumentParser  # here: commands without probe options (show) import no transformers
+
     group = parser.add_argument_group("the probe (any tinymcf_callback.ProbeConfig setting)")
     types = get_type_hints(ProbeConfig)
     for f in fields(ProbeConfig):
