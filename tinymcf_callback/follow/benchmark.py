@@ -27,7 +27,7 @@ from ..errors import SweepError
 from ..loading import release_memory
 from ..probe.fixed import versions
 from ..rundir.checkpoints import FULL, Checkpoint, fingerprint, tokenizer_fingerprint
-from .planner import Plan
+from .planner import Plan, tokenizer_source
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +154,10 @@ class RunBenchmark:
         return failures
 
     def tokenizer(self, plan: Plan, checkpoint: Checkpoint) -> str:
-        s = self.run
-        if s.tokenizer:
-            return s.tokenizer
-        if checkpoint.tokenizer is not None:
-            return str(checkpoint.tokenizer)
-        if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
-            return str(checkpoint.folder)
-        if plan.base_model:
-            return plan.base_model
-        raise SweepError(f"{checkpoint.folder} has no tokenizer files for the benchmark: pass --tokenizer PATH")
+        source = tokenizer_source(self.run, checkpoint, plan)
+        if source is None:
+            raise SweepError(f"{checkpoint.folder} has no tokenizer files for the benchmark: pass --tokenizer PATH")
+        return source
 
 
 def _same_weights(recorded: str | None, now: str | None) -> bool:

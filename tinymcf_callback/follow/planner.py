@@ -371,7 +371,7 @@ class Planner:
                     check_model_source(str(c.folder))
                 except LoadError as e:
                     raise SweepError(f"the run's starting model cannot be loaded: {e}") from None
-            task.tokenizer = self.tokenizer_source(c, plan)
+            task.tokenizer = tokenizer_source(self.settings, c, plan)
             if task.tokenizer is None:
                 raise SweepError(f"{c.folder.name} has no tokenizer files (the Trainer saves them when given "
                                  f"processing_class=tok): pass --tokenizer PATH")
@@ -379,20 +379,6 @@ class Planner:
         for form in FORMATS.values():  # the extras the pending formats' loaders need, in the table's order
             if form.name in pending and form.requires:
                 require(form.requires)
-
-    def tokenizer_source(self, checkpoint: Checkpoint, plan: Plan) -> str | None:
-        """``--tokenizer``, else the checkpoint's own files (where its layout keeps them), else the run's starting
-        model."""
-        s = self.settings
-        if s.tokenizer:
-            return s.tokenizer
-        if checkpoint.tokenizer is not None:
-            return str(checkpoint.tokenizer)
-        if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
-            return str(checkpoint.folder)
-        if checkpoint.baseline and not checkpoint.folder.exists():
-            return str(checkpoint.folder)  # a Hub id
-        return plan.base_model
 
     # ---- what is missing, and the run's end ----------------------------------------------------------------
     def _gaps(self, record: RunRecord | None, present: dict[int, Checkpoint], newest: dict[int, dict],
@@ -435,6 +421,20 @@ class Planner:
     # ---- the queue -----------------------------------------------------------------------------------------
     def queue(self) -> HandOffQueue:
         return HandOffQueue(self.settings.run_dir)
+
+
+def tokenizer_source(settings: RunSettings, checkpoint: Checkpoint, plan: Plan) -> str | None:
+    """``--tokenizer``, else the checkpoint's own files (where its layout keeps them), else the run's starting
+    model."""
+    if settings.tokenizer:
+        return settings.tokenizer
+    if checkpoint.tokenizer is not None:
+        return str(checkpoint.tokenizer)
+    if any((checkpoint.folder / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
+        return str(checkpoint.folder)
+    if checkpoint.baseline and not checkpoint.folder.exists():
+        return str(checkpoint.folder)  # a Hub id
+    return plan.base_model
 
 
 def saved_steps(record: RunRecord | None, present: dict[int, Checkpoint]) -> set[int]:
