@@ -1,22 +1,14 @@
 """The scoring engine: prompts in, per-prompt P(Yes) and Yes+No mass out (P(true), true+false with JSON answers).
 
-Only the answer position matters, so the engine never builds a ``[batch, seq, vocab]`` tensor: it asks for the last
-position's logits (``logits_to_keep=1``) on left-padded batches, with ``position_ids`` that skip the padding. Which
-prompts share a batch is :mod:`~tinymcf_callback.scoring.batching`'s, the mode and precision
-:mod:`~tinymcf_callback.scoring.mode`'s. Three strategies run the batches, fastest first (:data:`STRATEGIES`):
-``"shared"`` (:class:`SharedPrefixes`: the chat header once, each scenario once for its two frames, the questions on
-the key/value cache), ``"full"`` (:class:`FullPrompts`: each prompt whole) and ``"unpadded"`` (one length per call).
-:func:`first_strategy` starts at the fastest one nothing in the model's class or config is known against; whether it
-gives each prompt's own score is :mod:`~tinymcf_callback.scoring.selfcheck`'s to check. A batch that runs out of
-memory is halved (:func:`split_on_oom`). docs/engine.md.
+Only the answer position's logits are computed (``logits_to_keep=1``), on left-padded batches run by one of three
+strategies, fastest first (:data:`STRATEGIES`). docs/engine.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -53,10 +45,7 @@ STRATEGY_WORDS = {"shared": "shared prefixes", "full": "full prompts (left-padde
 class LogOnce:
     """Warnings said once per model and cause, for the probe that holds it (never for the whole process).
 
-    A :class:`~tinymcf_callback.probe.Probe` holds one (its ``memory.say``), so a model scored at every checkpoint
-    hears each cause once, not once per probe; another model (object) scored by the same probe starts afresh. Call
-    it with ``key`` when the message carries a measured number that changes from probe to probe but says the same
-    thing (``key`` defaults to the message itself).
+    ``key`` (default: the message) names the cause when the message carries a number that changes from probe to probe.
     """
 
     def __init__(self):
@@ -95,20 +84,14 @@ class ModelCall:
 
     def dummy(self, token: int, device: torch.device, args: ForwardArgs) -> None:
         """One forward call of a single token whose result is dropped (evens out the calls of ranks under sharding)."""
-        ids = torch.tensor([[token]], device=device)
-        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
-        if args.position_ids:
-            kwargs["position_ids"] = torch.full_like(ids, args.position_base)
-        if args.logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        self(**kwargs)
+        ids = torch.tensor([[token]])
+        self(**_forward_kwargs(ids, torch.ones_like(ids), args, device))
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows padded on the left to ``width`` (default: the longest row), and their attention mask.
 
-    Built as one tensor each (not row by row: two tensor operations a row were 30% of a probe's operations on the
-    device-sized plan, issue 40)."""
+    Built as one tensor each: row by row was 30% of a probe's tensor operations on a GPU's plan (issue 40)."""
     lengths = [len(q) for q in seqs]
     width = max([*lengths, width or 0])
     if not seqs:
@@ -122,6 +105,17 @@ def _left_pad(seqs: list[list[int]], pad_id: int, width: int | None = None) -> t
 def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
     """Positions that skip left padding, continuing from ``offset`` (an int or a column)."""
     return offset + (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _forward_kwargs(ids: torch.Tensor, mask: torch.Tensor, args: ForwardArgs, device) -> dict:
+    """A forward call's arguments for left-padded rows: position ids that skip the padding, no cache."""
+    kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if args.position_ids:
+        kwargs["position_ids"] = _positions(mask, args.position_base).to(device)
+    kwargs["use_cache"] = False
+    if args.logits_to_keep:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
 
 
 def encode_batch(tok, prompts: list[str], model=None, *, device=None) -> dict:
@@ -145,23 +139,12 @@ def encode_batch(tok, prompts: list[str], model=None, *, device=None) -> dict:
     else:
         args = ForwardArgs(position_ids=True, logits_to_keep=False, cache_kw=None)
         pad_id = next((t for t in (tok.pad_token_id, tok.eos_token_id) if isinstance(t, int)), 0)
-    ids, mask = _left_pad(seqs, pad_id)
-    batch = {"input_ids": ids, "attention_mask": mask}
-    if args.position_ids:
-        batch["position_ids"] = _positions(mask, args.position_base)
-    batch = {k: v.to(device) if device is not None else v for k, v in batch.items()}
-    batch["use_cache"] = False
-    return batch
+    return _forward_kwargs(*_left_pad(seqs, pad_id), replace(args, logits_to_keep=False), device)
 
 
 class FullPrompts:
-    """Strategies ``"full"`` and ``"unpadded"``: each prompt whole, so every answer sits in the last column.
-
-    ``padded=True``: left-padded rows; padding at the far left of a row changes nothing once
-    ``position_ids`` skip it (or the model ignores padded slots by itself, see
-    ``PADDING_PROOF_WITHOUT_POSITIONS``). ``padded=False``: each forward call takes prompts of
-    one length only, with no padding.
-    """
+    """Strategies ``"full"`` (left-padded rows) and ``"unpadded"`` (``padded=False``: one prompt length per call):
+    each prompt whole, so every answer sits in the last column."""
 
     def __init__(self, call: ModelCall, encoded: list[list[int]], args: ForwardArgs, pad_id: int,
                  device: torch.device, padded: bool = True):
@@ -195,23 +178,12 @@ class FullPrompts:
 
     def _forward(self, idx: list[int], width: int | None = None) -> torch.Tensor:
         ids, mask = _left_pad([self.encoded[i] for i in idx], self.pad_id, width)
-        kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "use_cache": False}
-        if self.args.position_ids:
-            kwargs["position_ids"] = _positions(mask, self.args.position_base).to(self.device)
-        if self.args.logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        return self.call(**kwargs)[:, -1, :]
+        return self.call(**_forward_kwargs(ids, mask, self.args, self.device))[:, -1, :]
 
 
 class SharedPrefixes:
-    """Strategy ``"shared"``: shared prefixes computed once and reused from the key/value cache.
-
-    Per call of :func:`run_batches`: the prefix every prompt shares (``plan.root``: system
-    prompt, chat header) once. Per batch: a copy of that cache, each group's scenario
-    (``plan.mid``) once for its two frames, then each prompt's own question (``plan.tail``).
-    The same scores as full prompts where attention over the cache ignores its padded slots;
-    where it does not, the self-check sees the difference.
-    """
+    """Strategy ``"shared"``: the prefix every prompt shares (``plan.root``) once per call of :func:`run_batches`;
+    per batch, each group's scenario (``plan.mid``) once for its two frames, then each question (``plan.tail``)."""
 
     name = "shared"
 
@@ -237,12 +209,8 @@ class SharedPrefixes:
             return DynamicCache()
 
     def _root_rows(self, n: int):
-        """The shared root's cache as ``n`` rows, for one batch's scenarios, the root's own cache left as it is.
-
-        Where every layer is a plain dynamic one (:data:`VIEWED_LAYERS`: two tensors, keys and values, that a forward
-        call only ever concatenates to), the ``n`` rows are ``expand`` views of the root's one row: nothing is copied
-        here, and the scenarios' call writes each row's keys and values once, in the concatenation it makes anyway.
-        Any other cache is copied and repeated row by row, as it was before."""
+        """The shared root's cache as ``n`` rows, the root's own cache left as it is: ``expand`` views of its one row
+        where every layer only concatenates to its tensors (:data:`VIEWED_LAYERS`), else a copy repeated row by row."""
         root = self._root()
         layers = getattr(root, "layers", None)
         if layers is not None and all(type(layer).__name__ in VIEWED_LAYERS for layer in layers):
@@ -299,14 +267,8 @@ Strategy = FullPrompts | SharedPrefixes
 
 
 def first_strategy(model, encoded: list[list[int]], prefix_plan: PrefixPlan | None = None) -> tuple[str, str | None]:
-    """The fastest strategy nothing in the model's class or config is known against, and why not a faster one.
-
-    ``"unpadded"`` when left padding would move the model's positions
-    (:func:`~.model_info.padding_problem`); ``"full"`` without a prefix plan or when
-    :func:`~.model_info.shared_prefix_blocker` finds something against sharing; else ``"shared"``.
-    A config the rules cannot read starts at ``"full"`` rather than failing. The reason is
-    ``None`` for ``"shared"`` and for ``"full"`` without a plan (nothing to explain).
-    """
+    """The fastest strategy nothing in the model's class or config is known against, and why not a faster one (None:
+    nothing to explain). A config the rules cannot read starts at ``"full"`` rather than failing."""
     try:
         args = ForwardArgs.of(model)
         unpadded = padding_problem(model, args)
@@ -348,11 +310,8 @@ def make_strategy(name: str, model, encoded: list[list[int]], pad_id: int, devic
 
 
 def split_on_oom(logits_of, idx: list[int], device: torch.device):
-    """Yield ``(indices, logits)`` for ``idx``, halving the batch until each part fits in memory.
-
-    A prompt that does not fit alone re-raises. The retry runs after the ``except`` block,
-    so the failed attempt's tensors (held by the exception's traceback) are freed first.
-    """
+    """Yield ``(indices, logits)`` for ``idx``, halving the batch until each part fits in memory (a prompt that does
+    not fit alone re-raises). The retry runs after the ``except`` block, so the failed attempt's tensors are freed."""
     try:
         logits = logits_of(idx)
     except torch.OutOfMemoryError:
@@ -373,22 +332,16 @@ def split_on_oom(logits_of, idx: list[int], device: torch.device):
 
 @dataclass
 class ScoreResult:
-    """Per-prompt outputs, in the prompts' original order (NaN where not scored).
-
-    ``strategy``: the strategy that produced them; ``check``: the self-check's record
-    (:class:`tinymcf_callback.scoring.selfcheck.SelfCheck` as a dict), when the whole set was scored
-    through it; ``precision``: what the forward calls computed in (weights' dtype, autocast
-    dtype or None, device); ``model``: which model it was.
-    """
+    """Per-prompt outputs, in the prompts' original order (NaN where not scored)."""
 
     p_yes: np.ndarray
     yn_mass: np.ndarray
     yn_top3: np.ndarray  # does an answer token (Yes/No, or true/false) rank in the top 3 next tokens?
     top_tokens: list = field(default_factory=list)  # [(token, prob)] x 10 for the sample prompt
     n_forward: int = 0
-    strategy: str | None = None
-    check: dict | None = None
-    precision: dict | None = None
+    strategy: str | None = None  # the strategy that produced them
+    check: dict | None = None  # the self-check's record (SelfCheck.as_dict), when scored through it
+    precision: dict | None = None  # what the forward calls computed in (Precision.as_dict)
     model: str | None = None  # the model's name or path (its config's ``name_or_path``), else its class
     backend: dict | None = None  # a served model's server, request form and bounds (None: the local forward pass)
     batch_plan: dict | None = None  # the device's batch plan (BatchPlan.as_dict; None: a served model, or batches=)
@@ -399,12 +352,8 @@ def empty_result(n: int) -> ScoreResult:
 
 
 def joined(parts: list[tuple[list[int], ScoreResult]], n: int) -> ScoreResult:
-    """Scorings of subsets of one probe's ``n`` prompts (``(rows, result)``: each result holds its rows at their
-    indices) as one result: each part's scores at its rows, the forward calls and batches summed, the safest
-    strategy of :data:`STRATEGIES` (the first part's where none is one: a served form), the first part's precision,
-    model, sample tokens and backend. Their self-checks are joined by
-    :func:`~tinymcf_callback.scoring.selfcheck.joined_checks`, a served backend's counters by the served model's own
-    rule."""
+    """Scorings of subsets of one probe's ``n`` prompts (``(rows, result)``) as one result: scores at their rows,
+    counts summed, the safest strategy, the first part's precision, model, sample tokens and backend."""
     first = parts[0][1]
     res = empty_result(n)
     for rows, part in parts:
@@ -430,11 +379,8 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
                 strategy: str | None = None, calls: int | None = None, say: LogOnce | None = None) -> ScoreResult:
     """Score the prompts in ``batches`` (lists of indices into ``encoded``) on ``model`` with one strategy.
 
-    ``strategy``: a name from :data:`STRATEGIES`; default: :func:`first_strategy` (said through ``say``, the probe's
-    :class:`LogOnce`). ``answer_format``: the answer tokens read (the prompts must have been formatted for it).
-    ``calls``: make exactly this many forward calls, one-token fillers where the batches need fewer (every rank of a
-    sharded model must make the same number). A batch that runs out of memory is split; NaN or infinite logits raise
-    ``FloatingPointError``. The caller chooses the mode (:func:`probe_mode`); nothing is checked here.
+    ``strategy``: default :func:`first_strategy` (said through ``say``). ``calls``: make exactly this many forward
+    calls, one-token fillers where the batches need fewer (every rank of a sharded model must make the same number).
     """
     res = empty_result(len(encoded))
     if pad_id is None:
@@ -446,8 +392,11 @@ def run_batches(model, encoded: list[list[int]], batches: list[list[int]], tok, 
     runner = make_strategy(strategy, model, encoded, pad_id, device, prefix_plan)
     yes, no = answer_token_ids(tok, answer_format)
     answer_ids = torch.tensor(sorted(set(yes) | set(no)), device=device)
+    from tqdm.auto import tqdm
+
+    total = sum(len(b) for b in batches)
     try:
-        with _progress_bar(progress, sum(len(b) for b in batches), desc) as bar:
+        with tqdm(total=total, desc=desc, unit="prompt", leave=False, disable=not progress) as bar:
             for batch in batches:
                 for idx, logits in split_on_oom(runner.logits, batch, device):
                     _record(res, idx, logits, tok, answer_ids, sample_index, answer_format)
@@ -472,15 +421,9 @@ def pad_calls(call: ModelCall, calls: int, encoded: list[list[int]], device: tor
 
 def score_alone(model, encoded: list[list[int]], idx: list[int], tok, answer_format: str = DEFAULT_ANSWER_FORMAT,
                 call: ModelCall | None = None) -> tuple[AnswerScores, int]:
-    """The simplest reference: each prompt of ``idx`` alone, unpadded, no cache, in one forward call.
-
-    No attention mask, position ids or cache: the model computes its own positions, and the
-    answer is read at the last position. Only ``logits_to_keep=1`` is passed (where the forward
-    takes it), which slices the last position before the LM head: the full ``[1, seq, vocab]``
-    logits of a long prompt could take hundreds of MB of a training run's memory. Returns the
-    prompts' scores (in ``idx`` order) and the number of forward calls made (one per prompt).
-    ``call``: a :class:`ModelCall` to make the calls through (its count goes on), default a new one.
-    """
+    """The simplest reference: each prompt of ``idx`` alone, unpadded, no mask, position ids or cache. Returns the
+    scores (in ``idx`` order) and the forward calls made. ``logits_to_keep=1`` where the forward takes it: a long
+    prompt's full ``[1, seq, vocab]`` logits could take hundreds of MB of a training run's memory."""
     call = call if call is not None else ModelCall(model)
     before = call.n_forward
     params = forward_params(model)
@@ -512,14 +455,3 @@ def _record(res: ScoreResult, idx: list[int], logits: torch.Tensor, tok, answer_
         top = probs.topk(10)
         res.top_tokens = [(tok.decode([t]), float(p))
                           for t, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
-
-
-@contextlib.contextmanager
-def _progress_bar(progress: bool, total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="prompt", leave=False, disable=not progress)
-    try:
-        yield bar
-    finally:
-        bar.close()

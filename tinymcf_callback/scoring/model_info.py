@@ -1,10 +1,5 @@
-"""What the engine needs to know about a model before running it: the model inside its wrappers
-(:func:`unwrap_model`), whether it is a causal LM with its head (:func:`check_causal_lm`), which forward arguments it
-takes (:class:`ForwardArgs`), its dtype, pad token, memory cost per token and its device's free memory, what left
-padding or padding inside a shared-prefix cache would do to its scores (:func:`padding_problem`,
-:func:`shared_prefix_blocker`), and what its forward computes apart from its weights' values
-(:func:`forward_signature`), so a probe sees that it changed. It reads classes, configs and the device's allocator
-only; nothing here runs the model.
+"""What the engine needs to know about a model before running it: its wrappers, forward arguments, dtype, pad token,
+memory cost, what padding would do to its scores, and what its forward computes. Nothing here runs the model.
 """
 
 from __future__ import annotations
@@ -69,12 +64,8 @@ def _only_forwards(model) -> bool:
 
 
 def prompt_learning(model) -> bool:
-    """Is a PEFT prompt-learning adapter (prompt, prefix or p-tuning) active on ``model``?
-
-    Such an adapter adds virtual tokens or its own key/value prefix inside its forward: the
-    engine must neither pass a cache (it would replace the adapter's prefix) nor pad (the
-    padding would sit between the virtual tokens and the prompt).
-    """
+    """Is a PEFT prompt-learning adapter (prompt, prefix or p-tuning) active on ``model``? Its virtual tokens or
+    key/value prefix rule out passing a cache (it would replace the prefix) and padding (it would sit between)."""
     for layer in wrapper_chain(model):
         try:
             peft_config = getattr(layer, "active_peft_config", None)
@@ -92,14 +83,9 @@ NEEDS = ("the probe reads the next-token distribution of a causal (decoder-only)
 
 
 def check_causal_lm(model) -> None:
-    """Raise :class:`UnsupportedModelError` for models the probe would score wrongly or crash on.
-
-    Refused before any forward call: encoder-decoder models (T5, BART), masked language
-    models (``BertForMaskedLM``), BERT-style LM heads left bidirectional (``is_decoder=False``),
-    and base models without an LM head (``LlamaModel``). Decoder-only models with an LM head
-    pass, custom (remote-code) ones included; a module that is not a transformers model is
-    given the benefit of the doubt (its output must still carry ``.logits``).
-    """
+    """Raise :class:`UnsupportedModelError` for models the probe would score wrongly or crash on (encoder-decoder,
+    masked or bidirectional LMs, no LM head); a module that is not a transformers model is given the benefit of the
+    doubt."""
     base = unwrap_model(model)
     name, cfg = type(base).__name__, getattr(base, "config", None)
     lineage = {c.__name__ for c in type(base).__mro__}  # FSDP v2 and user subclasses keep the class as a base
@@ -147,12 +133,8 @@ def _registered_lm_classes() -> tuple[set[str], set[str], set[str]]:
 
 @dataclass(frozen=True)
 class ForwardArgs:
-    """Which optional arguments the model's forward takes (read through any wrappers).
-
-    ``position_base``: the position of a prompt's first token. 0 for almost every model;
-    RoBERTa-style embeddings count positions from ``padding_idx + 1`` (:func:`position_base`),
-    so position ids the engine passes must start there too.
-    """
+    """Which optional arguments the model's forward takes (read through any wrappers); ``position_base``: the
+    position of a prompt's first token (:func:`position_base`)."""
 
     position_ids: bool
     logits_to_keep: bool
@@ -177,13 +159,8 @@ def forward_params(model) -> set[str]:
 
 
 def position_base(model) -> int:
-    """Where the model's own position ids start: ``padding_idx + 1`` for RoBERTa-style embeddings, else 0.
-
-    RoBERTa, XLM-R, CamemBERT, Data2VecText, RoBERTa-PreLN, XLM-R XL and X-MOD make their positions
-    from the input ids (``create_position_ids_from_input_ids``): pad tokens get ``padding_idx`` and
-    real tokens count up from ``padding_idx + 1``. Position ids counted from 0 would shift every
-    token's position embedding by ``padding_idx + 1`` (P(Yes) off by up to 0.42 on tiny random models).
-    """
+    """Where the model's own position ids start: ``padding_idx + 1`` for RoBERTa-style embeddings (positions made by
+    ``create_position_ids_from_input_ids``), else 0. Counted from 0 there, P(Yes) was off by up to 0.42."""
     for module in unwrap_model(model).modules():
         padding_idx = getattr(module, "padding_idx", None)
         if callable(getattr(module, "create_position_ids_from_input_ids", None)) and isinstance(padding_idx, int):
@@ -192,13 +169,9 @@ def position_base(model) -> int:
 
 
 def pad_token_id(model, tok) -> int:
-    """A token id to fill padded slots with: the tokenizer's pad token when the model's vocabulary has it.
-
-    Padded slots are masked, so any id the embedding table holds will do; a pad token added to the
-    tokenizer without resizing the model (``add_special_tokens({"pad_token": "[PAD]"})``) lies
-    outside the table and would raise ``IndexError`` in the embedding lookup. Falls back to the
-    model's own pad token, then the tokenizer's end-of-sequence token, then 0.
-    """
+    """A token id to fill (masked) padded slots with: the first of the tokenizer's pad token, the model's, the
+    tokenizer's end-of-sequence token and 0 that the embedding table holds (a pad token added to the tokenizer
+    without resizing the model lies outside it)."""
     vocab = _embedding_rows(model)
     config = model_config(model)
     for candidate in (tok.pad_token_id, getattr(config, "pad_token_id", None), tok.eos_token_id, 0):
@@ -239,14 +212,8 @@ def model_device(model) -> torch.device:
 
 def memory_per_token(model) -> tuple[int, int] | None:
     """What a forward call costs ``model`` in memory: ``(bytes per padded token, bytes per prompt's row)``, from its
-    config; None when the config does not say (no hidden size, layers or heads).
-
-    A token: its keys and values in every layer (the cache a batch holds while its questions run) and one layer's
-    working tensors at once (hidden states, queries, keys and values with the copies grouped-query attention makes
-    for its heads, the MLP's, and the norms' float32 copies). A row: the answer position's logits and their float32
-    copies. An estimate that errs large; the rule that uses it (:func:`~.batching.batch_size_for`) takes a share of
-    the free memory only, and a batch that does not fit is halved anyway.
-    """
+    config; None when the config does not say. A token: its keys and values in every layer and one layer's working
+    tensors; a row: the answer position's logits and their float32 copies. An estimate that errs large."""
     cfg = model_config(model)
     cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg  # a multimodal model's decoder
     numbers = {k: _read(cfg, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -322,11 +289,8 @@ STATEFUL_CONFIG_KEYS = ("layers_block_type", "hybrid_override_pattern", "block_t
 
 
 def _configs(model) -> list:
-    """The model's config, its text decoder's config (multimodal models) and each per-layer config.
-
-    transformers 5 lets a config vary by layer (``per_layer_config``); reading such an attribute from
-    the global config raises, so the per-layer configs are read instead.
-    """
+    """The model's config, its text decoder's config (multimodal models) and each per-layer config (transformers 5's
+    ``per_layer_config``: such an attribute read from the global config raises)."""
     cfg = model_config(model)
     if cfg is None:
         return []
@@ -347,12 +311,8 @@ def _read(cfg, key: str):
 
 
 def padding_problem(model, args: ForwardArgs) -> str | None:
-    """Why left padding would change this model's scores, or None when it is harmless.
-
-    With ``position_ids`` that skip the padding, padding at the far left of a row is
-    harmless (measured on every architecture in ``tests/test_architectures.py``, sliding
-    windows included). Without them, only models whose positions cannot move are safe.
-    """
+    """Why left padding would change this model's scores, or None when it is harmless: with ``position_ids`` that
+    skip it (measured in ``tests/test_architectures.py``), or where the positions cannot move."""
     if prompt_learning(model):
         return "its PEFT prompt-learning adapter puts virtual tokens ahead of any padding"
     if args.position_ids:
@@ -363,11 +323,8 @@ def padding_problem(model, args: ForwardArgs) -> str | None:
 
 
 def attention_windows(model) -> dict[str, int] | str:
-    """Every attention window the config sets (sliding, chunked, local), or why it cannot tell.
-
-    Conservative on purpose: a window counts even where only some layers use it, and a
-    ``sliding_window`` is ignored only when ``use_sliding_window`` is explicitly False.
-    """
+    """Every attention window the config sets (sliding, chunked, local), or why it cannot tell. Conservative: a
+    window counts even where only some layers use it."""
     windows = {}
     for cfg in _configs(model):
         for key in WINDOW_KEYS:
@@ -385,15 +342,9 @@ def attention_windows(model) -> dict[str, int] | str:
 
 
 def shared_prefix_blocker(model, args: ForwardArgs, cache_slots: int) -> str | None:
-    """Why the shared-prefix path would not give each prompt's own score on this model, or None.
-
-    The shared path leaves each batch's padding *inside* the cache (between the shared
-    header and each scenario, and between scenario and question), ``cache_slots`` slots
-    at most. Full attention ignores padded slots; a window counted in cache slots
-    (transformers counts sliding, chunked and local windows that way) does not, nor does
-    a recurrent or convolutional state. So every layer must be attention, and every
-    window longer than ``cache_slots``.
-    """
+    """Why the shared-prefix path would not give each prompt's own score on this model, or None. It leaves padding
+    inside the cache, which full attention ignores but a window counted in cache slots or a recurrent state does not:
+    every layer must be attention, every window longer than ``cache_slots``."""
     missing = [what for what, ok in (("position_ids", args.position_ids), ("logits_to_keep", args.logits_to_keep),
                                      ("key/value cache", args.cache_kw)) if not ok]
     if missing:
@@ -421,11 +372,8 @@ def shared_prefix_blocker(model, args: ForwardArgs, cache_slots: int) -> str | N
 
 # ---- do the prompts fit the model? ----------------------------------------------------------------
 def check_context(model, encoded: list[list[int]], labels: list[str] | None = None) -> None:
-    """Raise :class:`PromptError` naming the longest prompt when it exceeds the model's context.
-
-    Models whose positions start at ``padding_idx + 1`` (RoBERTa style) have that many
-    fewer positions for the prompt.
-    """
+    """Raise :class:`PromptError` naming the longest prompt when it exceeds the model's context (less the positions
+    before ``position_base``)."""
     limit = max_context(model)
     if limit is None or not encoded:
         return
@@ -457,21 +405,10 @@ def check_vocabulary(model, encoded: list[list[int]], answer_ids: list[int]) -> 
 
 
 def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
-    """What ``model``'s forward computes apart from its weights' values: two signatures are equal (``==``) exactly
-    when none of it changed between them.
-
-    Per module (``named_modules``): its name; the module object itself, held by a weak reference (a module swapped
-    for another differs, even one of the same class at the same address); its class; the ids of its forward
-    pre-hooks and forward hooks, with-kwargs and always-called ones among them (torch numbers every hook's handle
-    with a process-wide increasing id, so a hook replaced by another differs, even by the same function
-    registered again); a ``forward`` set on the instance (accelerate's hooks, a patched forward, a wrapper's); a
-    peft tuner layer's active, disabled and merged adapters. Then the process's global forward hooks, the
-    attention implementation in the config, and the device. ``ignore``: hook ids to leave out (the probe's own,
-    registered while it scores). Weights changed in place (a training step, ``load_state_dict``, a LoRA scale) leave
-    it as it was, and so do the parameters' dtypes (FSDP2 leaves its root's parameters gathered in the forward's
-    dtype after a forward call): the self-check's rotation follows those (a new precision starts a new cycle of
-    its checks).
-    """
+    """What ``model``'s forward computes apart from its weights' values and dtypes: two signatures are equal exactly
+    when none of it changed. Per module: its name, the module itself (weakly held), its class, its hook ids (torch
+    numbers each handle anew), a ``forward`` set on the instance and its peft adapters' state; then the global hooks,
+    the attention implementation and the device. ``ignore``: hook ids to leave out (the probe's own)."""
     from torch.nn.modules import module as torch_module
 
     skip = set(ignore)
@@ -485,9 +422,8 @@ def forward_signature(model, ignore: Collection[int] = ()) -> tuple:
 
 
 def held_ref(obj):
-    """``obj`` as a signature (or :class:`~.engine.LogOnce`) holds it: a weak reference (equal while both live and are
-    the same object; never equal to one whose object died), or its id where it cannot be weakly referenced; None
-    stays None."""
+    """``obj`` held weakly (equal while both live and are the same object), or its id where it cannot be; None stays
+    None."""
     if obj is None:
         return None
     try:

@@ -1,16 +1,6 @@
-"""The engine checks itself: every probe compares its fast path with each prompt scored alone.
-
-The rules in :mod:`~tinymcf_callback.scoring.model_info` only cover the families someone has tried, so
-:func:`score_checked` also scores a few prompts the simplest way (:func:`~tinymcf_callback.scoring.engine.score_alone`)
-and compares them with what the strategy gave *for the same prompts, padded as they were in their batches*; above the
-tolerance it moves to the next safer strategy, and :class:`EngineMismatchError` when even the unpadded one disagrees.
-Which prompts, and when: the riskiest first (:func:`check_prompts`), then the rest, a few per probe at a fixed share
-of the probe's time (:class:`Rotation`). A reduced-precision probe is *replayed in float32*
-(:mod:`~tinymcf_callback.scoring.replay`): in bfloat16 a prompt in a batch and alone differ by up to 0.07 in P(Yes)
-on SmolLM2 with nothing wrong, while the defects looked for do not depend on the precision. A changed forward (a hook,
-an adapter, a wrapper) starts again from the rules' first strategy (:class:`Memory`, the probe's own). Under several
-processes the check and the decision are collective, and every rank makes the same number of forward calls. The
-whole of it, with the measured figures: docs/engine.md ("The engine checks itself").
+"""The engine checks itself: :func:`score_checked` compares a few prompts of its fast path with each prompt scored
+alone, padded as they were in their batches, and moves to the next safer strategy above the tolerance (a
+reduced-precision probe is replayed in float32 for it). docs/engine.md ("The engine checks itself").
 """
 
 from __future__ import annotations
@@ -93,9 +83,7 @@ class SelfCheck:
 
 
 def joined_checks(records: list[dict]) -> dict | None:
-    """The self-checks of several scorings of one probe's prompts (a precision target's looks, each checked among its
-    own prompts with the probe's one rotation) as one record: every checked prompt, the largest differences, every
-    fallback, what they cost together; the rotation's coverage after the last, over the prompts they scored."""
+    """The self-checks of several scorings of one probe's prompts (a precision target's looks) as one record."""
     if not records:
         return None
     out = {**records[0], "strategy": records[-1]["strategy"]}
@@ -124,15 +112,10 @@ def tolerance_for(compute: str | None, override: float | None = None) -> float:
 
 def check_prompts(encoded: list[list[int]], batches: list[list[int]], strategy: str, plan=None,
                   k: int = N_CHECKED) -> list[int]:
-    """The prompts a strategy treats most differently from scoring each alone (at most ``k``, in this order).
+    """The prompts a strategy treats most differently from scoring each alone (at most ``k``, riskiest first).
 
-    The most padded prompt of all; the most padded of the last batch (another batch size and
-    width); on the shared path, the prompt with the most padding before its scenario and the one
-    with the most before its question (the two seams inside the cache); the least padded of the
-    padded prompts (a defect may need a short stretch of padding, or only a few slots); then the
-    most padded of the first batch and the next most padded. Ties go to the lower index, so
-    every rank picks the same. Short padded prompts are also the cheapest to score alone, which
-    keeps the check to a few percent of a probe.
+    The least padded of the padded prompts is among them: a defect may need only a few padded slots. Ties go to the
+    lower index, so every rank picks the same.
     """
     if not batches:
         return []
@@ -154,8 +137,7 @@ def check_prompts(encoded: list[list[int]], batches: list[list[int]], strategy: 
 def replay_rows(encoded: list[list[int]], batches: list[list[int]], strategy: str, plan,
                 idx: list[int]) -> list[tuple[list[int], tuple[int, ...] | None]]:
     """The checked prompts grouped by the batch they were scored in, each group with that batch's layout (the widths
-    its rows were padded to): scored alone as a group with that layout, each checked prompt is padded exactly as the
-    whole batch padded it, at the cost of its own row only."""
+    its rows were padded to), so that a replay pads them as the whole batch did."""
     wanted, out = set(idx), []
     for batch in batches:
         here = [i for i in batch if i in wanted]
@@ -167,16 +149,8 @@ def replay_rows(encoded: list[list[int]], batches: list[list[int]], strategy: st
 
 @dataclass
 class Rotation:
-    """Which prompts a :class:`~tinymcf_callback.probe.Probe`'s self-check compares, probe after probe, and when.
-
-    Which: the riskiest first (:func:`check_prompts`), then every other prompt in a seeded order, cycle after cycle;
-    another structure (:func:`structure`: a changed forward, another precision or strategy) starts a new cycle. When:
-    the first probe of a structure always checks (it decides the strategy); after that each probe earns ``budget`` of
-    its own scoring time, and the check spends what was earned, at the last check's time per prompt (at most
-    :data:`N_CHECKED`), so the check costs a run about that share whatever a checked prompt costs on the hardware.
-    The looks of a probe with a precision target share one rotation, each checking its own prompts (``rows``).
-    docs/engine.md ("The engine checks itself").
-    """
+    """Which prompts a probe's self-check compares, probe after probe, and when: the riskiest first, then the rest in
+    a seeded order; each probe earns ``budget`` of its scoring time for the check to spend (docs/engine.md)."""
 
     seed: int = 0
     budget: float = CHECK_BUDGET  # the share of its probes' time the check spends
@@ -244,10 +218,8 @@ class Rotation:
 
 
 def structure(changes: int, strategy: str, compute: str | None, batches: int | None = None) -> tuple:
-    """What a defect of the probe's paths depends on: which forward it is (``changes``: the probe's
-    :class:`Memory` counts each change of :func:`~.model_info.forward_signature`: a module, hook, adapter or
-    wrapper), the precision it computed in, how many batches its prompts were planned in (a model moved to another
-    device is batched anew), and the strategy (weights change over training; this does not)."""
+    """What a defect of the probe's paths depends on: which forward it is (``changes``, counted by :class:`Memory`),
+    the precision, how many batches the prompts were planned in, and the strategy; not the weights."""
     return (changes, compute, batches, strategy)
 
 
@@ -279,19 +251,11 @@ def probe_cost(encoded, batches, strategy: str, plan) -> float:
 # ---- the checked scoring loop ---------------------------------------------------------------------
 @dataclass
 class Memory:
-    """What a probe's scoring carries from one probe to the next, held by the probe (a
-    :class:`~tinymcf_callback.probe.Probe`'s ``memory``; the looks of a probe with a precision target share their
-    candidates'), never by the process.
+    """What a probe's scoring carries from one probe to the next, held by the probe, never by the process."""
 
-    ``forward``: the :func:`~.model_info.forward_signature` of the model scored last; ``changes``: how often it has
-    changed (the first model counts), which starts a new cycle of the :class:`Rotation`; ``needed``: the safest
-    strategy (an index into :data:`~.engine.STRATEGIES`) that forward has needed so far, where its next probe
-    starts; ``say``: the warnings said, once per model and cause.
-    """
-
-    forward: tuple | None = None
-    changes: int = 0
-    needed: int = 0
+    forward: tuple | None = None  # the forward_signature of the model scored last
+    changes: int = 0  # how often it has changed (the first model counts)
+    needed: int = 0  # the safest strategy (index into STRATEGIES) that forward has needed: where its next probe starts
     say: LogOnce = field(default_factory=LogOnce)
 
     def meet(self, model, ranks: Ranks, ignore=()) -> bool:
@@ -309,14 +273,11 @@ class Memory:
 
 def score_checked(job, model, *, batches: list[list[int]] | None = None, ranks: Ranks | None = None, precision=None,
                   progress: bool = False, tolerance: float | None = None, check: bool = True) -> ScoreResult:
-    """Score every prompt of ``job`` on ``model``, checked against each prompt alone; the same on every rank.
+    """Score every prompt of ``job`` (a :class:`~tinymcf_callback.probe.Probe`) on ``model``, checked against each
+    prompt alone; the same on every rank. ``batches``: only the prompts of these, NaN outside them.
 
-    ``job`` is a :class:`~tinymcf_callback.probe.Probe`; ``precision`` the running
-    :class:`~tinymcf_callback.scoring.mode.Precision`, which gives the tolerance (``tolerance`` overrides it). The
-    result's ``check`` holds the :class:`SelfCheck` record (None with ``check=False``: the first strategy, unchecked).
     Raises :class:`EngineMismatchError` when no strategy agrees with each prompt alone, the last strategy's own error
-    when every one raised. ``batches``: only the prompts of these (a look of a probe with a precision target), the
-    result holding every prompt of ``job``, NaN outside them.
+    when every one raised.
     """
     ranks, memory = ranks or Ranks(), job.memory
     rows = None if batches is None else sorted(i for b in batches for i in b)
@@ -411,10 +372,8 @@ def _fall_back(memory: Memory, model, name: str, strategy: str, why: str, fallba
 def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, compute: str | None,
            override: float | None, pad_id: int, fallbacks: list[str], batches: list[list[int]],
            rows: list[int] | None) -> SelfCheck:
-    """Compare the checked prompts (of ``batches``, the prompts scored) with each prompt alone: in a float32 replay
-    when the probe computed in a reduced precision and the replay can run on every rank, else in the probe's own
-    precision. The same verdict on every rank.
-    """
+    """Compare the checked prompts with each prompt alone: in a float32 replay when the probe computed in a reduced
+    precision and the replay can run on every rank, else in the probe's own precision."""
     idx = _picked(job, strategy, plan, ranks, compute, batches, rows)
     allowed = tolerance_for(compute, override)
     n_scored = len(job.encoded) if rows is None else len(rows)
@@ -447,9 +406,8 @@ def _check(job, model, res: ScoreResult, strategy: str, plan, ranks: Ranks, comp
 
 def _picked(job, strategy: str, plan, ranks: Ranks, compute: str | None, batches: list[list[int]],
             rows: list[int] | None) -> list[int]:
-    """This probe's checked prompts: the rotation's next ones among ``rows`` (default every prompt), as many as the
-    budget allows; rank 0's on every rank. The structure counts the batches of the device's plan of every prompt
-    (``job.batches``), so that the looks of a probe with a precision target share one cycle."""
+    """This probe's checked prompts: the rotation's next ones among ``rows``, as many as the budget allows; rank 0's
+    on every rank. The structure counts ``job.batches``, so that the looks of one probe share one cycle."""
     rotation, encoded = job.rotation, job.encoded
     rotation.start(ranks.gather(structure(job.memory.changes, strategy, compute, len(job.batches)))[0])
     order = rotation.order(encoded, batches, strategy, plan, rows)
@@ -471,9 +429,8 @@ def _done(job, check: SelfCheck, n_prompts: int) -> SelfCheck:
 
 
 def _replayed(job, model, idx: list[int], strategy: str, plan, pad_id: int, batches: list[list[int]]):
-    """The checked prompts in float32: ``((strategy's scores, each alone), None, forward calls, copy bytes)``, or
-    ``(None, why not, forward calls, copy bytes)``. Makes the same number of forward calls whatever happens (sharding
-    needs it)."""
+    """The checked prompts in float32: ``((strategy's scores, each alone) or None, why not, forward calls, copy
+    bytes)``. Makes the same number of forward calls whatever happens (sharding needs it)."""
     target = without_compile(model)
     device = model_device(model)
     runner = make_strategy(strategy, target, job.encoded, pad_id, device, plan)
