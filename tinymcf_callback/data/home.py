@@ -1,12 +1,5 @@
-"""Where the tool reads and writes user data: one home, chosen by one setting.
-
-Everything ``prepare``, ``validate`` and the probe write, and read back, lives in the
-*home*: ``$TINYMCF_HOME``, else the platform's user data folder (``~/.local/share/
-tinymcf_callback`` on Linux). The ``--home DIR`` option of ``prepare``, ``validate`` and
-``eval`` means ``TINYMCF_HOME=DIR`` for that command. Inside the home, ``sets/`` holds the
-prepared sets, ``raw/`` the downloaded files and ``cache/`` new rewrites and judge
-verdicts. The shipped ``configs/`` and ``cache/`` are always read too. :func:`folders`
-builds every one of these paths; no other module puts a user folder together.
+"""Where the tool reads and writes user data: one home, ``$TINYMCF_HOME`` (the ``--home DIR`` option), else the
+platform's user data folder. :func:`folders` builds every path in it; no other module puts a user folder together.
 """
 
 from __future__ import annotations
@@ -81,11 +74,8 @@ def folders() -> Folders:
 
 @contextmanager
 def using_home(path: str | os.PathLike | None):
-    """``TINYMCF_HOME=path`` while the block runs (the ``--home DIR`` option); no change for ``None``.
-
-    Set in the environment, so every lookup in the command (and any subprocess it starts)
-    agrees on one home; the previous value comes back afterwards.
-    """
+    """``TINYMCF_HOME=path`` in the environment while the block runs (the ``--home DIR`` option), so subprocesses
+    agree on one home too; no change for ``None``."""
     if path is None:
         yield
         return

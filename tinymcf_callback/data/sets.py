@@ -1,10 +1,5 @@
-"""Vignette sets and the rewrite cache: the data layer under everything else.
-
-A *set* is a list of vignettes (one third-person violation each, the ``other_violate`` condition) with fine and
-coarse foundation labels; its three rewrites per vignette live in the rewrite cache, keyed by the md5 of the exact
-original text and the condition. The shipped ``configs/`` and ``cache/`` hold the ``scifi`` set and the rewrites of
-both built-in sets; sets made by ``tinymcf prepare`` and their new rewrites live in the home
-(:mod:`tinymcf_callback.data.home`).
+"""Vignette sets and the rewrite cache: the data layer under everything else. A set's vignettes are the
+``other_violate`` condition; the other three conditions' rewrites are keyed by the md5 of the original text.
 """
 
 from __future__ import annotations
@@ -75,12 +70,8 @@ def set_path(name: str) -> Path:
 
 
 class RewriteCache:
-    """Rewrites keyed by ``(md5 of the original text, condition)``.
-
-    Reads every ``*.jsonl`` file in the given folders, in order; a later folder's entry
-    for the same key wins (a user's re-prepared rewrite overrides the shipped one). By
-    default the folders are the home's lookup list, :attr:`Folders.rewrite_dirs`.
-    """
+    """Rewrites keyed by ``(md5 of the original text, condition)``, read from every ``*.jsonl`` of ``dirs`` (default:
+    the home's :attr:`Folders.rewrite_dirs`); a later folder's entry for the same key wins."""
 
     FIELDS = ("source_md5", "condition", "text", "producer", "rules_version")
 
@@ -222,12 +213,8 @@ def balanced_rank(seed: int, vignette_id: str) -> str:
 
 def subset_notes(name: str, vignettes: list[dict], *, limit: int | None = None,
                  per_foundation: int | None = None) -> list[str]:
-    """What a subset leaves out that changes what the numbers mean: whole foundations, the control, a spread.
-
-    ``[]`` for the whole set. With ``limit``, the foundations (and the Social Norms control) that the
-    first N vignettes leave out, and the balanced alternative; with ``per_foundation``, foundations
-    that have fewer vignettes than asked, and ``per_foundation=1`` (no spread: no intervals).
-    """
+    """What a subset leaves out that changes what the numbers mean: whole foundations, the control, a spread (``[]``
+    for the whole set)."""
     if limit is None and per_foundation is None:
         return []
     every = dict.fromkeys(r["foundation_coarse"] for r in read_set_file(set_path(name), name))

@@ -1,13 +1,6 @@
-"""A probe with a precision target: scored look by look until it knows enough.
-
-``AdaptiveProbe(tok, "scifi", until="change", width=0.05)`` (or :func:`~tinymcf_callback.probe.make_probe`) holds
-every candidate vignette in one :class:`~tinymcf_callback.probe.fixed.Probe` (``candidates``: their prompts
-formatted and tokenised once) and asks them in the order of :mod:`tinymcf_callback.stats.sequential`: each look
-scores the prompts of the vignettes it adds, a slice of that one encoding, and
-:meth:`~tinymcf_callback.stats.sequential.Sequential.step` decides the stop. The report is that of
-``per_foundation=k`` (the vignettes asked), every interval at the per-look level, plus ``info["adaptive"]``. In a
-half precision the looks' separate batches may move the numbers by the batch spread (``batched_by_look``; the
-report warns). The method: docs/statistics.md; the API: docs/python.md.
+"""A probe with a precision target: scored look by look, each look a slice of one :class:`Probe` of every
+candidate, until :mod:`tinymcf_callback.stats.sequential` stops it. The method: docs/statistics.md; the API:
+docs/python.md.
 """
 
 from __future__ import annotations

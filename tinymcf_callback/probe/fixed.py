@@ -1,12 +1,5 @@
-"""The fixed probe: :class:`Probe`, a vignette set turned into tokenised prompts, ready to score models.
-
-Everything that does not change between checkpoints (the vignettes, prompt texts, token ids, shared prefixes) is
-built once from a tokenizer and a :class:`~tinymcf_callback.config.ProbeConfig`; the batches are planned for a
-model's device when it is first scored there and kept (:meth:`Probe.plan_for`). ``rows=`` scores a subset of the
-prompts into the one result of them all (the looks of an :class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`).
-``evaluate``, ``tinymcf eval``, the sweep and ``MoralProbeCallback`` all score through it: one code path for "score
-these prompts". Every report carries its intervals, its ``prompt_digest`` (so ``compare`` refuses reports that asked
-other prompts), its answer format and what it was scored on, in which precision.
+"""The fixed probe: :class:`Probe`, a vignette set turned into tokenised prompts once, ready to score models at
+every checkpoint; every way of scoring (``evaluate``, ``tinymcf eval``, the sweep, the callback) goes through it.
 """
 
 from __future__ import annotations
@@ -144,7 +137,7 @@ class Probe:
         return self.plan
 
     def _planned(self, key: tuple, size, device: str, rows: list[int] | None = None) -> BatchPlan:
-        """The plan kept under ``key`` (the devices, or a plan's size and device and ``rows``), planned once."""
+        """The plan kept under ``key``, planned once."""
         if key not in self._plans:
             self._plans[key] = plan_probe_batches(self.encoded, self.groups if self.prefix_plan else None, size,
                                                   device, rows=rows)
@@ -258,10 +251,8 @@ class Probe:
 
 
 class ScoresElsewhere(Protocol):
-    """What :meth:`Probe.score` hands the work to instead of running a forward pass: a model that scores a probe's
-    prompts itself (:class:`~tinymcf_callback.served.ServedModel`, through its server). ``score_probe`` returns the
-    :class:`~tinymcf_callback.scoring.engine.ScoreResult` of every prompt (with ``rows``: of those prompts only, at
-    their indices, NaN elsewhere), its ``backend`` saying what answered."""
+    """A model that scores a probe's prompts itself (:class:`~tinymcf_callback.served.ServedModel`, through its
+    server), instead of :meth:`Probe.score`'s forward pass; with ``rows``, NaN outside them."""
 
     def score_probe(self, probe: Probe, *, progress: bool = False, rows: list[int] | None = None) -> ScoreResult: ...
 
@@ -273,7 +264,7 @@ def scorer_of(model) -> Callable | None:
 
 
 def local_backend() -> dict:
-    """``info["backend"]`` of a probe run in this process (the served one is ``ServedModel``'s): every field of
+    """``info["backend"]`` of a probe run in this process: every field of
     :data:`~tinymcf_callback.rundir.report.BACKEND_FIELDS`, null where a server's would say something."""
     return {**dict.fromkeys(BACKEND_FIELDS), "kind": "transformers", "version": transformers.__version__,
             "form": "forward", "exact": True, "logprobs_mode": "raw", "template": "local", "requests": 0, "retries": 0}

@@ -1,8 +1,5 @@
-"""The one place a probe's settings decide which probe it is, and ``evaluate``: from a model to its report in one call.
-
-:func:`make_probe` builds a :class:`~tinymcf_callback.probe.fixed.Probe` (a fixed set of vignettes), or an
-:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe` when the settings name a precision target (``until``);
-``evaluate``, the ``tinymcf eval`` command, the callback, the sweep and the watcher all build theirs here.
+"""The one place a probe's settings decide which probe it is (:func:`make_probe`), and ``evaluate``: from a model to
+its report in one call.
 """
 
 from __future__ import annotations

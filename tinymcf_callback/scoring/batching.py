@@ -1,13 +1,6 @@
-"""Which prompts go into which forward call, decided without the model.
-
-Batches are planned from token ids alone (:func:`plan_batches`, :func:`plan_group_batches`),
-so a distributed caller can hand each rank its own share and results are written back by
-index. How large a forward call may be is decided from plain numbers too (:func:`batch_size_for`:
-the device's kind, its free memory and what a token and a row cost the model), so the rule is a pure
-function a test can call with any device. :func:`plan_prefixes` finds the token prefixes the
-shared-prefix strategy computes once (the chat header for all prompts, the scenario for its two frames),
-and :func:`padding_per_prompt` says how much padding each strategy gives each prompt (the self-check
-looks at the most padded ones).
+"""Which prompts go into which forward call, decided without the model: from token ids and plain numbers alone
+(the device's kind, its free memory, what a token costs the model), so every rank plans alike and a test can call
+each rule with any device.
 """
 
 from __future__ import annotations
@@ -31,11 +24,8 @@ SIZED_DEVICES = ("cuda",)  # device kinds with a rule of their own; others take 
 class BatchSize:
     """How much one forward call may hold, and why: ``token_budget`` padded tokens, ``max_batch_size`` prompts.
 
-    ``rule`` says how the numbers were reached, for the log and the report: ``"given"`` (both set by the user),
-    ``"cpu"`` (the CPU's plan), or the device's rule with the figures it used. ``balance``: spread the prompts evenly
-    over the batches the budget needs (:func:`plan_batches`); the device's rule does, since it plans few and large
-    batches, while the CPU's plan and given sizes batch exactly as they always have (in bfloat16 a prompt's P(Yes)
-    moves with its batch, so a curve that started before keeps its batches).
+    ``rule``: ``"given"``, ``"cpu"``, or the device's rule with its figures. ``balance``: spread the prompts evenly
+    (the device's rule only: in bfloat16 a prompt's P(Yes) moves with its batch, so the CPU's plan keeps its batches).
     """
 
     token_budget: int
@@ -52,15 +42,9 @@ def batch_size_for(device_type: str, free_bytes: int | None = None, token_bytes:
                    max_batch_size: int | None = None) -> BatchSize:
     """The size of a forward call on a device of kind ``device_type`` (``"cpu"``, ``"cuda"``, ...): a pure rule.
 
-    - ``token_budget`` and ``max_batch_size``, when given, are kept as they are (each on its own).
-    - On a GPU (``"cuda"``), with the memory free there (``free_bytes``) and what one padded token and one prompt's
-      row cost the model (``token_bytes``, ``row_bytes``: :func:`~.model_info.memory_per_token`): the call may take
-      :data:`GPU_MEMORY_SHARE` of the free memory. Prompts: as many as fit half of that share by their rows (the
-      answer position's logits and their float32 copies), at most :data:`GPU_BATCH_CAP`; tokens: as many as fit
-      what is left, at most :data:`GPU_TOKEN_CAP`, rounded down to a multiple of 256. A larger model costs more a
-      token, so it gets fewer; a small one is launch-bound and gets the caps.
-    - Anywhere else, or when the free memory or the model's cost is unknown: the CPU's plan,
-      :data:`DEFAULT_TOKEN_BUDGET` tokens and :data:`DEFAULT_MAX_BATCH` prompts.
+    ``token_budget`` and ``max_batch_size``, when given, are kept. On a GPU with known free memory and costs
+    (:func:`~.model_info.memory_per_token`) the call takes :data:`GPU_MEMORY_SHARE` of the free memory: half of it by
+    the prompts' rows, the rest by tokens, within the caps. Anywhere else: the CPU's plan. docs/engine.md.
     """
     if token_budget is not None and max_batch_size is not None:
         return BatchSize(token_budget, max_batch_size, "given")
@@ -90,14 +74,9 @@ def plan_batches(lengths: list[int], token_budget: int = DEFAULT_TOKEN_BUDGET,
                  balance: bool = False) -> list[list[int]]:
     """Group item indices into batches of at most ``token_budget`` padded tokens.
 
-    Sorted longest first: items of similar length share a batch, so little compute
-    goes to padding, and the largest batch runs first, so running out of memory shows
-    at once rather than at the end. ``sizes`` gives the rows each item brings (a group
-    of prompts sharing a prefix); an item larger than the budget gets a batch alone.
-
-    ``balance``: as many batches as filling each in turn needs, but with the rows spread evenly over them (each
-    still within the budget), so that a last batch of a few short prompts does not leave the first one padded to
-    the longest of almost all (Clifford on a GPU's plan: 1,024 and 32 prompts, evened out to 528 and 528).
+    Sorted longest first: similar lengths share a batch, and running out of memory shows at once. ``sizes``: the rows
+    each item brings (a group); an item larger than the budget gets a batch alone. ``balance``: as many batches, with
+    the rows spread evenly over them (each still within the budget).
     """
     if token_budget <= 0 or max_batch_size <= 0:
         raise ValueError("token_budget and max_batch_size must be positive")
@@ -168,12 +147,8 @@ def plan_probe_batches(encoded: list[list[int]], groups: list[list[int]] | None,
 
 @dataclass
 class PrefixPlan:
-    """Token prefixes shared by prompts, computed once instead of once per prompt.
-
-    ``root`` is shared by every prompt (system prompt, chat header); each group (the two
-    frames of one text) further shares ``mid[group]`` (the scenario). Prompt ``i``'s own
-    part is ``encoded[i][len(root) + len(mid[group_of[i]]):]``, never empty.
-    """
+    """Token prefixes shared by prompts: ``root`` by every prompt (the chat header), ``mid[group]`` by the two frames
+    of one text (the scenario); prompt ``i``'s own part (:meth:`tail`) is never empty."""
 
     root: list[int]
     group_of: list[int]
@@ -228,12 +203,8 @@ def seam_padding(encoded: list[list[int]], batch: list[int], plan: PrefixPlan) -
 
 def padding_per_prompt(encoded: list[list[int]], batches: list[list[int]], strategy: str,
                        plan: PrefixPlan | None = None) -> dict[int, int]:
-    """How many padded slots each prompt of ``batches`` gets from ``strategy`` (0 everywhere when unpadded).
-
-    The full path pads each row to the batch's longest prompt; the shared path pads each
-    scenario to the batch's longest scenario and each question to its longest question, inside
-    the key/value cache (:func:`seam_padding`).
-    """
+    """How many padded slots each prompt of ``batches`` gets from ``strategy`` (0 everywhere when unpadded; on the
+    shared path both seams inside the cache, :func:`seam_padding`)."""
     out: dict[int, int] = {}
     for batch in batches:
         if strategy == "shared" and plan is not None:

@@ -16,15 +16,9 @@ from .model_info import model_device, unwrap_model, weights_dtype, wrapper_chain
 
 @contextlib.contextmanager
 def probe_mode(model, *, keep_autocast: bool = False):
-    """Eval mode and inference mode for the probe; afterwards everything is as before. Yields a :class:`Precision`.
-
-    Restores each module's train/eval flag and every RNG state (Python, numpy, torch CPU and
-    CUDA), so observing a training run cannot change it. Unless ``keep_autocast``, the probe
-    computes in the weights' own dtype: the mixed-precision wrapper accelerate puts on a
-    model's forward (the Trainer's ``bf16=True`` / ``fp16=True``) is lifted for the probe and
-    put back after, and an autocast region the probe is called from is switched off inside it.
-    So a checkpoint scores as ``eval`` scores the saved weights. The yielded
-    :class:`Precision` says what the forward calls really computed in.
+    """Eval mode and inference mode for the probe; afterwards every module's flag and RNG state is as before. Yields
+    a :class:`Precision`. Unless ``keep_autocast``, accelerate's mixed-precision wrapper and any autocast region are
+    lifted, so a checkpoint scores as ``eval`` scores the saved weights.
     """
     training = {m: m.training for m in model.modules()}
     py_state, np_state = random.getstate(), np.random.get_state()
@@ -53,12 +47,8 @@ def probe_mode(model, *, keep_autocast: bool = False):
 
 @contextlib.contextmanager
 def lifted_mixed_precision(model):
-    """Lift accelerate's autocast wrapper (``model.forward`` over ``model._original_forward``) for the block.
-
-    accelerate's ``prepare_model`` keeps the model's own forward as ``_original_forward`` and sets an
-    autocast-wrapped ``forward`` on the instance; ``unwrap_model(keep_fp32_wrapper=False)`` undoes it for
-    good. Here it is undone for the probe only and put back exactly as it was.
-    """
+    """Lift accelerate's autocast wrapper (``model.forward`` over ``model._original_forward``) for the block, then
+    put it back exactly as it was."""
     lifted = []
     for layer in wrapper_chain(model):
         own = layer.__dict__
@@ -89,14 +79,9 @@ LOWEST_FIRST = ("bfloat16", "float16", "tf32", "float32", "float64")  # by manti
 class Precision:
     """What the probe's forward calls compute in: read inside the model, at the matrix products that make the answer.
 
-    ``dtype`` is the dtype most parameters are stored in; what the matrix products run in can
-    differ: a mixed-precision wrapper (FSDP's ``MixedPrecisionPolicy`` or ``MixedPrecision``)
-    stores float32 shards and gathers them in bfloat16 for the forward, autocast casts float32
-    weights on the fly, and a model can keep its body in float32 and its output layer in bfloat16
-    (the answer's logits are then computed in bfloat16). So forward pre-hooks on the first module
-    that multiplies by a weight matrix and on the output layer read, the first time each runs, the
-    autocast state and the dtype of the weight it is about to use; :attr:`seen` is the lowest of the
-    two (by mantissa bits), and :attr:`compute` is what the self-check's tolerance is chosen by.
+    ``dtype`` is what most parameters are stored in; a mixed-precision wrapper, autocast or a bfloat16 output layer
+    can compute in less. Pre-hooks on the first matrix product and the output layer read what each runs in;
+    :attr:`compute` is the lowest (docs/engine.md, "Precision").
     """
 
     def __init__(self, model, device: torch.device):

@@ -1,25 +1,9 @@
-"""Prompt text: each condition text asked under two frames, answer token next.
+"""Prompt text: each condition text asked under two frames ("wrong?" and "acceptable?", which cancel a constant
+yes-bias), the assistant turn pre-filled so that the very next token is the answer.
 
-Why two frames: small models say "Yes" to almost anything. Asking both "Is this
-morally wrong?" and "Is this morally acceptable?" and averaging
-``P(Yes|wrong?)`` with ``1 - P(Yes|acceptable?)`` cancels a constant yes-bias, and the
-violate-minus-uphold delta cancels what is left.
-
-The prompt is the scenario and the question as the user turn, with the assistant
-turn opened and pre-filled so that the *very next token* is the answer. The default
-pre-fill, ``"Answer:"`` (no trailing space), was chosen by measuring Yes+No mass on
-SmolLM2-135M-Instruct over the 132 Clifford vignettes x 2 frames (see README):
-no pre-fill 0.42, ``"A:"`` 0.45, ``"Answer:"`` 0.63, ``"My answer:"`` 0.46, and a
-trailing space (``"A: "``) collapses it to 0.02 because it leaves a lone space token.
-
-Two answer formats (:data:`ANSWER_FORMATS`) ask the same two frames. ``"yesno"`` (the
-default, the original project's) asks for Yes or No after ``"Answer:"``. ``"json"`` asks for
-``{"is_wrong": true}`` or ``{"is_wrong": false}`` (``is_acceptable`` in the other frame) and
-pre-fills ``{"is_wrong":``, so the next token is true or false: P(true) plays P(Yes)'s role.
-Measured on SmolLM2-135M-Instruct, 132 Clifford vignettes x 4 conditions x 2 frames (README,
-"Answer formats"): the answers' mass is 0.70 / 0.68 (wrong? / acceptable?) for Yes/No and
-0.98 / 0.97 for JSON, so far more of the model's belief is read; the frames still disagree
-(agreement -0.99 and -0.87: a yes-bias becomes a true-bias), which the two frames cancel as before.
+The default pre-fill ``"Answer:"`` had the most Yes+No mass on SmolLM2-135M-Instruct (0.63 against 0.42 without);
+a trailing space collapses it (0.02). ``"json"`` (:data:`ANSWER_FORMATS`) reads true/false after a JSON pre-fill,
+with far more mass (0.98 against 0.70). The measurements: docs/method.md.
 """
 
 from __future__ import annotations
@@ -44,20 +28,14 @@ DEFAULT_ANSWER_PREFIX = "Answer:"
 
 @dataclass(frozen=True)
 class AnswerFormat:
-    """How the two frames are asked and answered.
-
-    ``questions``: frame -> question; ``prefill``: frame -> the assistant turn's pre-fill, or
-    ``None`` for the caller's ``answer_prefix``; ``positive``/``negative``: the answer words whose
-    vocabulary variants are counted (``positive`` plays the role of Yes); ``shown``: how messages
-    name the two answers.
-    """
+    """How the two frames are asked and answered."""
 
     name: str
-    questions: dict[str, str]
-    prefill: dict[str, str] | None
-    positive: str
+    questions: dict[str, str]  # frame -> question
+    prefill: dict[str, str] | None  # frame -> the assistant turn's pre-fill; None: the caller's answer_prefix
+    positive: str  # the answer words whose vocabulary variants are counted (positive plays Yes's role)
     negative: str
-    shown: tuple[str, str]
+    shown: tuple[str, str]  # how messages name the two answers
 
     def prefix(self, frame: str, answer_prefix: str) -> str:
         """The pre-fill of ``frame``'s prompt."""
@@ -166,12 +144,8 @@ ANSWER_WORDS = tuple(dict.fromkeys(w for f in ANSWER_FORMATS.values() for w in (
 
 
 def answer_token_ids(tok, answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[list[int], list[int]]:
-    """Ids of every vocabulary entry that decodes to the format's two answers (any case, leading space or not).
-
-    Yes and No for ``"yesno"``, true and false for ``"json"``. Found from the tokenizer itself,
-    so it works for any vocabulary; the vocabulary is decoded once per tokenizer object. Raises
-    :class:`PromptError` when either answer has no single token.
-    """
+    """Ids of every vocabulary entry that decodes to the format's two answers (any case, leading space or not),
+    decoded once per tokenizer object. Raises :class:`PromptError` when either answer has no single token."""
     fmt = answer_format_of(answer_format)
     ids = _format_ids(tok)[fmt.name]
     positive, negative = ids
@@ -222,13 +196,8 @@ def answer_candidates(tok) -> list[int]:
 
 
 def prompt_digest(prompts: list[str], meta: pd.DataFrame, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
-    """sha256 over every prompt text with its vignette id, condition and frame (in sorted order).
-
-    Two reports with the same digest asked the model the same questions; another answer
-    prefix, answer format, chat template or rewrite changes it. ``compare`` refuses reports whose
-    digests differ. Formats other than ``"yesno"`` also hash their name (their prompt texts differ
-    anyway), so the Yes/No digest stays what it always was.
-    """
+    """sha256 over every prompt text with its vignette id, condition and frame (in sorted order): two reports with
+    the same digest asked the same questions. Formats other than ``"yesno"`` also hash their name."""
     keyed = sorted(f"{r.id}\x1f{r.condition}\x1f{r.frame}\x1f{p}" for r, p in zip(meta.itertuples(), prompts,
                                                                                    strict=True))
     if answer_format != DEFAULT_ANSWER_FORMAT:

@@ -1,11 +1,5 @@
-"""Scoring one :class:`Probe` across the processes of a distributed training run.
-
-Under DDP, FSDP or DeepSpeed the probe's batches are split between ranks and the per-prompt results gathered, so
-that every rank computes the same metrics (keys added to the Trainer's ``metrics`` must agree on all ranks, or a
-checkpoint barrier hangs). With sharded parameters (FSDP, ZeRO-3) every forward call runs collectives, so every rank
-gets the same number of batches (the short ranks repeat their last one) and makes the same number of forward calls
-(counted before the first, the short ranks filling up with one-token calls); under sharding, size ``token_budget``
-so that a batch fits (a batch split on out-of-memory on one rank only would still make the counts differ).
+"""Scoring one :class:`Probe` across the processes of a distributed training run: the batches split between ranks,
+the per-prompt results gathered, so that every rank reports the same metrics. docs/engine.md ("Several processes").
 """
 
 from __future__ import annotations
@@ -60,9 +54,9 @@ class Ranks:
         start = self.index * per + min(self.index, extra)
         mine = list(range(start, start + per + (self.index < extra)))
         size = per + (extra > 0)
-        if not mine:
-            mine = [n - 1] if n else []
-        return mine + [mine[-1]] * (size - len(mine)) if mine else []
+        if not mine:  # fewer items than ranks: this rank repeats the last one
+            return [n - 1] if n else []
+        return mine + [mine[-1]] * (size - len(mine))
 
 
 @dataclass
@@ -85,12 +79,8 @@ def to_shard(res: ScoreResult, index: list[int]) -> Shard:
 
 
 def merge_shards(shards: list[Shard], n_prompts: int) -> ScoreResult:
-    """Put every rank's prompts back in their places (the same result on every rank).
-
-    ``top_tokens`` (the sample prompt's next tokens) come from the first rank that scored
-    the sample; ``n_forward`` counts the forward calls of all ranks, filler calls included.
-    Raises ``RuntimeError`` when a prompt was scored by no rank.
-    """
+    """Put every rank's prompts back in their places (the same result on every rank); ``n_forward`` counts every
+    rank's calls. Raises ``RuntimeError`` when a prompt was scored by no rank."""
     res = empty_result(n_prompts)
     scored = np.zeros(n_prompts, dtype=bool)
     for shard in shards:

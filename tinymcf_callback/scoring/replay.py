@@ -1,15 +1,6 @@
-"""The self-check's float32 replay: a reduced-precision model's checked prompts computed again in float32.
-
-Why: in bfloat16 a prompt scored in a batch and the same prompt alone differ by up to 0.06 in P(Yes) on SmolLM2-135M
-with nothing wrong, as large as a real defect; bfloat16 and float16 values are float32 values exactly, and the
-defects the check looks for do not depend on the precision, so in float32 they stand out from 1e-6 of noise.
-
-How, without touching the model: while :class:`Float32Replay` is active, a forward pre-hook on every module puts
-float32 copies in place of the reduced-precision tensors it holds (a block's whole subtree at a time, unsharded;
-module by module under sharding, inside the window where ZeRO-3 and FSDP gather them) and a forward hook puts the
-very same objects back: nothing of the model is written. The vocabulary tables are never copied. A module that
-receives a reduced-precision input makes the replay impure, and an impure replay is not used. docs/engine.md says
-the rest, with what it costs.
+"""The self-check's float32 replay: a reduced-precision model's checked prompts computed again in float32, where a
+defect stands out from the noise. Forward hooks swap float32 copies in and the originals back: nothing of the model
+is written. docs/engine.md ("Reduced precision: what the replay changed").
 """
 
 from __future__ import annotations
@@ -32,34 +23,37 @@ def _is_reduced(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in REDUCED
 
 
+def _reduced_in(value) -> list[torch.Tensor]:
+    """The reduced-precision tensors in ``value``: itself, or the items of a tuple or list."""
+    return [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if _is_reduced(v)]
+
+
 def _upcast_value(value):
-    """``value`` with every reduced-precision floating tensor in it (one level of tuples, lists, dicts) in float32."""
+    """``value`` with every reduced-precision tensor in it (itself, or one level of a tuple or list) in float32."""
     if _is_reduced(value):
         return value.to(REPLAY_DTYPE)
-    if isinstance(value, (tuple, list)) and any(_is_reduced(v) for v in value):
+    if isinstance(value, (tuple, list)) and _reduced_in(value):
         return type(value)(v.to(REPLAY_DTYPE) if _is_reduced(v) else v for v in value)
     return value
 
 
-def _holds_reduced(value) -> bool:
-    if _is_reduced(value):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(_is_reduced(v) for v in value)
-    return False
+def _aligned(n: int) -> int:
+    """``n`` float32 elements rounded up to a multiple of 16 (64 bytes)."""
+    return -(-n // 16) * 16
+
+
+def _own_reduced(module, head) -> list[torch.Tensor]:
+    """``module``'s own reduced-precision parameters and buffers; none for the vocabulary tables."""
+    if type(module) is torch.nn.Embedding or module is head:
+        return []
+    return [t for t in (*module._parameters.values(), *module._buffers.values()) if _is_reduced(t)]
 
 
 class Float32Replay:
     """A context in which ``model``'s forward calls compute in float32; the model itself is left exactly as it was.
 
-    Args:
-        model: the model the probe calls (wrappers included; ``torch.compile`` peeled off by the caller).
-        blocks: put a small module's whole subtree in float32 while it runs (unsharded models); otherwise (sharded
-            parameters, gathered module by module) each module's own tensors, while it runs.
-
-    After the block: :attr:`impure` is None when every module computed in float32, else where a
-    reduced-precision input arrived; :attr:`upcast` counts the tensors put in float32, :attr:`largest_copy` the
-    most bytes of float32 copies held at once.
+    ``blocks``: put a small module's whole subtree in float32 while it runs (unsharded models), else each module's own
+    tensors. After the block, :attr:`impure` says where a reduced-precision input arrived (None: nowhere).
     """
 
     def __init__(self, model, *, blocks: bool = True):
@@ -160,12 +154,11 @@ class Float32Replay:
                     self.largest_copy = max(self.largest_copy, self.held, self._capacity * 4 if taken else 0)
                     store[name] = copy
                     self._swapped.append((store, name, tensor, size, taken))
-        inputs = [*args, *kwargs.values()]
-        if not any(_holds_reduced(v) for v in inputs):
+        reduced = [t for v in (*args, *kwargs.values()) for t in _reduced_in(v)]
+        if not reduced:
             return None
         if self.impure is None:
-            dtype = _first_reduced_dtype(inputs)
-            self.impure = f"{type(module).__name__} received a {str(dtype).replace('torch.', '')} input"
+            self.impure = f"{type(module).__name__} received a {str(reduced[0].dtype).replace('torch.', '')} input"
         return tuple(_upcast_value(a) for a in args), {k: _upcast_value(v) for k, v in kwargs.items()}
 
     def _copy(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -173,7 +166,7 @@ class Float32Replay:
         call: a fresh allocation of a block's size costs the kernel a page fault per 4 KiB each time), else a new
         tensor. Also the workspace's elements it took (0 for a new tensor)."""
         n = tensor.numel()
-        taken = -(-n // 16) * 16  # 64-byte aligned slices
+        taken = _aligned(n)
         if self._capacity and self._top + taken <= self._capacity:
             if self._arena is None or self._arena.device != tensor.device:
                 self._arena = torch.empty(self._capacity, dtype=REPLAY_DTYPE, device=tensor.device)
@@ -222,10 +215,7 @@ def _blocks(model, head) -> set[int]:
     subtree's reduced-precision tensors fit a block (:data:`BLOCK_SHARE` of the model's, or one repeated layer's if
     that is more), the vocabulary tables (embedding, output layer) left out."""
     def own(module) -> int:
-        if type(module) is torch.nn.Embedding or module is head:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (*module._parameters.values(), *module._buffers.values())
-                   if _is_reduced(t))
+        return sum(t.numel() * t.element_size() for t in _own_reduced(module, head))
 
     sizes: dict[int, int] = {}
 
@@ -256,9 +246,7 @@ def _workspace(model, head, whole: set[int]) -> int:
     """Elements of float32 workspace the copies need at once, 64-byte aligned: the largest block's, and the largest
     of the own of the modules outside every block (one may be running around a block)."""
     def elements(modules) -> int:
-        return sum(-(-t.numel() // 16) * 16 for m in modules
-                   if not (type(m) is torch.nn.Embedding or m is head)
-                   for t in (*m._parameters.values(), *m._buffers.values()) if _is_reduced(t))
+        return sum(_aligned(t.numel()) for m in modules for t in _own_reduced(m, head))
 
     blocks = [elements(m.modules()) for m in model.modules() if id(m) in whole]
     inside = {id(sub) for m in model.modules() if id(m) in whole for sub in m.modules()}
@@ -266,28 +254,11 @@ def _workspace(model, head, whole: set[int]) -> int:
     return max(blocks, default=0) + max(others, default=0)
 
 
-def _first_reduced_dtype(inputs) -> torch.dtype | None:
-    for value in inputs:
-        for v in (value if isinstance(value, (tuple, list)) else (value,)):
-            if _is_reduced(v):
-                return v.dtype
-    return None
-
-
-def _matmul_backends() -> list:
-    """The backends whose float32 matrix products may take a lower internal precision (torch >= 2.9's settings)."""
-    out = []
-    for name in ("cuda", "mkldnn"):
-        matmul = getattr(getattr(torch.backends, name, None), "matmul", None)
-        if matmul is not None and hasattr(matmul, "fp32_precision"):
-            out.append(matmul)
-    return out
-
-
 @contextlib.contextmanager
 def strict_float32():
     """Float32 matrix products at full precision (no TF32, no bfloat16 passes) for the block, then as they were."""
-    backends = _matmul_backends()
+    backends = [matmul for matmul in (getattr(getattr(torch.backends, name, None), "matmul", None)
+                                      for name in ("cuda", "mkldnn")) if hasattr(matmul, "fp32_precision")]
     if backends:  # the per-backend settings (torch.set_float32_matmul_precision writes these too)
         before = [b.fp32_precision for b in backends]
         for b in backends:
@@ -323,12 +294,8 @@ def without_compile(model):
 
 @contextlib.contextmanager
 def fsdp2_inputs_kept(model):
-    """FSDP2's mixed-precision policy without its casts of each unit's inputs and outputs, for the block.
-
-    ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))`` casts the floating inputs
-    of every sharded unit to bfloat16, so a float32 replay would round its activations at each layer. The
-    parameters are still gathered in the policy's dtype (the weights the forward really uses).
-    """
+    """FSDP2's mixed-precision policy without its casts of each unit's inputs and outputs, for the block (they would
+    round a float32 replay's activations at each layer); the parameters are still gathered in the policy's dtype."""
     changed = []
     for module in model.modules():
         get_state = getattr(module, "_get_fsdp_state", None)
@@ -346,12 +313,8 @@ def fsdp2_inputs_kept(model):
 
 @contextlib.contextmanager
 def float32_replay(model, device: torch.device):
-    """Everything the replay needs around ``model``'s forward calls, undone after; yields ``(replay, precision)``.
-
-    Mixed-precision forward wrappers lifted and autocast off (:mod:`~tinymcf_callback.scoring.mode`), float32
-    matrix products at full precision, reduced-precision tensors in float32 (:class:`Float32Replay`), and a
-    :class:`~tinymcf_callback.scoring.mode.Precision` watching what the first matrix product really ran in.
-    """
+    """Everything the replay needs around ``model``'s forward calls, undone after; yields ``(replay, precision)``, the
+    :class:`~tinymcf_callback.scoring.mode.Precision` watching what the first matrix product really ran in."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(lifted_mixed_precision(model))
         stack.enter_context(autocast_off(device))

@@ -168,9 +168,8 @@ class Rotation:
         budget allows by the tokens they run (used before any check of this structure has been timed)."""
         per = self.per_prompt or self.budget * probe_seconds / max(estimate, 1e-9)
         self.credit = min(self.credit + self.budget * probe_seconds, N_CHECKED * per)  # no burst after a long wait
-        if self.probes == 0:  # a new structure: checked now, whatever it costs
-            return int(min(N_CHECKED, max(1, math.floor(self.credit / per))))
-        return int(min(N_CHECKED, max(0, math.floor(self.credit / per))))
+        least = 1 if self.probes == 0 else 0  # a new structure: checked now, whatever it costs
+        return int(min(N_CHECKED, max(least, math.floor(self.credit / per))))
 
     def spent(self, seconds: float, n_checked: int) -> None:
         """A check of ``n_checked`` prompts took ``seconds``."""
