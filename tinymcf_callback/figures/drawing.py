@@ -1,10 +1,6 @@
-"""What the dashboard (:mod:`.overview`) and the paper figure (:mod:`.paper`) both draw with.
-
-Matplotlib is the optional ``[plot]`` extra, imported when a figure is made (:func:`require_matplotlib`). Runs get
-the Okabe-Ito colours (distinct under the common colour-vision deficiencies) and a marker each (:func:`run_styles`),
-so a grey print still tells them apart; an interval is a translucent band, a lone one a bar (:func:`draw_series`);
-a dose-response history adds the random directions' band (:func:`draw_random`) and an ``x`` where the model
-stopped answering (:func:`draw_not_answering`).
+"""What the dashboard (:mod:`.overview`) and the paper figure (:mod:`.paper`) both draw with: Okabe-Ito colours and a
+marker per run (a grey print still tells them apart), interval bands, a dose-response history's random directions.
+Matplotlib is the optional ``[plot]`` extra, imported when a figure is made (:func:`require_matplotlib`).
 """
 
 from __future__ import annotations
@@ -75,18 +71,16 @@ def draw_series(ax, steps: np.ndarray, series: Series, style: Style, what: str, 
         for bound in (series.lo, series.hi):
             ax.plot(steps, bound, color=style.colour, linewidth=0.6, alpha=0.6, linestyle="--" if dashed else "-",
                     label=f"_{style.label} · {what} bound")
-        alone = isolated(series.lo, series.hi)  # a band needs two neighbouring steps: a lone interval is a bar
-        if alone.any():
-            ax.vlines(steps[alone], series.lo[alone], series.hi[alone], color=style.colour, alpha=0.5, linewidth=3,
-                      label=f"{style.label} · {what} lone interval")
+        draw_lone(ax, steps, series, style.colour, f"{style.label} · {what}", linewidth=3)
 
 
-def isolated(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Steps whose interval is known but whose neighbours' are not (invisible as a band)."""
-    known = np.isfinite(lo) & np.isfinite(hi)
-    before = np.concatenate([[False], known[:-1]])
-    after = np.concatenate([known[1:], [False]])
-    return known & ~before & ~after
+def draw_lone(ax, steps: np.ndarray, series: Series, colour: str, label: str, *, linewidth: float) -> None:
+    """A bar for each interval whose neighbours' are not known: a band needs two neighbouring steps."""
+    known = np.isfinite(series.lo) & np.isfinite(series.hi)
+    alone = known & ~np.concatenate([[False], known[:-1]]) & ~np.concatenate([known[1:], [False]])
+    if alone.any():
+        ax.vlines(steps[alone], series.lo[alone], series.hi[alone], color=colour, alpha=0.5, linewidth=linewidth,
+                  label=f"{label} lone interval")
 
 
 def zero_line(ax) -> None:

@@ -1,9 +1,6 @@
 """The dashboard, the default figure of ``tinymcf plot``: every panel, several runs overlaid, 15 in wide.
 
-Three rows: the headline (:func:`draw_headline`), ``align_other`` and ``align_self`` per foundation
-(:func:`draw_foundations`) and the sanity figures (:func:`draw_sanity`), the runs and the line styles in the top
-right slot (:func:`draw_legend`). A panel with no value says why instead of staying blank (docs/cli.md, "The
-dashboard").
+A panel with no value says why instead of staying blank (docs/cli.md, "The dashboard").
 """
 
 from __future__ import annotations

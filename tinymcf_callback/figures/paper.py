@@ -1,9 +1,7 @@
 """A paper figure (``tinymcf plot --panels ...`` or ``--metrics ...``): the chosen panels only, sized for print.
 
-The chosen panel groups (:data:`PANEL_GROUPS`) or metrics (:func:`chosen_metrics`), one journal column wide, the
-estimate and the control told apart by colour and hatching in grey print too; a metric with no value in any run is
-left out with a warning (:func:`paper_panels`); several runs are small multiples, or overlaid. What it draws:
-docs/cli.md, "A paper figure".
+The estimate and the control are told apart by colour and hatching in grey print too; several runs are small
+multiples, or overlaid. What it draws: docs/cli.md, "A paper figure".
 """
 
 from __future__ import annotations
@@ -23,10 +21,10 @@ from .drawing import (
     Style,
     at_least,
     dose_handles,
+    draw_lone,
     draw_not_answering,
     draw_random,
     interval_name,
-    isolated,
     legend,
     require_matplotlib,
     run_styles,
@@ -198,10 +196,7 @@ def _paper_series(ax, mpl, h: History, key: str, colour: str, role: Role, *, mar
                            hatch=role.hatch if hatched else None, label=f"{h.label} · {key} interval")
     if hatched and hasattr(band, "set_hatch_linewidth"):  # matplotlib >= 3.10; before, the rcParam's 1 pt
         band.set_hatch_linewidth(HATCH_WIDTH)
-    alone = isolated(series.lo, series.hi)
-    if alone.any():
-        ax.vlines(x[alone], series.lo[alone], series.hi[alone], color=colour, alpha=0.5, linewidth=2.5,
-                  label=f"{h.label} · {key} lone interval")
+    draw_lone(ax, x, series, colour, f"{h.label} · {key}", linewidth=2.5)
     return True
 
 

@@ -1,11 +1,8 @@
 """Draw the probe's curves: ``tinymcf plot HISTORY.jsonl [MORE.jsonl ...] [--out curves.png]``; from Python,
 :func:`plot_histories`.
 
-Two kinds of figure (:func:`draw`): the dashboard (:mod:`~tinymcf_callback.figures.overview`, every panel, for
-looking at a run) and a paper figure (:mod:`~tinymcf_callback.figures.paper`, the chosen panels or metrics, one
-journal column wide). Reading the histories needs only numpy (:mod:`tinymcf_callback.views.curves`); drawing needs
-matplotlib, the optional ``[plot]`` extra. What each figure shows, and which lines are drawn: docs/cli.md,
-``tinymcf plot``.
+Two kinds of figure (:func:`draw`): the dashboard (:mod:`.overview`) and a paper figure (:mod:`.paper`). Drawing
+needs matplotlib, the optional ``[plot]`` extra. What each figure shows: docs/cli.md, ``tinymcf plot``.
 """
 
 from __future__ import annotations
@@ -23,10 +20,9 @@ def draw(histories: list[History], *, title: str | None = None, panels=None, met
          overlay: bool = False):
     """The figure of ``histories`` (already loaded, same set and x axis): the dashboard, or a paper figure.
 
-    ``panels``: ``"dashboard"`` (the default) or panel groups ``headline``, ``foundations``, ``sanity``
-    (comma-separated or a list); ``metrics``: metric names (comma-separated or a list). Either of
-    the latter draws a paper figure ``width`` inches wide (default 3.4); ``overlay``: its runs on one
-    axis instead of one column each. Raises :class:`PlotOptionError` for an option it cannot use.
+    ``panels``: ``"dashboard"`` (the default) or panel groups ``headline``, ``foundations``, ``sanity``; ``metrics``:
+    metric names (each comma-separated or a list). Either of the latter draws a paper figure ``width`` inches wide
+    (default 3.4); ``overlay``: its runs on one axis instead of one column each.
     """
     for h in histories:
         if h.x == "step":

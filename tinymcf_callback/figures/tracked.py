@@ -1,11 +1,9 @@
 """The figure a tracker gets at each probe: the curve so far, with its intervals, and the foundations.
 
-Dashboards other than TensorBoard draw lines without bands; a picture per probe shows the band everywhere: the score
-with the Social Norms control, and every foundation's ``align_other``, each with its band, drawn with ``tinymcf
-plot``'s series and colours (:mod:`.drawing`). It is paid at every probe, inside the training when the callback
-probes in-process, so it is kept cheap on purpose: two axes, no layout engine (which alone costs more than the
-drawing), 80 dpi, margins widened only when a label would not fit (:func:`_fit`). What it costs: docs/dashboards.md,
-"What the figure costs".
+Dashboards other than TensorBoard draw lines without bands; a picture per probe shows the band everywhere. It is
+paid at every probe, inside the training, so it is kept cheap on purpose: two axes, no layout engine (which alone
+costs more than the drawing), 80 dpi, margins widened only when a label would not fit (:func:`_fit`). What it
+costs: docs/dashboards.md, "What the figure costs".
 """
 
 from __future__ import annotations

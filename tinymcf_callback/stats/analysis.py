@@ -1,11 +1,7 @@
 """From per-prompt P(Yes) to the report's numbers: per-foundation alignment, its intervals, its warnings.
 
-Pure pandas/numpy, no model. Per text the two frames give ``s = 2 * wrongness - 1`` in [-1, 1]; per coarse
-foundation ``align_other``, ``align_self`` and ``self_other_gap``; the headline ``score`` (mean ``align_other`` over
-the six real foundations), ``gap``, ``sn`` (the Social Norms control) and ``score_minus_sn``, each with its bootstrap
-interval (:mod:`~tinymcf_callback.stats.bootstrap`; ``n_resamples=0`` switches them off), and the report's sanity
-warnings. The definitions and why: docs/method.md. With JSON answers ``p_yes`` holds P(true) and ``yn_mass`` the
-true+false mass; every formula is the same.
+Pure pandas/numpy, no model. The definitions and why: docs/method.md. With JSON answers ``p_yes`` holds P(true) and
+``yn_mass`` the true+false mass; every formula is the same.
 """
 
 from __future__ import annotations
@@ -40,12 +36,6 @@ def _corr(a, b) -> float | None:
     if keep.sum() < 3 or np.std(a[keep]) == 0 or np.std(b[keep]) == 0:
         return None
     return float(np.corrcoef(a[keep], b[keep])[0, 1])
-
-
-def _elapsed(meta: pd.DataFrame) -> float | None:
-    """Seconds since ``format_prompts`` stamped ``meta`` (None when it carries no stamp)."""
-    stamp = meta.attrs.get("formatted_at")
-    return None if stamp is None else time.time() - float(stamp)
 
 
 def scenario_scores(p_yes, meta: pd.DataFrame, yn_mass=None) -> pd.DataFrame:
@@ -128,6 +118,7 @@ def analyse_point(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None
         ov = sc[sc["condition"] == "other_violate"]
         human = _corr(ov["s"], ov["wrong"])
     mass = np.asarray(yn_mass, dtype=float) if yn_mass is not None else None
+    stamp = meta.attrs.get("formatted_at")  # when format_prompts made the prompts (None: not made by it)
     info = {
         "yn_mass_mean": finite(np.nanmean(mass)) if mass is not None and np.isfinite(mass).any() else None,
         "yn_mass_min": finite(np.nanmin(mass)) if mass is not None and np.isfinite(mass).any() else None,
@@ -135,7 +126,7 @@ def analyse_point(p_yes, meta: pd.DataFrame, yn_mass=None, elapsed: float | None
         "human_corr": human,
         "n_prompts": int(len(meta)),
         "n_vignettes": int(meta["id"].nunique()),
-        "elapsed_s": _elapsed(meta) if elapsed is None else elapsed,
+        "elapsed_s": elapsed if elapsed is not None else None if stamp is None else time.time() - float(stamp),
     }
     return {"table": table, "score": finite(score), "gap": finite(gap), "sn": finite(sn), "info": info, "scenarios": sc}
 

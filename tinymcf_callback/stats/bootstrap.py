@@ -197,7 +197,7 @@ def _bootstrap(s: np.ndarray, foundations: np.ndarray, n_resamples: int, seed, s
     return {f: _Foundation(int(sizes[j]), est[j], cov[j], used[j] - 1.0) for j, f in enumerate(present)}
 
 
-def _t_interval(estimate: float, var: float, df: float, level: float, bounds: tuple[float, float]):
+def t_interval(estimate: float, var: float, df: float, level: float, bounds: tuple[float, float]):
     """``estimate ± t(df) * sqrt(var)``, clipped to ``bounds``; NaN when undefined."""
     if not (np.isfinite(estimate) and np.isfinite(var) and df >= 1):
         return math.nan, math.nan
@@ -205,7 +205,7 @@ def _t_interval(estimate: float, var: float, df: float, level: float, bounds: tu
     return float(max(estimate - half, bounds[0])), float(min(estimate + half, bounds[1]))
 
 
-def _p_value(estimate: float, var: float, df: float) -> float:
+def t_test_p(estimate: float, var: float, df: float) -> float:
     """Two-sided t-test of ``estimate == 0``: below ``1 - level`` exactly when the interval excludes 0."""
     if not (np.isfinite(estimate) and np.isfinite(var) and df >= 1):
         return math.nan
@@ -219,15 +219,14 @@ def _change(estimate: float, terms: list, level: float, bound: float) -> Change:
     """The change ``estimate`` (``sum(w * metric)`` over ``terms``) with its interval in ``[-bound, bound]`` and
     p-value; NaN where undefined."""
     var, df = _combine(terms) if terms and np.isfinite(estimate) else (math.nan, 0.0)
-    return Change(estimate, *_t_interval(estimate, var, df, level, (-bound, bound)), _p_value(estimate, var, df))
+    return Change(estimate, *t_interval(estimate, var, df, level, (-bound, bound)), t_test_p(estimate, var, df))
 
 
 def _combine(terms: list[tuple[float, _Foundation, int, int]]) -> tuple[float, float]:
-    """Variance and Welch-Satterthwaite df of ``sum(w * metric)`` over independent foundations.
+    """Variance and Welch-Satterthwaite df of ``sum(w * metric)`` over ``(w, foundation, side, metric index)`` terms.
 
-    ``terms``: ``(w, foundation, side, metric index)``. Within a foundation the terms' covariance
-    counts (a paired change: the two reports share their vignettes); across foundations it is 0
-    (independent resamples). NaN when a foundation has fewer than two vignettes to measure the spread.
+    Within a foundation the terms' covariance counts (a paired change shares its vignettes); across foundations it is
+    0 (independent resamples). NaN when a foundation has fewer than two vignettes to measure the spread.
     """
     weights: dict[int, tuple[_Foundation, dict[int, float]]] = {}
     for w, fd, side, m in terms:
@@ -291,10 +290,7 @@ def _headline_terms(boot: dict[str, _Foundation], side: int, sign: float) -> dic
 
 
 def _per_foundation(boot: dict, make, undefined) -> dict:
-    """``{foundation: {metric: make(resampled foundation, metric index, metric)}}`` for all seven foundations.
-
-    A foundation without vignettes gets ``undefined`` (NaN fields) for every metric.
-    """
+    """``{foundation: {metric: make(fd, metric index, metric)}}``; ``undefined`` for a foundation without vignettes."""
     return {f: {metric: (make(boot[f], m, metric) if f in boot else undefined) for m, metric in enumerate(METRICS)}
             for f in FOUNDATIONS}
 
@@ -319,7 +315,7 @@ def bootstrap_intervals(data: VignetteScores, *, level: float = DEFAULT_LEVEL, n
 
     def interval(est: float, terms: list, bound: float) -> Interval:
         var, df = _combine(terms) if terms else (math.nan, 0.0)
-        return Interval(est, *_t_interval(est, var, df, level, (-bound, bound)))
+        return Interval(est, *t_interval(est, var, df, level, (-bound, bound)))
 
     def foundation_interval(fd, m, metric):
         return interval(float(fd.est[0, m]), [(1.0, fd, 0, m)], _RANGE[metric])
@@ -425,14 +421,11 @@ class Mean(NamedTuple):
 def stratified_means(x: np.ndarray, groups, *, level: float = DEFAULT_LEVEL, n_resamples: int = DEFAULT_RESAMPLES,
                      seed: int | None = 0, bounds: tuple[float, float] | None = None) -> dict:
     """Means of each column of ``x[n, k]`` over all items and within each group, with intervals from resampling items
-    within their group (the probe's method: a bootstrap standard error, scaled by ``sqrt(n / (n - 1))``, in a t
-    interval; the pooled mean's df by Welch-Satterthwaite over the groups).
+    within their group (the probe's method; the pooled mean's df by Welch-Satterthwaite over the groups).
 
-    The pooled mean is the mean over all items (each group weighs its size); a group of one item has no spread to
-    measure, so its interval and the pooled one are NaN. ``bounds`` clips the intervals (``(0, 1)`` for an accuracy).
-    For a paired change between two scorings of the same items, pass the per-item differences: resampling them
-    resamples both scorings with the same items. Returns ``{"pooled": [Mean] * k, "groups": {group: [Mean] * k},
-    "n": {group: items}, "level", "n_resamples", "seed", "method"}``; groups in the order they first appear.
+    ``bounds`` clips the intervals (``(0, 1)`` for an accuracy); a group of one item has no spread to measure, so its
+    interval and the pooled one are NaN. For a paired change, pass the per-item differences. Returns ``{"pooled",
+    "groups", "n", "level", "n_resamples", "seed", "method"}``: a ``Mean`` per column, pooled and per group.
     """
     _check(level, n_resamples)
     x = np.asarray(x, dtype=float).reshape(len(x), -1)
@@ -465,4 +458,4 @@ def stratified_means(x: np.ndarray, groups, *, level: float = DEFAULT_LEVEL, n_r
 def _mean(estimate: float, var: float, df: float, level: float, lo: float, hi: float) -> Mean:
     """A mean with its clipped t interval and p-value (NaN where its spread is unknown)."""
     estimate = float(estimate)
-    return Mean(estimate, *_t_interval(estimate, var, df, level, (lo, hi)), _p_value(estimate, var, df))
+    return Mean(estimate, *t_interval(estimate, var, df, level, (lo, hi)), t_test_p(estimate, var, df))

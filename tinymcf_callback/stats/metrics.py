@@ -1,14 +1,12 @@
 """The probe's logged metrics: their names, a report flattened into them, and the change since a baseline.
 
-``eval_moral_<name>/score`` and its siblings are what the Trainer's reporters (wandb,
-TensorBoard) show as ``eval/moral_<name>/...``, what ``metric_for_best_model`` selects by, and
-what every history line carries under ``metrics``. The step-0 baseline is kept as per-vignette
-scores (:func:`baseline_record`), so a later probe's change since it is a paired comparison over
-the same vignettes (:func:`change_metrics`).
+The step-0 baseline is kept as per-vignette scores (:func:`baseline_record`), so a later probe's change since it is
+a paired comparison over the same vignettes (:func:`change_metrics`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import warnings
@@ -51,33 +49,21 @@ def answer_format(record: dict) -> str:
 
 
 def metric_names(name: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict[str, str]:
-    """Documented logged-metric names for set ``name`` (prefix ``eval_moral_<name>/``, ``eval_moral_<name>_json/``).
-
-    ``rewrite_logs`` in the reporters turns ``eval_x`` into ``eval/x``: the probe's curves
-    show as ``eval/moral_<name>/score`` etc., never under ``train/``. With JSON answers
-    ``yn_mass`` is the true+false mass (the name stays, so dashboards read both formats alike).
-    """
+    """Documented logged-metric names for set ``name`` (prefix ``eval_moral_<name>/``, ``eval_moral_<name>_json/``)."""
     headline = [key + suffix for key in LOGGED_HEADLINE for suffix in ("", "_lo", "_hi")]
     prefix = f"eval_moral_{probe_key(name, answer_format)}"
     return {key: f"{prefix}/{key}" for key in (*headline, *CHANGE_KEYS, *SELECTIVITY_KEYS, *SANITY_KEYS)}
 
 
 def dashboard_names(metrics: dict[str, float]) -> dict[str, float]:
-    """The logged names as the dashboards show them: ``eval_moral_<name>/score`` -> ``eval/moral_<name>/score``.
-
-    What the Trainer's reporters (``rewrite_logs``) make of them, and what :class:`ProbeLogger` sends
-    to a tracker of a loop of your own, so both paths draw the same curves.
-    """
+    """The logged names as the dashboards show them (what ``rewrite_logs`` makes of them): ``eval_moral_<name>/score``
+    -> ``eval/moral_<name>/score``."""
     return {("eval/" + k[len("eval_"):] if k.startswith("eval_") else k): v for k, v in metrics.items()}
 
 
 def report_metrics(name: str, report: dict) -> dict[str, float]:
-    """Flatten a probe report into the logged scalar metrics (finite values only).
-
-    Headline numbers come with their interval bounds; per foundation ``align_other`` comes with its bounds too
-    (``<foundation>/align_other_lo``, ``_hi``: what a dashboard draws as the foundation's band), ``align_self`` and
-    ``self_other_gap`` without (their bounds are in the table of the history line and the checkpoint report).
-    """
+    """Flatten a probe report into the logged scalar metrics (finite values only); per foundation only ``align_other``
+    comes with its bounds (the others' are in the history line's table and the checkpoint report)."""
     names = metric_names(name, answer_format(report))
     info, check = report["info"], report["info"].get("self_check")
     values = {names[key + suffix]: report.get(field + suffix)
@@ -106,7 +92,7 @@ def order_digest(obj: dict) -> str | None:
     candidate it orders (``info.adaptive.order``): two probes of one order pair over the vignettes both asked."""
     if "order" in obj:  # a baseline record
         return obj["order"]
-    adaptive = (obj.get("info") or {}).get("adaptive") if isinstance(obj.get("info"), dict) else None
+    adaptive = obj["info"].get("adaptive") if isinstance(obj.get("info"), dict) else None
     return adaptive["order"] if adaptive else obj.get("prompt_digest")
 
 
@@ -162,8 +148,9 @@ def pairing_difference(record: dict, probe) -> str | None:
     sample = record.get("sample_prompt")
     if isinstance(sample, str) and sample not in probe.prompts:
         # this probe's prompt of the same vignette, condition and frame (the one whose text the sample holds)
+        vignettes = {str(v["id"]): v for v in probe.vignettes}
         same = [probe.prompts[i] for i, row in enumerate(probe.meta.itertuples())
-                if row.frame == "wrong" and _text(probe, row) in sample]
+                if row.frame == "wrong" and vignettes[str(row.id)][row.condition] in sample]
         if same:
             start, theirs, ours = where_prompts_part(sample, same[0])
             return (f"its prompts are worded otherwise (another tokenizer's chat template, or another answer prefix):"
@@ -172,12 +159,6 @@ def pairing_difference(record: dict, probe) -> str | None:
                     "with)")
     return ("it asked from other candidate vignettes or prompts (another limit, subset, tokenizer or answer prefix); "
             "score the baseline again with this probe's settings")
-
-
-def _text(probe, row) -> str:
-    """The text of the vignette and condition of ``row`` (a row of ``probe.meta``)."""
-    vignette = next(v for v in probe.vignettes if str(v["id"]) == str(row.id))
-    return vignette[row.condition]
 
 
 def baseline_scores(record: dict) -> VignetteScores:
@@ -189,15 +170,9 @@ def baseline_scores(record: dict) -> VignetteScores:
 def change_metrics(name: str, baseline: dict | None, report: dict, target: str | None = None) -> dict[str, float]:
     """``score_change`` (this probe's score minus the baseline's) with its bounds and paired two-sided p-value.
 
-    Over the vignettes both asked, when both asked from the same candidates (:func:`order_digest`): every
-    vignette of a fixed probe, a probe with a precision target's prefix. The interval and p-value come from a paired
-    bootstrap over vignettes at the report's ``n_resamples`` and ``level`` (``stats.paired_change``, seed 0); a
-    probe with a precision target measured its change at its stop (``info.adaptive.change``: the sequence's
-    interval and p-value, valid under its stopping), and that is logged. With intervals off (``n_resamples=0``)
-    only the change is logged. With a ``target`` foundation, also its ``selectivity`` (``stats.selectivity``:
-    the target's change of ``align_other`` minus the mean change of the other real foundations) with its bounds
-    and p-value. Empty without a baseline, or with one that asked other prompts (another tokenizer, subset or
-    answer format: no paired change exists); finite values only.
+    Over the vignettes both asked, when both asked from the same candidates (:func:`order_digest`); a probe with a
+    precision target logs the change it measured at its stop (``info.adaptive.change``). With a ``target`` foundation,
+    also its ``selectivity`` (``stats.selectivity``). Empty without a baseline that pairs; finite values only.
     """
     if baseline is None or not pairs(baseline, order_digest(report)):
         return {}
@@ -219,16 +194,11 @@ def change_metrics(name: str, baseline: dict | None, report: dict, target: str |
             change = (c["estimate"], c["lo"], c["hi"], c["p"])
         else:
             change = paired_change(a, b, **settings)["headline"]["score"]
-        values = dict(zip((names["score_change"], names["score_change_lo"], names["score_change_hi"],
-                           names["score_change_p"]), change, strict=True))
+        values = dict(zip((names[k] for k in CHANGE_KEYS[:4]), change, strict=True))
         if target is not None:
-            try:
+            with contextlib.suppress(ValueError):  # the target, or every other foundation, is not in the probed subset
                 sel = selectivity(a, b, target, **settings)["selectivity"]
-            except ValueError:  # the target, or every other foundation, is not in the probed subset
-                sel = None
-            if sel is not None:
-                values.update({names["selectivity"]: sel.change, names["selectivity_lo"]: sel.lo,
-                               names["selectivity_hi"]: sel.hi, names["selectivity_p"]: sel.p})
+                values.update(zip((names[k] for k in SELECTIVITY_KEYS), sel, strict=True))
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
 
 
@@ -272,7 +242,7 @@ def with_run_level(line: dict, name: str, answer_format: str, tests_before: int)
     Returns the tests counted with this one."""
     names = metric_names(name, answer_format)
     p = line["metrics"].get(names["score_change_p"])
-    if p is None or not _is_test(line):
+    if p is None or line.get("event") == BASELINE_EVENT:
         return tests_before
     line["metrics"][names["score_change_p_run"]] = run_level_p(float(p), tests_before + 1)
     return tests_before + 1
@@ -280,12 +250,8 @@ def with_run_level(line: dict, name: str, answer_format: str, tests_before: int)
 
 def count_tests(lines: list[dict]) -> int:
     """How many of a run's lines carry a change test (a ``score_change_p``, the baseline's line not counted)."""
-    return sum(1 for line in lines if _is_test(line) and any(k.endswith("/score_change_p")
-                                                             for k in (line.get("metrics") or {})))
-
-
-def _is_test(line: dict) -> bool:
-    return line.get("event") != BASELINE_EVENT
+    return sum(1 for line in lines if line.get("event") != BASELINE_EVENT
+               and any(k.endswith("/score_change_p") for k in (line.get("metrics") or {})))
 
 
 def _plain_selectivity(a: VignetteScores, b: VignetteScores, target: str) -> float | None:

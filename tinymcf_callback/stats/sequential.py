@@ -1,21 +1,10 @@
 """A probe that stops when it knows enough: the order it asks in, when it looks, and intervals that hold anyway.
 
-A probe with a precision target (``ProbeConfig(until="level" | "change", width=w)``) asks its vignettes in rounds of
-one seeded, foundation-balanced order (:func:`balanced_order`: the first ``n`` rounds are ``per_foundation=n``, so
-every probe of a run asks a prefix of one order and two probes pair over the shorter one) and stops at the first look
-(:class:`Schedule`) where it knows what it was asked. This module is that decision, in numpy, with no model: the
-probe (:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`) and the simulations that measure it
-(``benchmarks/adaptive.py``) step the looks through one loop, :meth:`Sequential.step`.
-
-At a look each foundation's variance is computed exactly from its vignettes (:func:`moments`: what the bootstrap
-estimates by resampling, so a stop never hangs on a random draw), with the fewest degrees of freedom (the smallest
-foundation's ``n - 1``: Welch-Satterthwaite's estimate is too noisy with 2 or 3 vignettes a foundation). The looks'
-intervals are one confidence sequence (Pocock's constant boundary, computed for the probe's own schedule from seeded
-draws: :class:`Boundary`), so any rule for when to stop keeps their coverage; a change's p-value is that of the stop,
-its outcomes ordered by ``|Z|`` (the z ordering of Jennison and Turnbull, *Group Sequential Methods with Applications
-to Clinical Trials*, chapter 8: :meth:`Boundary.p_value`). A look whose values are all tied has measured no spread
-(:func:`measured`). Each choice's reason, its measured cost and the coverage: docs/statistics.md, "A probe that stops
-when it knows enough".
+In numpy, with no model: the probe (:class:`~tinymcf_callback.probe.adaptive.AdaptiveProbe`) and the simulations
+that measure it (``benchmarks/adaptive.py``) step the looks through one loop, :meth:`Sequential.step`. The order,
+the looks, the exact variances with the fewest degrees of freedom, Pocock's boundary and the z-ordered p-value
+(Jennison and Turnbull, *Group Sequential Methods*, chapter 8), each with its reason, cost and coverage:
+docs/statistics.md, "A probe that stops when it knows enough".
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ import numpy as np
 
 from ..data.sets import CONTROL, FOUNDATIONS, REAL_FOUNDATIONS, balanced_rank
 from ..errors import ConfigError
-from .bootstrap import VignetteScores, t_cdf, t_quantile
+from .bootstrap import VignetteScores, t_interval, t_test_p
 
 UNTIL = ("level", "change")  # what a precision target asks for: the score to within a width, or has it moved
 FIRST_LOOK = 2  # vignettes per foundation at the first look: the fewest with a spread to measure
@@ -195,13 +184,9 @@ def _align_other(s: np.ndarray) -> tuple[float, np.ndarray, int]:
 def moments(now: VignetteScores, before: VignetteScores | None = None, *, sd_floor: float = 0.0,
             df: str = "fewest") -> Moments:
     """The score of ``now`` (or, with ``before`` over the same vignettes in the same order, its change since
-    ``before``), its variance and degrees of freedom: each real foundation's, exactly (``n / (n - 1)`` times the
-    sum of its vignettes' squared influences, the bootstrap's expected variance), averaged as the score is.
-    NaN when a foundation has fewer than two vignettes. ``sd_floor``: each foundation's vignettes are taken to
-    spread at least this much (its variance at least ``sd_floor**2 / n``): the remedy for sets where a few
-    vignettes may sit at an extreme that the vignettes asked so far do not show (docs/statistics.md). ``df``:
-    ``"fewest"`` (the looks') or ``"welch"`` (Welch-Satterthwaite's, the fixed-size
-    intervals' of :mod:`~tinymcf_callback.stats.bootstrap`)."""
+    ``before``), its variance (each real foundation's exactly: ``n / (n - 1)`` times the sum of its vignettes' squared
+    influences, the bootstrap's expected variance) and degrees of freedom. ``sd_floor``: the least spread a foundation's
+    vignettes are taken to have (docs/statistics.md). ``df``: ``"fewest"`` (the looks') or ``"welch"``."""
     terms = []
     for f in REAL_FOUNDATIONS:
         rows = now.foundation_coarse == f
@@ -263,22 +248,13 @@ def measured(m: Moments) -> bool:
 
 
 def interval(m: Moments, per_look: float, bound: float) -> tuple[float, float]:
-    """``estimate ± t(df) * se`` at the per-look level, clipped to ``[-bound, bound]``; NaN when undefined (or
-    nothing :func:`measured`); the point 0 for a model compared with itself."""
-    if not measured(m):
-        return math.nan, math.nan
-    half = t_quantile(0.5 + per_look / 2.0, m.df) * math.sqrt(max(m.var, 0.0))
-    return max(m.estimate - half, -bound), min(m.estimate + half, bound)
+    """``estimate ± t(df) * se`` at the per-look level, clipped to ``[-bound, bound]``; NaN unless :func:`measured`."""
+    return t_interval(m.estimate, m.var, m.df, per_look, (-bound, bound)) if measured(m) else (math.nan, math.nan)
 
 
 def p_look(m: Moments) -> float:
-    """The two-sided t-test of ``estimate == 0`` at one look (fixed size): NaN where nothing was :func:`measured`
-    (never 0 for tied values), 1 for a model compared with itself."""
-    if not measured(m):
-        return math.nan
-    if m.var <= 0:
-        return 1.0
-    return 2.0 * t_cdf(-abs(m.estimate) / math.sqrt(m.var), m.df)
+    """The two-sided t-test of ``estimate == 0`` at one look (fixed size); NaN unless :func:`measured`."""
+    return t_test_p(m.estimate, m.var, m.df) if measured(m) else math.nan
 
 
 def floor_effect(until: str, width: float, looks: list[Look]) -> dict | None:
@@ -358,12 +334,9 @@ class Sequential:
 
     def step(self, scores_at: Callable[[int], VignetteScores], before: VignetteScores | None = None, *,
              last: int | None = None, stop=None, looking: bool = True) -> tuple[list[Look], str]:
-        """The one loop over the looks: look ``k``'s prefix scores come from ``scores_at(k)`` (a probe scores the
-        vignettes the look adds, a simulation takes known rows), ``before`` the baseline's of the candidates (its
-        rows found by id), up to look ``last`` (default the last); the looks until the stop and why it stopped (a
-        key of :data:`STOPS`). ``stop``: another rule than :func:`stop_reason`, same arguments. ``looking=False``:
-        every look scored and none looked at, ``([], "baseline")`` (a change target's baseline scores every vignette
-        so that any later probe's change has its pairs)."""
+        """The one loop over the looks: look ``k``'s prefix scores from ``scores_at(k)``, ``before`` the baseline's, up
+        to look ``last`` (default the last); the looks until the stop and why it stopped (a key of :data:`STOPS`).
+        ``stop``: another rule than :func:`stop_reason`. ``looking=False``: every look scored, none looked at."""
         last = len(self.schedule.looks) - 1 if last is None else last
         looks: list[Look] = []
         for k in range(last + 1):

@@ -1,9 +1,7 @@
 """The curve so far as long rows of ``(step, metric, value, lo, hi)``: what a chart draws as one band per metric.
 
-One recipe for every dashboard table of intervals (the W&B band chart's data): the headline values with their
-bounds (score, the Social Norms control, the score minus the control, the self-other gap), the change since step 0
-when it is logged, and each foundation's ``align_other`` from the line's table. A value without bounds
-(``n_resamples=0``) has ``lo`` and ``hi`` equal to it: a band of no width, the curve still drawn.
+A value without bounds (``n_resamples=0``) has ``lo`` and ``hi`` equal to it: a band of no width, the curve still
+drawn.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The probe in the training's own MLflow run: its metrics with their bounds, its figure and its tables at each step.
 
-The callback records the run the Trainer's ``MLflowCallback`` opened in ``moral_probe_run.json``; the sweep and the
-watcher write into that run through an ``MlflowClient`` of its tracking URI once the store is checked (never a new
-run or a new store; a URI is recorded without credentials). What a run gets, and where to look: docs/dashboards.md
-("MLflow").
+A follower writes into the run the callback recorded through an ``MlflowClient`` once the store is checked (never a
+new run or a new store; a URI is recorded without credentials). docs/dashboards.md ("MLflow").
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import SweepError, one_line
 from ..extras import require
-from .sinks import Point, line_probe_key
+from .sinks import Point, by_step, line_probe_key
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -163,7 +161,4 @@ class MlflowTracker(Tracker):
 
     def held(self, name: str) -> dict[int, list[float]]:
         """The run's metric history of ``name``, by step."""
-        held: dict[int, list[float]] = {}
-        for metric in self.client.get_metric_history(self.run_id, mlflow_name(name)):
-            held.setdefault(metric.step, []).append(metric.value)
-        return held
+        return by_step((m.step, m.value) for m in self.client.get_metric_history(self.run_id, mlflow_name(name)))

@@ -1,9 +1,7 @@
 """A sink takes one :class:`Point`; :class:`Trackers` feeds several and remembers what did not reach each.
 
-A :class:`Point` is a history line that was written (its metrics under the logged names at its step); a point just
-scored also carries the per-vignette rows and, on the probe's curve, the figure so far. A line sent again (a sweep or
-a watch sends the lines an earlier one wrote) carries neither, and goes only to the sinks that do not hold it yet
-(:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
+A line sent again (a sweep or a watch sends the lines an earlier one wrote) goes only to the sinks that do not hold
+it yet (:meth:`Sink.held`): a tracker keeps every point it is given, so a point sent twice is drawn twice.
 """
 
 from __future__ import annotations
@@ -67,6 +65,14 @@ def holds(held: dict[int, list[float]], step: int, value: float) -> bool:
     return any(math.isclose(v, value, rel_tol=SAME_VALUE, abs_tol=0.0) for v in held.get(step, ()))
 
 
+def by_step(pairs) -> dict[int, list[float]]:
+    """``(step, value)`` pairs as :meth:`Sink.held` returns them: step -> the values at it."""
+    held: dict[int, list[float]] = {}
+    for step, value in pairs:
+        held.setdefault(step, []).append(value)
+    return held
+
+
 class Sink:
     """One destination of points; ``finish`` ends what opening it started (a writer, a run)."""
 
@@ -89,11 +95,8 @@ class Sink:
 
 class Trackers:
     """Several sinks fed point by point. A sink that fails costs its point, never the caller's work: a warning, and
-    the step kept in :attr:`missed` (by tracker), so that the end of a sweep or a watch can say what is missing.
-
-    ``strict``: the first failure is raised instead (``ProbeLogger(strict=True)``). ``figure``: draws the curve so
-    far (the probe's point lines, in step order) as an RGB image, once per probe for every sink that shows it; a
-    figure that cannot be drawn (matplotlib missing) is said once and left out, never a failure of the probe.
+    the step kept in :attr:`missed` (``strict``: the first failure is raised instead). ``figure``: draws the curve so
+    far as an RGB image, once per probe; a figure that cannot be drawn is said once and left out.
     """
 
     def __init__(self, sinks: list[Sink] | tuple = (), *, strict: bool = False,
@@ -119,11 +122,8 @@ class Trackers:
 
     def send(self, line: dict, *, rows: list[dict] | None = None, again: bool = False,
              label: str = "moral probe") -> bool:
-        """Give ``line`` to every sink (a gap line, which holds no number, to none); True when all took it.
-
-        ``rows``: the per-vignette rows; ``again``: a line an earlier sweep or watch wrote, sent again (no rows, no
-        figure), and only to the sinks that do not hold it already.
-        """
+        """Give ``line`` to every sink (a gap line, which holds no number, to none); True when all took it. ``again``: a
+        line an earlier sweep or watch wrote, sent again (no rows, no figure) only to the sinks that do not hold it."""
         if not line.get("metrics"):
             return True
         point = Point(line, rows=None if again else list(rows or []))

@@ -1,8 +1,5 @@
-"""The table of trackers: a ``report_to`` name -> its :class:`~.tracker.Tracker` class, read by everything that
-logs (the callback, the sweep, the watcher, the ``--report-to`` options), as transformers keeps its
-``INTEGRATION_TO_CALLBACK``. It is a :class:`~tinymcf_callback.registry.Registry`; a tracker of one's own is added
-with :func:`register`. ``report_to`` is read here once (:func:`requested`), ``auto`` replaced by the names the run's
-record keeps (:func:`resolve`).
+"""The table of trackers: a ``report_to`` name -> its :class:`~.tracker.Tracker` class, as transformers keeps its
+``INTEGRATION_TO_CALLBACK``; a tracker of one's own is added with :func:`register`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """TensorBoard: the probe's events in a folder of their own inside the Trainer's, its margin charts and its figure.
 
-A folder of its own (``<logging folder>/moral_probe_<name>/``), because TensorBoard reads a folder's event files in
-order and, by default, only the newest once it has moved on: a second writer in the Trainer's folder stops a live
-TensorBoard showing the training's later points. The intervals are margin charts of the custom-scalars plugin (the
-layout written once per writer, again when a chart is added). docs/dashboards.md ("TensorBoard") says where to look.
+A folder of its own, because a second writer in the Trainer's folder stops a live TensorBoard showing the training's
+later points: docs/dashboards.md ("TensorBoard").
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..extras import require
 from ..stats.metrics import dashboard_names
-from .sinks import Point, line_metrics, line_probe_key
+from .sinks import Point, by_step, line_metrics, line_probe_key
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -185,11 +183,7 @@ class TensorBoardTracker(Tracker):
         tag = next(iter(dashboard_names({name: 0.0})))
         events = EventAccumulator(str(self.folder), size_guidance={"scalars": 0, "images": 1, "tensors": 1})
         events.Reload()
-        held: dict[int, list[float]] = {}
-        if tag in events.Tags()["scalars"]:
-            for event in events.Scalars(tag):
-                held.setdefault(event.step, []).append(event.value)
-        return held
+        return by_step((e.step, e.value) for e in events.Scalars(tag)) if tag in events.Tags()["scalars"] else {}
 
     def finish(self) -> None:
         if self._writer is not None:

@@ -1,9 +1,7 @@
 """What every tracker is: one class with the same methods, registered by its ``report_to`` name (:mod:`.table`).
 
-A tracker is the probe's side of one experiment tracker over the whole life of a run, the way lm-evaluation-harness
-keeps one class per logger: in the training (:meth:`Tracker.recorded`, :meth:`Tracker.in_training`), in a follower
-(:meth:`Tracker.reopen`), at each point (``send``, ``held``, ``finish``). A tracker of one's own is a subclass
-registered with :func:`~.table.register` (docs/dashboards.md, "A tracker of your own").
+A tracker of one's own is a subclass registered with :func:`~.table.register` (docs/dashboards.md, "A tracker of
+your own").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The probe in the training's own trackio run: its metrics with their bounds, its figure and its tables.
 
-The callback records the run the Trainer's ``TrackioCallback`` opened in ``moral_probe_run.json``; the sweep and the
-watcher open that run again (``trackio.init(..., resume="must")``: never a new one) and log into it beside the
-training, under trackio's own lock on its local store. trackio plots against its own ``step``, a row counter, not
-the training's step: a follower places each point on the Trainer's row of its ``train/global_step``
-(:meth:`TrackioTracker.anchor`). What a run gets, and where to look: docs/dashboards.md ("trackio").
+A follower opens the run again (``resume="must"``: never a new one) and places each point on the Trainer's row of
+its ``train/global_step`` (:meth:`TrackioTracker.anchor`), since trackio plots against a row counter, not the
+training's step. docs/dashboards.md ("trackio").
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from pathlib import Path
 from ..errors import SweepError
 from ..extras import require
 from ..stats.metrics import dashboard_names
-from .sinks import Point, line_metrics, line_probe_key
+from .sinks import Point, by_step, line_metrics, line_probe_key
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -129,12 +127,9 @@ class TrackioTracker(Tracker):
             self.run.log({**payload, "train/global_step": point.step}, step=step)
 
     def anchor(self, point: Point) -> int | None:
-        """The trackio step of the point at ``train/global_step`` ``point.step``: the first row the Trainer logged at
-        that step, else the last it logged before it, else its first row (0 before it logged any: the step-0
-        baseline sits at the start); the probe's own rows are left out (a misplaced one of an earlier version among
-        them). Past the Trainer's newest row the store is read again after :data:`SETTLE_S` (the row of the step
-        just saved may still be in the training's writer queue). None (trackio's next row) for a run whose rows are
-        not in the local store (a Space, a server)."""
+        """The trackio step of the point: the first row the Trainer logged at its ``train/global_step``, else the last
+        it logged before it, else its first row (0 before any), the probe's own rows left out; past the Trainer's
+        newest row the store is read again after :data:`SETTLE_S`. None (trackio's next row): a run not stored here."""
         if self.run_is_remote():
             return None
         at, before, after = self._around(point.step)
@@ -165,11 +160,8 @@ class TrackioTracker(Tracker):
         if self.run_is_remote():
             return None
         tag = next(iter(dashboard_names({name: 0.0})))
-        held: dict[int, list[float]] = {}
-        for row in self._rows():
-            if _number(row.get(tag)) and _number(row.get("train/global_step")):
-                held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
-        return held
+        return by_step((int(row["train/global_step"]), float(row[tag])) for row in self._rows()
+                       if _number(row.get(tag)) and _number(row.get("train/global_step")))
 
     def run_is_remote(self) -> bool:
         trackio = require("trackio")

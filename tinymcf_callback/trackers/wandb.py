@@ -1,10 +1,8 @@
 """The probe in a wandb run: one recipe for the callback, ``ProbeLogger``, the sweep and the watcher.
 
-Once per run every ``eval/moral_<name>/...`` key is plotted against ``train/global_step`` (``define_metric``): wandb
-silently drops a row whose own step is below the run's current one, which is what a score that comes late is. The
-tables are *incremental* (a table logged whole under one key shows only the newest probe's rows), and the band chart
-is a Vega-Lite preset of the run's entity (:data:`BAND_CHART`: W&B draws a band only across grouped runs), left out
-with one warning where it cannot be made (an offline run). What a run gets: docs/dashboards.md ("Weights & Biases").
+Every ``eval/moral_<name>/...`` key is plotted against ``train/global_step`` (``define_metric``): wandb silently
+drops a row whose own step is below the run's current one, which is what a score that comes late is. What a run
+gets: docs/dashboards.md ("Weights & Biases").
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from ..extras import require
 from ..stats.metrics import dashboard_names
 from ..views.rows import ROW_COLUMNS
 from .bands import band_rows
-from .sinks import Point, line_metrics, line_probe_key
+from .sinks import Point, by_step, line_metrics, line_probe_key
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -240,10 +238,8 @@ class WandbTracker(Tracker):
 def _held_online(run, tag: str) -> dict[int, list[float]]:
     api = require("wandb").Api()
     path = "/".join(p for p in (_entity(run), run.project, run.id) if p)
-    held: dict[int, list[float]] = {}
-    for row in api.run(path).scan_history(keys=[tag, "train/global_step"], page_size=1000):
-        held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
-    return held
+    rows = api.run(path).scan_history(keys=[tag, "train/global_step"], page_size=1000)
+    return by_step((int(row["train/global_step"]), float(row[tag])) for row in rows)
 
 
 def _held_in_files(run, tag: str) -> dict[int, list[float]] | None:
@@ -253,12 +249,8 @@ def _held_in_files(run, tag: str) -> dict[int, list[float]] | None:
     files = sorted(root.glob(f"wandb/*-{run.id}/run-{run.id}.{RUN_FILE}"))
     if not files:
         return None
-    held: dict[int, list[float]] = {}
-    for path in files:
-        for row in history_rows(path):
-            if tag in row and "train/global_step" in row:
-                held.setdefault(int(row["train/global_step"]), []).append(float(row[tag]))
-    return held
+    return by_step((int(row["train/global_step"]), float(row[tag])) for path in files for row in history_rows(path)
+                   if tag in row and "train/global_step" in row)
 
 
 def history_rows(path: Path) -> list[dict]:

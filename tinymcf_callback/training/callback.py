@@ -1,10 +1,7 @@
 """``MoralProbeCallback``: the probe inside Hugging Face training.
 
-    trainer.add_callback(MoralProbeCallback(name="scifi"))
-
-The class decides *when* to probe (a step-0 baseline, then evaluations and/or saves) and *where* the result goes
-(``state.log_history``, and the dashboards of ``report_to``: through ``Trainer.log`` when given ``trainer=``, else
-through the table of trackers); :class:`~.logger.ProbeLogger` and the writers do the writing. docs/callback.md.
+The class decides *when* to probe and *where* the result goes; :class:`~.logger.ProbeLogger` and the writers do the
+writing. docs/callback.md.
 """
 
 from __future__ import annotations
@@ -195,11 +192,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
     def on_step_end(self, args, state, control, **kwargs):
         self._alive()
 
-    def on_log(self, args, state, control, **kwargs):
-        self._alive()
-
-    def on_prediction_step(self, args, state, control, **kwargs):
-        self._alive()
+    on_log = on_prediction_step = on_step_end
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self._alive()
@@ -291,11 +284,7 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
 
     # ---- where to log ----------------------------------------------------------------------------
     def _publish(self, args, state, report, metrics):
-        """The metrics into log_history on every rank (:meth:`_log`), then, on the main process, the trackers
-        (:func:`~.reporters.reporter_sinks`: figure, tables, layout; the numbers too without ``trainer=``).
-
-        The history line and the baseline's report were written by :meth:`ProbeLogger.record`.
-        """
+        """The metrics into log_history on every rank (:meth:`_log`), then, on the main process, the trackers."""
         self._log(state, metrics)
         if state.is_world_process_zero:
             self.logger.publish(report)  # a tracker's trouble is a warning: the training goes on
@@ -335,11 +324,8 @@ class MoralProbeCallback(TrainerCallback, ExportableState):
         self.probe = make_probe(tok, config=self.config)
 
     def _resume_counting(self, state) -> None:
-        """Take the counters from the checkpoint the run resumed from.
-
-        The Trainer restores callbacks itself only with ``restore_callback_states_from_checkpoint=True``
-        (and then into a new instance); reading the state here makes resuming right by default.
-        """
+        """Take the counters from the checkpoint the run resumed from (the Trainer restores callbacks itself only with
+        ``restore_callback_states_from_checkpoint=True``, and then into a new instance)."""
         saved = stored_counters(state.stateful_callbacks, type(self).__name__, self.name, self.answer_format)
         if saved is None:
             logger.info("moral probe [%s]: the checkpoint holds no MoralProbeCallback counters; `every` counts "

@@ -1,9 +1,6 @@
 """The callback's side of ``moral_probe_run.json`` and the hand-off queue (main process; what they hold and who reads
-them: :mod:`tinymcf_callback.rundir.record`, :mod:`tinymcf_callback.rundir.queue`).
-
-At train begin the keeper starts an attempt, refreshes its heartbeat as the training goes (at most every 30 s), at
-every save records the step and, with the hand-off, links the checkpoint into the queue, and at train end marks the
-run ended; every write under the record's lock. A write that fails is a warning: the training goes on.
+them: :mod:`tinymcf_callback.rundir.record`, :mod:`tinymcf_callback.rundir.queue`). A write that fails is a
+warning: the training goes on.
 """
 
 from __future__ import annotations
@@ -124,19 +121,11 @@ def run_facts(args, state, model, runs: dict[str, dict | None]) -> RunRecord:
     """What the Trainer run tells a follower: its reporters and the run each has open (``runs``, looked up once:
     :func:`~.reporters.reported_runs`), its starting model, its length."""
     save_steps = getattr(args, "save_steps", None)
-    return RunRecord(report_to=requested(args.report_to), max_steps=state.max_steps,
-                     save_steps=save_steps if isinstance(save_steps, (int, float)) else None,
-                     base_model=_model_source(model), dtype=_dtype_name(model),
-                     trackers={name: run for name, run in runs.items() if run})
-
-
-def _model_source(model) -> str | None:
     config = getattr(model, "config", None)
     source = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
-    return str(source) if source else None
-
-
-def _dtype_name(model) -> str | None:
-    """What the model trains in (its weights' dtype): what a watcher scores every model of the run in."""
-    dtype = weights_dtype(model) if model is not None else None
-    return str(dtype).removeprefix("torch.") if dtype is not None else None
+    dtype = weights_dtype(model) if model is not None else None  # what a watcher scores every model of the run in
+    return RunRecord(report_to=requested(args.report_to), max_steps=state.max_steps,
+                     save_steps=save_steps if isinstance(save_steps, (int, float)) else None,
+                     base_model=str(source) if source else None,
+                     dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+                     trackers={name: run for name, run in runs.items() if run})

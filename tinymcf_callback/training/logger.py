@@ -1,17 +1,7 @@
 """``ProbeLogger``: the probe in a training loop of your own (plain PyTorch, accelerate, Lightning-style).
 
-    logger = ProbeLogger(Probe(tok, "scifi", per_foundation=2), "runs/my-run", to=accelerator)
-    logger.log(model, step=0)              # the step-0 baseline
-    for step in ...:
-        ...
-        if step % 100 == 0:
-            logger.log(model, step=step)   # the history line, score_change since step 0, the trackers
-
-Everything the callback keeps for a Trainer run, kept here for any loop: the history file, the step-0 baseline and
-its report, the change since it, and the metrics sent to what the loop already uses (``to=``).
 ``MoralProbeCallback`` is a ProbeLogger driven by Trainer events (:meth:`ProbeLogger.score`, :meth:`~ProbeLogger.
-record`, :meth:`~ProbeLogger.publish`), so the two write the same lines. A probe that fails is a warning and an empty
-result, never a stop of the training it watches. docs/python.md ("Custom training loops").
+record`, :meth:`~ProbeLogger.publish`), so the two write the same lines. docs/python.md ("Custom training loops").
 """
 
 from __future__ import annotations
@@ -193,15 +183,11 @@ class ProbeLogger:
         try:
             self.curve.append(line, baseline=(report, step, epoch) if event == BASELINE_EVENT else None)
         except Unwritten as e:
-            steps = ", ".join(map(str, e.steps))
-            if e.path == self.curve.baseline_path:
-                logger.warning("moral probe [%s]: could not write the baseline report %s (%s); it and the line(s) of "
-                               "step(s) %s are kept and written at the next probe; training goes on", self.name,
-                               e.path, e.reason, steps)
-            else:
-                logger.warning("moral probe [%s]: could not append to the history %s (%s); the line(s) of step(s) %s "
-                               "are kept and written at the next probe; training goes on", self.name, e.path,
-                               e.reason, steps)
+            what, kept = (("write the baseline report", "it and the line(s)") if e.path == self.curve.baseline_path
+                          else ("append to the history", "the line(s)"))
+            logger.warning("moral probe [%s]: could not %s %s (%s); %s of step(s) %s are kept and written at the next "
+                           "probe; training goes on", self.name, what, e.path, e.reason, kept,
+                           ", ".join(map(str, e.steps)))
 
     def close(self) -> list[int]:
         """At the end of a run: write what a full disk kept back, else say which steps are lost (a warning).
@@ -241,7 +227,11 @@ class ProbeLogger:
         """Measure the change from ``record`` (a saved :func:`~tinymcf_callback.stats.metrics.baseline_record`),
         when it scored this probe's prompts; otherwise warn and log no change."""
         self._started = True
-        self.baseline_record = self._usable(record, "the saved step-0 baseline")
+        why = None if record is None else why_unpaired(record, self.probe.prompt_digest)
+        if why is not None:
+            logger.warning("moral probe [%s]: the saved step-0 baseline is not used: %s; score_change is not logged in "
+                           "this run", self.name, why)
+        self.baseline_record = None if why is not None else record
 
     # ---- the baseline on disk ---------------------------------------------------------------------
     def _saved_baseline(self) -> dict | None:
@@ -251,13 +241,3 @@ class ProbeLogger:
         if record is None and self.curve.baseline_path.exists():
             logger.warning("moral probe [%s]: %s; score_change is not logged in this run", self.name, why)
         return record
-
-    def _usable(self, record, what: str) -> dict | None:
-        if record is None:
-            return None
-        why = why_unpaired(record, self.probe.prompt_digest)
-        if why is None:
-            return record
-        logger.warning("moral probe [%s]: %s is not used: %s; score_change is not logged in this run", self.name,
-                       what, why)
-        return None

@@ -1,10 +1,7 @@
 """The Trainer's reporters, as the callback meets them (main process, once at train begin).
 
-For each reporter of ``report_to`` the table of trackers knows (:mod:`~tinymcf_callback.trackers.table`), and only
-for one the user asked for (an active wandb run alone is not consent), the callback asks its tracker once which run
-it has open (:func:`reported_runs`: what the run's record keeps for a follower) and what the probe gives that run
-(:func:`reporter_sinks`: the figure, the tables, a layout, and the numbers when no ``trainer=`` carries them). A
-reporter whose package, run or writer fails is a warning: the training goes on.
+Only a reporter the user asked for in ``report_to`` is written to (an active wandb run alone is not consent); one
+whose package, run or writer fails is a warning: the training goes on.
 """
 
 from __future__ import annotations

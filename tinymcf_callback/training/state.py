@@ -9,23 +9,18 @@ from __future__ import annotations
 from ..scoring.prompts import DEFAULT_ANSWER_FORMAT
 
 
-def _entries(stateful_callbacks: dict | None, key: str) -> list:
+def _find(stateful_callbacks: dict | None, key: str, name: str, answer_format: str) -> tuple[list, list[int]]:
+    """The entries under ``key``, and the indices of this probe's (states saved before formats existed are Yes/No)."""
     stored = (stateful_callbacks or {}).get(key)
-    return stored if isinstance(stored, list) else [stored] if stored else []
-
-
-def _mine(entries: list, name: str, answer_format: str) -> list[int]:
-    # Several callbacks of one class share a key (a list, appended to at each save): match the set name and the
-    # answer format (states saved before formats existed are Yes/No).
-    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name
-            and e["args"].get("answer_format", DEFAULT_ANSWER_FORMAT) == answer_format]
+    entries = stored if isinstance(stored, list) else [stored] if stored else []
+    return entries, [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("args", {}).get("name") == name
+                     and e["args"].get("answer_format", DEFAULT_ANSWER_FORMAT) == answer_format]
 
 
 def stored_counters(stateful_callbacks: dict | None, key: str, name: str,
                     answer_format: str = DEFAULT_ANSWER_FORMAT) -> dict | None:
     """The newest saved state of the ``key`` callback probing set ``name`` in ``answer_format``, or None."""
-    entries = _entries(stateful_callbacks, key)
-    mine = _mine(entries, name, answer_format)
+    entries, mine = _find(stateful_callbacks, key, name, answer_format)
     return entries[mine[-1]] if mine else None
 
 
@@ -34,8 +29,7 @@ def record_counters(stateful_callbacks: dict, key: str, name: str, saved: dict,
     """Replace (or add) the saved state of the ``key`` callback probing set ``name`` in ``answer_format``: one entry
     per set and answer format (the Trainer appends every callback's state at each save; older entries of this set are
     dropped, so ``trainer_state.json``, which holds the baseline's scores, does not grow with the saves)."""
-    entries = _entries(stateful_callbacks, key)
-    mine = _mine(entries, name, answer_format)
+    entries, mine = _find(stateful_callbacks, key, name, answer_format)
     if mine:
         entries[mine[-1]] = saved
         entries = [e for i, e in enumerate(entries) if i not in mine[:-1]]

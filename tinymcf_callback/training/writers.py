@@ -1,8 +1,5 @@
-"""Where a finished probe goes besides ``Trainer.log`` and the history (:mod:`~tinymcf_callback.rundir.curve`):
-the checkpoint's report and its refreshed ``trainer_state.json``.
-
-All of them run on the main process only and never raise: a file the probe cannot write is a
-warning, and training goes on.
+"""Where a finished probe goes besides ``Trainer.log`` and the history: the checkpoint's report and its refreshed
+``trainer_state.json``. Main process only; a file the probe cannot write is a warning, and training goes on.
 """
 
 from __future__ import annotations
@@ -20,13 +17,8 @@ logger = logging.getLogger("tinymcf_callback")
 
 
 def write_checkpoint(folder: str, name: str, state, report: dict | None) -> None:
-    """Add the probe to a checkpoint the Trainer has just written.
-
-    Writes ``moral_probe_<name>.json`` (``moral_probe_<name>_json.json`` for JSON answers; the full
-    report) when this step was probed, and
-    rewrites ``trainer_state.json``: the Trainer wrote it before ``on_save``, so without the
-    refresh it would miss this step's log entry and this save's callback counters.
-    """
+    """Add the probe's report (when this step was probed) to a checkpoint the Trainer has just written, and rewrite its
+    ``trainer_state.json``: the Trainer wrote it before ``on_save``, missing this step's log entry and counters."""
     if not os.path.isdir(folder):
         return
     try:

@@ -1,9 +1,7 @@
 """Paired change between two probe reports of the same vignettes: :func:`compare` (``tinymcf compare A.json B.json``).
 
-The change ``B - A`` of every headline and per-foundation metric, with an interval and a two-sided p-value from a
-paired bootstrap over vignettes (:func:`~tinymcf_callback.stats.bootstrap.paired_change`). It means something only
-when both reports asked the model the same questions, so what cannot be paired is refused with the reason
-(:func:`check_comparable`; the rules: docs/cli.md, ``tinymcf compare``). Pandas and numpy only, no torch.
+What cannot be paired is refused with the reason (:func:`check_comparable`; the rules: docs/cli.md, ``tinymcf
+compare``). Pandas and numpy only, no torch.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from ..stats.bootstrap import (
     vignette_scores,
 )
 from ..stats.metrics import answer_format
+from .text import with_bounds
 
 HEADLINE_LABELS = {"score": "score", "gap": "gap", "sn": "sn (control)", "score_minus_sn": "score - sn"}
 _SHOWN_IDS = 3
@@ -205,8 +204,7 @@ def compare(report_a, report_b, *, level: float = DEFAULT_LEVEL, n_resamples: in
             table.append({"foundation": foundation, "metric": metric, "n": n,
                           **{k: _value(v) for k, v in row.items()}})
     out = {"name": a["name"], "answer_format": answer_format(a), "n_vignettes": sum(result["n"].values()),
-           "level": result["level"],
-           "n_resamples": result["n_resamples"], "seed": result["seed"], "method": result["method"],
+           **{k: result[k] for k in ("level", "n_resamples", "seed", "method")},
            "headline": headline, "table": pd.DataFrame(table), "warnings": notes}
     if target is not None:
         try:
@@ -264,14 +262,11 @@ def format_comparison(result: dict, labels: tuple[str, str] = ("A", "B")) -> str
 def _text(df: pd.DataFrame, keys, level: str) -> str:
     shown = df.set_index(keys)
     out = pd.DataFrame(index=shown.index)
-    out["A"], out["B"], out["change"] = (shown[c].map(_signed) for c in ("a", "b", "change"))
+    out["A"], out["B"], out["change"] = (shown[c].map(lambda x: with_bounds(x, None, None, False))
+                                         for c in ("a", "b", "change"))
     out[f"{level} interval"] = [_interval(lo, hi) for lo, hi in zip(shown["lo"], shown["hi"], strict=True)]
     out["p"] = shown["p"].map(_p)
     return out.to_string()
-
-
-def _signed(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:+.3f}"
 
 
 def _interval(lo: float, hi: float) -> str:

@@ -1,11 +1,8 @@
 """A history's curves: one :class:`History` per run file, numpy arrays per metric, ready to draw.
 
-Reading needs only numpy (drawing, :mod:`tinymcf_callback.figures`, needs matplotlib). The lines kept are the
-history's own rules (:mod:`~tinymcf_callback.rundir.history`: the current run, the last line of each step); a line's
-interval bounds become the curve's. A dose-response history (``moral_probe_<key>_dose.jsonl``, ``x="coefficient"``)
-is the real direction's curve against the coefficient, with one :class:`History` per random direction and their
-envelope (:meth:`History.random_envelope`). Metrics are named by one string each (:func:`metric_key`). What is drawn
-from which lines: docs/cli.md, ``tinymcf plot``.
+Reading needs only numpy (drawing, :mod:`tinymcf_callback.figures`, needs matplotlib); the lines kept are the
+history's own rules (:mod:`~tinymcf_callback.rundir.history`). What is drawn from which lines: docs/cli.md,
+``tinymcf plot``.
 """
 
 from __future__ import annotations
@@ -67,11 +64,8 @@ class Envelope:
 
 @dataclass
 class History:
-    """The curves of one run on one vignette set, one point per probed step (ascending).
-
-    For a dose-response history (``x == "coefficient"``) ``steps`` holds the steering coefficients
-    (ascending) of the real direction's curve, ``answering`` is False where the model stopped
-    answering, and ``random`` holds one curve per random direction.
+    """The curves of one run on one vignette set, one point per probed step (ascending); for a dose-response history
+    (``x == "coefficient"``) one per steering coefficient of the real direction, with one curve per random direction.
     """
 
     path: Path
@@ -122,11 +116,8 @@ class History:
         return bool(np.isfinite(self.series(key).est).any())
 
     def random_envelope(self, key: str) -> Envelope | None:
-        """Min, max and median of ``key`` over the random directions at each of their coefficients (None: none).
-
-        At c=0 every random curve holds the unsteered line, so the envelope closes on its value there.
-        A coefficient at which no random direction has a finite value is NaN (a gap in the band).
-        """
+        """Min, max and median of ``key`` over the random directions at each of their coefficients (None: none); NaN
+        where no random direction has a finite value (a gap in the band)."""
         if not self.random:
             return None
         xs = np.unique(np.concatenate([r.steps for r in self.random]))
@@ -161,9 +152,7 @@ def _norm(name: str) -> str:
 def metric_key(name: str, foundations: Iterable[str] = ()) -> str:
     """The canonical name of metric ``name`` (``"care"``: ``"align_other:Care"``); unknown: :class:`PlotOptionError`.
 
-    Headline and sanity names are matched exactly (lower case); a foundation's name, alone or after
-    ``align_other:``/``align_self:``, ignoring case, ``_`` and ``-`` (``social_norms`` is Social Norms).
-    ``foundations``: foundation names beyond the standard ones (those of the histories drawn).
+    A foundation's name is matched ignoring case, ``_`` and ``-``; ``foundations``: names beyond the standard ones.
     """
     text = name.strip()
     if text.lower() in HEADLINE or text.lower() in SANITY:
@@ -296,10 +285,8 @@ def _dose_key(path: Path, lineno: int, line: dict) -> tuple[str, int, float]:
 
 
 def dose_lines(path: Path, run: list[tuple[int, dict]]) -> dict[tuple[str, int], list[tuple[int, dict]]]:
-    """The lines of each (direction, direction_index), by ascending coefficient; the last line of a repeated key wins.
-
-    The unsteered lines (direction ``none``) are under ``("none", 0)``; they are not merged into the others here.
-    """
+    """The lines of each (direction, direction_index), by ascending coefficient, the last line of a repeated key
+    winning; the unsteered lines (direction ``none``) under ``("none", 0)``, not merged into the others here."""
     by_key: dict[tuple[str, int, float], tuple[int, dict]] = {}
     repeated = []
     for lineno, line in run:
@@ -471,10 +458,7 @@ def _distinct_labels(paths: list[Path]) -> list[str]:
 
 
 def load_histories(paths, *, x: str = "step") -> list[History]:
-    """Read several histories for one figure: they must be different files of the same vignette set.
-
-    ``x``: ``"step"`` (training histories) or ``"coefficient"`` (dose-response histories), as :func:`load_history`.
-    """
+    """Read several histories for one figure (different files of one vignette set); ``x`` as :func:`load_history`."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     resolved = [resolve_curve_path(p, _check_x(x)) for p in paths]

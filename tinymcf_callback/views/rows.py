@@ -1,8 +1,6 @@
 """A probe's per-vignette rows: what a dashboard's table shows when a user drills down from a foundation's curve.
 
-One row per vignette asked (:data:`ROW_COLUMNS`), the step first, so that every probe's rows sit in one table (the
-dashboards keep them all: docs/dashboards.md). Built from the report's ``scenarios``, never from a history line,
-which keeps the per-foundation table only.
+Built from the report's ``scenarios``, never from a history line, which keeps the per-foundation table only.
 """
 
 from __future__ import annotations
