@@ -1,22 +1,12 @@
 """One HTTP client layer for every OpenAI-compatible server the package talks to.
 
-``prepare`` and ``validate`` ask an LLM API (OpenRouter, OpenAI, a local server) for rewrites and
-judgements; a served model (``--endpoint``) is an inference server asked for log-probabilities. Both go
-through :class:`ApiClient`, so both follow the same rules:
-
-- **the key** (:func:`find_key`): the first of a use's variables set in the environment, else (for
-  ``prepare``) in ``./.env``; sent in the ``Authorization`` header only;
-- **scrubbing** (:func:`scrub`, :func:`known_secrets`): every key this process could use is taken out of
-  every message, log line and error; none is ever printed, logged or written;
-- **retries**: a request that may succeed later (a dropped connection, a timeout, 408, 409, 429, 5xx) is
-  sent again with a jittered, capped exponential backoff (:class:`ApiClient`), each retry logged and counted;
-  the waits are spent on the client's ``cancel`` event, so Ctrl-C (or a test's clock) ends them at once;
-- **one line per failure** (:class:`ApiError`): what failed, on which route, after how many tries, its
-  status and the server's own words, scrubbed and cut to one line; the callers turn it into their own
-  error naming the option that fixes it.
-
-The ``openai`` package is the ``[api]`` extra; its own retry loop is off (``max_retries=0``): this one is
-the only one.
+``prepare`` and ``validate`` ask an LLM API for rewrites and judgements; a served model (``--endpoint``) is an
+inference server asked for log-probabilities. Both go through :class:`ApiClient`, so both follow the same rules: the
+key (:func:`find_key`) is sent in the ``Authorization`` header only and scrubbed from every message, log line and
+error (:func:`scrub`, :func:`known_secrets`); a request that may succeed later (a dropped connection, a timeout, 408,
+409, 429, 5xx) is sent again with a jittered, capped exponential backoff, each retry logged and counted, the waits
+spent on the client's ``cancel`` event (Ctrl-C ends them at once); a failure is one line (:class:`ApiError`). The
+``openai`` package is the ``[api]`` extra; its own retry loop is off (``max_retries=0``): this one is the only one.
 """
 
 from __future__ import annotations

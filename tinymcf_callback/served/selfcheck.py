@@ -1,12 +1,6 @@
-"""A served model's own self-check: what goes wrong with servers, measured at every probe.
-
-Which prompts: the probe's own :class:`~tinymcf_callback.scoring.selfcheck.Rotation` (its seed), as the local
-check draws them, a few per probe (``check_prompts``), so that over a run's probes the check covers every prompt.
-Each checked prompt is asked twice more among the probe's other requests: again in the same form, later in the
-queue (an order, batching or prompt-cache dependence shows there), and in a second form (another route through
-the server). Their largest P(Yes) and log-mass differences from the first reading are the resolution reached,
-held to the tolerance. With a ``reference`` (the same weights loaded locally), the checked prompts are also
-scored by the local forward pass and the difference recorded (``scored_diff``), optionally held to a bound.
+"""A served model's own self-check, at every probe: a few prompts drawn from the probe's own rotation, each asked twice
+more among the probe's other requests (in the same form later in the queue, and in a second form), their differences
+held to the tolerance; with a ``reference``, also scored by the local forward pass. What each catches: docs/served.md.
 """
 
 from __future__ import annotations
