@@ -135,7 +135,7 @@ class ApiError(TinymcfError):
             return "cancelled"
         if self.status == 429:
             return "rate limited (429)"
-        if self.status is not None and (self.status >= 500 or self.status in RETRY_STATUSES):
+        if self.retryable:
             return f"server error ({self.status})"
         return f"refused ({self.status}: {self.detail})"
 
@@ -165,7 +165,7 @@ class ApiClient:
         openai = require("openai")
         self._openai = openai
         self.base_url = base_url.rstrip("/")
-        self.root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.root = self.base_url.removesuffix("/v1")
         self.name = name or _without_password(self.base_url)
         self._key = key or NO_KEY
         self._secrets = [s for s in (key, *secrets) if s]

@@ -1,11 +1,7 @@
 """The Clifford et al. (2015) CSV: get the bytes, check them, turn them into vignette rows.
 
-The file is fetched from the URL in ``configs/sets.json`` (or ``--url``), read from
-``--source``, or reused from the copy stored in the home's ``raw/`` folder when its
-sha256 still matches. It is checked before anything is written: the columns, the row
-count, the foundation labels, the numbers, and the sha256 against ``configs/sets.json``
-(a differing file is accepted only with ``--allow-checksum-change``). Scenario texts are
-kept verbatim: the md5 of the exact text keys the shipped rewrites.
+Everything is checked before anything is written (the columns, the rows, the labels, the numbers, the sha256 against
+``configs/sets.json``). Scenario texts are kept verbatim: the md5 of the exact text keys the shipped rewrites.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Judge validation of a prepared set: does each text engage the foundation it is meant to?
-
-``tinymcf validate --name NAME`` asks a judge model, for every vignette and each of the four conditions, which
-foundation the act engages and whether the actor violates or upholds it; verdicts are cached by ``(md5 of the text,
-judge model)`` in ``<home>/cache/judgements.jsonl`` (the same request loop as the rewrites: a rerun asks only for
-what is new). The report: accuracy per condition (the original, ``other_violate``, is the ceiling the rewrites can
-reach), a confusion matrix and the flagged rewrites; one JSON line per judged text goes to ``--out``.
+"""Judge validation of a prepared set (``tinymcf validate --name NAME``): does each text engage the foundation it is
+meant to? Verdicts are cached by ``(md5 of the text, judge model)`` in ``<home>/cache/judgements.jsonl``; the report
+and its fields: docs/preparing.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The LLM side of ``prepare`` and ``validate``: chat requests for rewrites and judgements, on the shared client.
 
-Any OpenAI-compatible endpoint works (OpenRouter by default). The key, its scrubbing, the retries with
-their backoff and the one-line failures are :mod:`tinymcf_callback.apiclient`'s, the same as a served
-model's. This module owns what is particular to asking an LLM for JSON: one chat request (JSON mode,
-dropped once for an endpoint that has none; a rejected key or an unknown model stops everything), strict
-parsing of the JSON answer, re-asking when an answer breaks the rules, falling back to a second model on
-refusals and unparseable answers, and a bounded thread pool with a progress bar.
+The key, its scrubbing, the retries and the one-line failures are :mod:`tinymcf_callback.apiclient`'s. This module owns
+what is particular to asking an LLM for JSON: one chat request (JSON mode, dropped for an endpoint that has none),
+strict parsing of the answer, re-asking and falling back to a second model (:func:`ask_json`), and a bounded thread
+pool with a progress bar (:func:`run_pool`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The three rewrites of every vignette (``other_uphold``, ``self_violate``, ``self_uphold``), made by an LLM.
 
-This module owns the rewrite prompt, the check of an answer against the rules
-(:mod:`tinymcf_callback.prepare.rules`, the same rules the shipped cache passes), the plan of
-what is missing from the caches, and :func:`make_rewrites`, which hands that plan to the
-shared request loop (:mod:`tinymcf_callback.prepare.request_loop`). New rewrites are appended to
-``<home>/cache/<name>.jsonl``.
+This module owns the rewrite prompt, the check of an answer against :mod:`~tinymcf_callback.prepare.rules`, the plan
+of what is missing from the caches, and :func:`make_rewrites`, which hands that plan to the shared request loop.
 """
 
 from __future__ import annotations
@@ -111,13 +108,8 @@ def outdated_rewrites(rows: list[dict], cache: RewriteCache) -> list[tuple[dict,
     Such rewrites are used as they are (never dropped or re-requested); :func:`note_outdated`
     says which of them break today's rules.
     """
-    out = []
-    for r in rows:
-        for c in REWRITE_CONDITIONS:
-            entry = cache.get(r["id"], c)
-            if entry is not None and _version(entry) < rules.RULES_VERSION:
-                out.append((r, entry))
-    return out
+    entries = ((r, cache.get(r["id"], c)) for r in rows for c in REWRITE_CONDITIONS)
+    return [(r, e) for r, e in entries if e is not None and _version(e) < rules.RULES_VERSION]
 
 
 def _version(entry: dict) -> int:

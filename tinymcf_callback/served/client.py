@@ -36,10 +36,7 @@ class ServerClient:
         # a request that timed out is not sent again: the server is slow, and a second copy only adds to its queue
         self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
                              retry_timeouts=False)
-        self.timeout, self.retries = self.api.timeout, self.api.retries
-
-    def scrub(self, text) -> str:
-        return self.api.scrub(text)
+        self.timeout = self.api.timeout
 
     def post(self, route: str, body: dict, *, quiet: bool = False, retries: int | None = None):
         """POST ``body`` to ``route`` (``/v1/completions``, ``/completion``, ...); the parsed JSON answer. With
@@ -56,16 +53,12 @@ class ServerClient:
         except ApiError as e:
             if quiet and e.kind == "status" and e.status in QUIET:
                 return None
-            raise self.failure(e, route) from None
-
-    def failure(self, e: ApiError, route: str) -> ServedError:
-        """One line for a request that did not succeed: what happened, and what to do (``.status``: the HTTP status
-        the server answered, None when it did not answer)."""
-        error = self._failure(e, route)
-        error.status = e.status
-        return error
+            error = self._failure(e, route)
+            error.status = e.status  # the HTTP status the server answered, None when it did not answer
+            raise error from None
 
     def _failure(self, e: ApiError, route: str) -> ServedError:
+        """One line for a request that did not succeed: what happened, and what to do."""
         where = f"the server at {self.shown}"
         if e.kind == "connection":
             return ServerGone(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "

@@ -3,10 +3,6 @@
     steer = ResidualSteering(model, layer=15, vector=v)   # intervene(c): a context manager per coefficient
     with steer(4.0):
         model.generate(...)                               # or a probe: dose_response(probe, model, steer, ...)
-
-:class:`ResidualSteering` is the ``intervene(c)`` that :func:`~tinymcf_callback.steering.dose.dose_response`
-takes (any context-manager factory will do: a PEFT adapter's scale, a steering library's context). The
-directions to steer along are made in :mod:`~tinymcf_callback.steering.directions`.
 """
 
 from __future__ import annotations
