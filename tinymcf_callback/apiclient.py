@@ -39,11 +39,8 @@ T = TypeVar("T")
 
 # ---- the key ----------------------------------------------------------------------------------------------------
 def read_dotenv(path: str | os.PathLike) -> dict[str, str]:
-    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``).
-
-    No file: ``{}`` (python-dotenv not needed). A file without python-dotenv (the ``[prepare]`` extra) is
-    :class:`~tinymcf_callback.errors.MissingExtraError`.
-    """
+    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``); ``{}`` when there
+    is no file (python-dotenv not needed then)."""
     if not Path(path).is_file():
         return {}
     dotenv_values = require("dotenv").dotenv_values
@@ -58,18 +55,12 @@ def find_key(variables: tuple[str, ...], environ=None, dotenv: str | os.PathLike
     """``(key, where)``: the first of ``variables`` set in the environment (``where`` is ``$NAME``), else in the
     ``.env`` file of folder ``dotenv`` (``NAME in <file>``); ``(None, None)`` when none is."""
     environ = os.environ if environ is None else environ
-    for var in variables:
-        value = (environ.get(var) or "").strip()
-        if value:
-            return value, f"${var}"
-    if dotenv is not None:
+    found = next(((environ[v].strip(), f"${v}") for v in variables if (environ.get(v) or "").strip()), None)
+    if found is None and dotenv is not None:  # the file is read only when the environment has no key
         path = Path(dotenv) / ".env"
         values = read_dotenv(path)
-        for var in variables:
-            value = (values.get(var) or "").strip()
-            if value:
-                return value, f"{var} in {path}"
-    return None, None
+        found = next(((values[v].strip(), f"{v} in {path}") for v in variables if (values.get(v) or "").strip()), None)
+    return found or (None, None)
 
 
 def known_secrets(environ=None, cwd: str | os.PathLike | None = None) -> list[str]:

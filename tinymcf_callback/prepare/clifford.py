@@ -87,12 +87,8 @@ def sha256(data: bytes) -> str:
 
 def fetch(name: str, spec: dict, raw_path: Path, *, source: str | None, url: str | None, force: bool,
           allow_checksum_change: bool, timeout: float, say: Callable[[str], None]) -> tuple[bytes, str, bool]:
-    """``(bytes, origin, from_raw)``: ``--source``, else the stored raw copy, else a download.
-
-    The stored copy is reused only when ``--url`` and ``--force-download`` are absent and
-    its sha256 matches ``configs/sets.json`` (or ``--allow-checksum-change`` is given);
-    a stale or damaged copy is fetched again.
-    """
+    """``(bytes, origin, from_raw)``: ``--source``, else the stored raw copy (while its sha256 still matches), else a
+    download."""
     if source:
         src = Path(source).expanduser()
         try:

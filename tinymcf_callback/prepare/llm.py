@@ -154,14 +154,11 @@ def _short(text: str, n: int = 80) -> str:
 
 def ask_json(client: ChatClient, models: list[str], build: Callable[[list | None], list[dict]],
              check: Callable[[dict], tuple[object, list[str]]], attempts: int = 3) -> tuple[object, str]:
-    """Ask ``models`` in turn until an answer passes ``check``; ``(value, model)``.
+    """Ask ``models`` in turn until an answer passes ``check`` (``obj -> (value, problems)``); ``(value, model)``.
 
-    ``build(feedback)`` makes the messages; ``feedback`` is ``None`` or the list of
-    ``(previous answer, problems)`` of this model so far. ``check(obj)`` returns
-    ``(value, problems)``. An answer that breaks the rules is re-asked up to ``attempts``
-    times per model; a refusal, an unparseable answer or exhausted retries go straight
-    to the next model. Raises :class:`ItemFailed` with every model's last reason.
-    """
+    ``build(feedback)`` makes the messages, ``feedback`` being None or this model's ``(previous answer, problems)`` so
+    far. An answer that breaks the rules is re-asked up to ``attempts`` times per model; a refusal or an unparseable
+    answer goes straight to the next model. :class:`ItemFailed` names each model's last reason."""
     reasons = []
     for model in models:
         feedback: list = []

@@ -19,13 +19,8 @@ class ServerGone(ServedError):
 
 
 class ServerClient:
-    """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON.
-
-    ``retries``: how many times a request that may succeed later is sent again (each logged; ``api.retried``
-    counts them, ``api.requests`` the requests answered); ``timeout``: seconds per request. A request that cannot
-    succeed raises :class:`ServedError` with one line (the server, the route, what went wrong and what to do),
-    never the key.
-    """
+    """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON; a request that cannot
+    succeed raises :class:`ServedError` with one line (the server, the route, what went wrong and what to do)."""
 
     def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4):
         try:

@@ -361,8 +361,7 @@ def avoid(server: Server | None) -> str:
 
 def load(config: ServedConfig, form, server: Server) -> tuple[int, int]:
     """``(prompts per request, requests in flight)``: the options given, else the defaults above."""
-    size = config.batch or (DEFAULT_BATCH if form.batched and form.name != "echo" else 1)
-    size = size if form.batched else 1
+    size = (config.batch or (1 if form.name == "echo" else DEFAULT_BATCH)) if form.batched else 1
     sequences = size * (len(form.answers) if form.name == "echo" else 1)
     concurrency = config.concurrency or DEFAULT_CONCURRENCY.get(server.kind) or max(1, IN_FLIGHT // sequences)
     return size, concurrency

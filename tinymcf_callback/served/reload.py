@@ -179,11 +179,7 @@ def ties_embeddings(folder: str) -> bool:
 
 def run_command(command: str, checkpoint: str | None, step: int, *, timeout: float = RELOAD_TIMEOUT_S) -> None:
     """Run ``command`` with ``{checkpoint}``/``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``,
-    ``$TINYMCF_PID``).
-
-    It must exit 0 once the server serves that checkpoint; any other status, or running past
-    ``timeout`` seconds, is an error naming the command's last output line.
-    """
+    ``$TINYMCF_PID``); another status than 0, or running past ``timeout`` seconds, is an error."""
     where = "" if checkpoint is None else str(checkpoint)
     filled = command.replace("{checkpoint}", shlex.quote(where)).replace("{step}", str(int(step)))
     env = {**os.environ, "TINYMCF_CHECKPOINT": where, "TINYMCF_STEP": str(int(step)), "TINYMCF_PID": str(os.getpid())}

