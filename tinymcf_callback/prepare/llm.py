@@ -112,13 +112,11 @@ class ChatClient:
         :class:`ItemFailed`."""
         unknown = (f"the endpoint {self.base_url} does not know the model {model!r} ({e.status}: {e.detail}). "
                    f"Check --model / --fallback-model / --judge-model and --base-url.")
-        if e.kind == "status" and e.status == 404:
+        if e.kind == "status" and (e.status == 404 or (e.status == 400 and _MODEL_MISSING_RE.search(e.detail))):
             return FatalLLMError(unknown)
         if e.kind == "status" and e.status in (401, 403):
             return FatalLLMError(f"the endpoint {self.base_url} rejected the API key ({e.status}: {e.detail})")
         if e.kind == "status" and e.status == 400:
-            if _MODEL_MISSING_RE.search(e.detail):
-                return FatalLLMError(unknown)
             return ItemFailed(f"{model}: request rejected (400: {e.detail})")
         if e.retryable:
             return ItemFailed(f"{model}: {e.reason}, gave up after {e.tries} tries")

@@ -32,12 +32,8 @@ _INNER_STOP_RE = re.compile(r"[.!?][\"')\]]*\s+\S")
 
 
 def rewrite_problems(text: str, condition: str, original: str | None = None) -> list[str]:
-    """Every rule ``text`` breaks as a rewrite for ``condition`` (empty list: it passes).
-
-    With ``original`` (the violation, ``other_violate``, it rewrites) an upholding rewrite
-    is also checked for lexical cues (:func:`lexical_cue_problems`); that check needs the
-    ``vaderSentiment`` package.
-    """
+    """Every rule ``text`` breaks as a rewrite for ``condition`` (empty list: it passes); with ``original`` (the
+    violation it rewrites) an uphold is also checked for lexical cues (:func:`lexical_cue_problems`)."""
     problems = []
     if not isinstance(text, str) or not text.strip():
         return ["empty text"]

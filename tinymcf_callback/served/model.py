@@ -298,8 +298,7 @@ class ServedModel:
     def reload_rotation(self, probe) -> Rotation:
         """Where the reload check draws its prompts when the self-check draws none: a rotation of its own."""
         if self._reload_rotation is None:
-            self._reload_rotation = Rotation(seed=self.config.seed if self.config.seed is not None else
-                                             probe.config.seed)
+            self._reload_rotation = Rotation(seed=probe.config.seed if self.config.seed is None else self.config.seed)
         return self._reload_rotation
 
     def form(self, name: str, tok, yes: list[int], no: list[int], server: Server, top: int | None = None):
