@@ -38,8 +38,9 @@ def store_set(name: str, rows: list[dict], meta: dict | None = None) -> Path:
     path = folders().set_file(name)
     write_jsonl(path, rows, "the set file ")
     if meta is not None:
-        with _writing(folders().set_meta(name)):
-            atomic_write_text(folders().set_meta(name), json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        meta_path = folders().set_meta(name)
+        with _writing(meta_path):
+            atomic_write_text(meta_path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return path
 
 
