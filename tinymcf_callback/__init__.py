@@ -1,12 +1,8 @@
 """tinymcf_callback: a fast moral-foundations probe for Hugging Face models and training runs.
 
-The package is one folder per reason to change, its imports running one way (docs/development.md's
-Layout names each folder; ``tests/test_layout.py`` checks the direction).
-
-``__all__`` is what a user calls; everything else stays importable from its own module. The names are
-imported lazily, so ``tinymcf prepare`` and the data layer start without loading torch or
-transformers; the same imports, written out under ``TYPE_CHECKING``, let editors and type checkers
-resolve each of them.
+``__all__`` is what a user calls; everything else stays importable from its own module (the layout:
+docs/development.md). The names are imported lazily, so ``tinymcf prepare`` and the data layer start without torch or
+transformers; the same imports under ``TYPE_CHECKING`` let editors and type checkers resolve each of them.
 """
 
 from __future__ import annotations

@@ -12,11 +12,8 @@ from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``.
-
-    A reader (or a crash) never sees a half-written file: either the old content or
-    the new one. Raises ``OSError`` with the path when the folder cannot be written.
-    """
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``: a reader (or a crash) sees either the
+    old content or the new one, never a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

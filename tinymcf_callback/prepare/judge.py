@@ -1,26 +1,21 @@
-"""Judge validation of a prepared set: does each text engage the foundation it is meant to?
-
-``tinymcf validate --name NAME`` asks a judge model, for every vignette and each of the four conditions, which
-foundation the act engages and whether the actor violates or upholds it; verdicts are cached by ``(md5 of the text,
-judge model)`` in ``<home>/cache/judgements.jsonl`` (the same request loop as the rewrites: a rerun asks only for
-what is new). The report: accuracy per condition (the original, ``other_violate``, is the ceiling the rewrites can
-reach), a confusion matrix and the flagged rewrites; one JSON line per judged text goes to ``--out``.
+"""Judge validation of a prepared set (``tinymcf validate --name NAME``): does each text engage the foundation it is
+meant to? Verdicts are cached by ``(md5 of the text, judge model)`` in ``<home>/cache/judgements.jsonl``; the report
+and its fields: docs/preparing.md.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from .._io import atomic_write_text, read_jsonl
+from .._io import read_jsonl
 from ..data.home import JUDGEMENTS_FILE, folders
 from ..data.sets import CONDITIONS, FOUNDATIONS, RewriteCache, load_vignettes, md5
 from ..errors import PrepareError
 from .request_loop import Job, model_list, open_client, run_job
-from .store import check_writable
+from .store import check_writable, write_jsonl
 
 VALENCES = ("violate", "uphold")
 
@@ -174,10 +169,7 @@ def validate_set(args, secrets: list, say: Callable[[str], None]) -> int:
 
     records = judge_records(vignettes, known, judge, failed)
     out = Path(args.out).expanduser() if args.out else Path.cwd() / f"validate_{name}.jsonl"
-    try:
-        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    except OSError as e:
-        raise PrepareError(f"cannot write {out} ({e.strerror or e})") from None
+    write_jsonl(out, records)
     print_report(name, judge, len(vignettes), records, failed, out, say)
     return 1 if failed else 0
 

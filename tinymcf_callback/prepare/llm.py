@@ -1,11 +1,9 @@
 """The LLM side of ``prepare`` and ``validate``: chat requests for rewrites and judgements, on the shared client.
 
-Any OpenAI-compatible endpoint works (OpenRouter by default). The key, its scrubbing, the retries with
-their backoff and the one-line failures are :mod:`tinymcf_callback.apiclient`'s, the same as a served
-model's. This module owns what is particular to asking an LLM for JSON: one chat request (JSON mode,
-dropped once for an endpoint that has none; a rejected key or an unknown model stops everything), strict
-parsing of the JSON answer, re-asking when an answer breaks the rules, falling back to a second model on
-refusals and unparseable answers, and a bounded thread pool with a progress bar.
+The key, its scrubbing, the retries and the one-line failures are :mod:`tinymcf_callback.apiclient`'s. This module owns
+what is particular to asking an LLM for JSON: one chat request (JSON mode, dropped for an endpoint that has none),
+strict parsing of the answer, re-asking and falling back to a second model (:func:`ask_json`), and a bounded thread
+pool with a progress bar (:func:`run_pool`).
 """
 
 from __future__ import annotations
@@ -114,13 +112,11 @@ class ChatClient:
         :class:`ItemFailed`."""
         unknown = (f"the endpoint {self.base_url} does not know the model {model!r} ({e.status}: {e.detail}). "
                    f"Check --model / --fallback-model / --judge-model and --base-url.")
-        if e.kind == "status" and e.status == 404:
+        if e.kind == "status" and (e.status == 404 or (e.status == 400 and _MODEL_MISSING_RE.search(e.detail))):
             return FatalLLMError(unknown)
         if e.kind == "status" and e.status in (401, 403):
             return FatalLLMError(f"the endpoint {self.base_url} rejected the API key ({e.status}: {e.detail})")
         if e.kind == "status" and e.status == 400:
-            if _MODEL_MISSING_RE.search(e.detail):
-                return FatalLLMError(unknown)
             return ItemFailed(f"{model}: request rejected (400: {e.detail})")
         if e.retryable:
             return ItemFailed(f"{model}: {e.reason}, gave up after {e.tries} tries")
@@ -156,14 +152,11 @@ def _short(text: str, n: int = 80) -> str:
 
 def ask_json(client: ChatClient, models: list[str], build: Callable[[list | None], list[dict]],
              check: Callable[[dict], tuple[object, list[str]]], attempts: int = 3) -> tuple[object, str]:
-    """Ask ``models`` in turn until an answer passes ``check``; ``(value, model)``.
+    """Ask ``models`` in turn until an answer passes ``check`` (``obj -> (value, problems)``); ``(value, model)``.
 
-    ``build(feedback)`` makes the messages; ``feedback`` is ``None`` or the list of
-    ``(previous answer, problems)`` of this model so far. ``check(obj)`` returns
-    ``(value, problems)``. An answer that breaks the rules is re-asked up to ``attempts``
-    times per model; a refusal, an unparseable answer or exhausted retries go straight
-    to the next model. Raises :class:`ItemFailed` with every model's last reason.
-    """
+    ``build(feedback)`` makes the messages, ``feedback`` being None or this model's ``(previous answer, problems)`` so
+    far. An answer that breaks the rules is re-asked up to ``attempts`` times per model; a refusal or an unparseable
+    answer goes straight to the next model. :class:`ItemFailed` names each model's last reason."""
     reasons = []
     for model in models:
         feedback: list = []

@@ -1,10 +1,8 @@
 """A vignette set made ready for the probe, start to end (``tinymcf prepare``; once, offline after).
 
-``--name clifford`` downloads the Clifford et al. (2015) CSV (or reads ``--source PATH``), checks it and stores it in
-the home (:mod:`~tinymcf_callback.prepare.clifford`; its rewrites are shipped: no API key). ``--name myset --source
-my.csv`` registers your own set (:mod:`~tinymcf_callback.prepare.userset`) and has its three rewrites per vignette
-made by an LLM (:mod:`~tinymcf_callback.prepare.rewrites`). Only rewrites missing from the caches are requested, each
-appended the moment it passes the rules, so an interrupted run loses nothing. docs/preparing.md.
+``--name clifford`` downloads, checks and stores the Clifford CSV (:mod:`~tinymcf_callback.prepare.clifford`; its
+rewrites are shipped); ``--name myset --source my.csv`` registers your own set (:mod:`~.userset`) and has its missing
+rewrites made (:mod:`~.rewrites`). The steps and their options: docs/preparing.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The one request loop of ``prepare`` and ``validate``: ask for each planned item, keep each good answer.
 
-The callers plan *what is missing* (rewrites not in any cache, texts not yet judged)
-without a key or a network; :func:`run_job` only runs those requests on a bounded
-thread pool and appends every answer that passes the rules to one JSONL file the moment
-it arrives. Ctrl-C, a crash or a kill therefore loses nothing finished, nothing that
-failed is ever written, and a rerun plans again and asks only for the rest.
+The callers plan *what is missing* without a key or a network; :func:`run_job` runs those requests and appends every
+answer that passes the rules the moment it arrives, so an interrupted run loses nothing finished and a rerun asks
+only for the rest.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The three rewrites of every vignette (``other_uphold``, ``self_violate``, ``self_uphold``), made by an LLM.
 
-This module owns the rewrite prompt, the check of an answer against the rules
-(:mod:`tinymcf_callback.prepare.rules`, the same rules the shipped cache passes), the plan of
-what is missing from the caches, and :func:`make_rewrites`, which hands that plan to the
-shared request loop (:mod:`tinymcf_callback.prepare.request_loop`). New rewrites are appended to
-``<home>/cache/<name>.jsonl``.
+This module owns the rewrite prompt, the check of an answer against :mod:`~tinymcf_callback.prepare.rules`, the plan
+of what is missing from the caches, and :func:`make_rewrites`, which hands that plan to the shared request loop.
 """
 
 from __future__ import annotations
@@ -52,11 +49,8 @@ REWRITE_TASKS = {
 
 
 def rewrite_messages(row: dict, condition: str, feedback: list | None = None) -> list[dict]:
-    """The chat messages that ask for ``condition``'s rewrite of vignette ``row``.
-
-    ``feedback`` is the list of ``(previous answer, problems)`` of this model so far; each
-    is sent back with the rules it broke.
-    """
+    """The chat messages that ask for ``condition``'s rewrite of vignette ``row``; each ``(previous answer, problems)``
+    of ``feedback`` is sent back with the rules it broke."""
     label = row["foundation"]
     hint = LABEL_HINTS.get(label)
     user = (
@@ -106,18 +100,10 @@ def missing_rewrites(rows: list[dict], cache: RewriteCache) -> list[tuple[dict, 
 
 
 def outdated_rewrites(rows: list[dict], cache: RewriteCache) -> list[tuple[dict, dict]]:
-    """``(row, entry)`` of every cached rewrite of ``rows`` made under older rules than :data:`rules.RULES_VERSION`.
-
-    Such rewrites are used as they are (never dropped or re-requested); :func:`note_outdated`
-    says which of them break today's rules.
-    """
-    out = []
-    for r in rows:
-        for c in REWRITE_CONDITIONS:
-            entry = cache.get(r["id"], c)
-            if entry is not None and _version(entry) < rules.RULES_VERSION:
-                out.append((r, entry))
-    return out
+    """``(row, entry)`` of every cached rewrite of ``rows`` made under older rules than :data:`rules.RULES_VERSION`
+    (used as they are, never dropped or re-requested)."""
+    entries = ((r, cache.get(r["id"], c)) for r in rows for c in REWRITE_CONDITIONS)
+    return [(r, e) for r, e in entries if e is not None and _version(e) < rules.RULES_VERSION]
 
 
 def _version(entry: dict) -> int:

@@ -1,22 +1,10 @@
 """The rewrite rules: what every rewrite in the cache must satisfy.
 
-Rewrites turn a third-person violation (``other_violate``) into its three siblings.
-The probe compares conditions, so a rewrite must change *only* who acts and whether
-the act violates or upholds the foundation: one sentence, the same situation, and no
-editorial clause telling the model how to judge (that would leak the answer).
-The same checks run on the shipped cache (tests) and on every LLM answer (prepare).
-
-Rules version 2 adds the *lexical-cue rule* for upholding rewrites, checked against the
-violation they rewrite. A small model partly judges words, not acts: an uphold written as
-a refused temptation ("refusing a bribe from the fleet hunting her crew") brings negative
-words into the upholding text, and the model reads them as wrongness. Measured with the
-VADER lexicon (Hutto & Gilbert, 2014; the ``vaderSentiment`` package, imported only when
-this rule runs, so scoring never needs it) on the rules-1 ``scifi`` cache: 20 of 102
-upholds added a word scored <= -1 (Loyalty 8 of 14, Sanctity 8 of 14, Care 4 of 18).
-So an uphold may not add such a word, and may not read clearly more negative than its
-violation (compound below both -0.3 and the violation's own): negative words the
-situation already has ("a grieving child", "a rival school's fight song") stay allowed,
-because they are the same in both texts.
+A rewrite changes *only* who acts and whether the act violates or upholds the foundation: one sentence, the same
+situation, no editorial clause telling the model how to judge (that would leak the answer). Rules version 2 adds the
+lexical-cue rule for upholds, checked with the VADER lexicon (``vaderSentiment``, imported only when it runs, so
+scoring never needs it): why and what it measured, docs/preparing.md. The same checks run on the shipped cache (tests)
+and on every LLM answer (prepare).
 """
 
 from __future__ import annotations
@@ -44,12 +32,8 @@ _INNER_STOP_RE = re.compile(r"[.!?][\"')\]]*\s+\S")
 
 
 def rewrite_problems(text: str, condition: str, original: str | None = None) -> list[str]:
-    """Every rule ``text`` breaks as a rewrite for ``condition`` (empty list: it passes).
-
-    With ``original`` (the violation, ``other_violate``, it rewrites) an upholding rewrite
-    is also checked for lexical cues (:func:`lexical_cue_problems`); that check needs the
-    ``vaderSentiment`` package.
-    """
+    """Every rule ``text`` breaks as a rewrite for ``condition`` (empty list: it passes); with ``original`` (the
+    violation it rewrites) an uphold is also checked for lexical cues (:func:`lexical_cue_problems`)."""
     problems = []
     if not isinstance(text, str) or not text.strip():
         return ["empty text"]

@@ -91,7 +91,7 @@ def show_rewrites(name: str = "scifi", n: int = 10, seed: int = 0, *, judge_mode
     ``df.attrs["judge"]`` names it. The same sample as ``tinymcf show -n n --seed seed``.
     """
     f = folders()
-    sample, _ = sample_vignettes(name, n, seed, limit=limit, cache=RewriteCache(f.rewrite_dirs))
+    sample, _ = sample_vignettes(name, n, seed, limit=limit)
     judge, found, _ = judged(sample, f, judge_model)
     return sample_frame(sample, judge, found)
 
@@ -184,7 +184,6 @@ def print_sample(name: str, sample: list[dict], pool: int, seed: int, judged_by:
 def show_set(args, secrets: list, say: Callable[[str], None]) -> int:
     """``tinymcf show -n N``: print N seeded random vignettes of ``--name`` with their four conditions."""
     f = folders()
-    sample, pool = sample_vignettes(args.name, args.show, args.seed, limit=args.limit,
-                                    cache=RewriteCache(f.rewrite_dirs))
+    sample, pool = sample_vignettes(args.name, args.show, args.seed, limit=args.limit)
     print_sample(args.name, sample, pool, args.seed, judged(sample, f, args.judge_model), say)
     return 0

@@ -8,6 +8,7 @@ A failure is a :class:`PrepareError` naming the file and ``--home``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -35,29 +36,35 @@ def store_set(name: str, rows: list[dict], meta: dict | None = None) -> Path:
     listed only once its vignettes are in place.
     """
     path = folders().set_file(name)
-    _write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "the set file ")
+    write_jsonl(path, rows, "the set file ")
     if meta is not None:
-        _write(folders().set_meta(name), json.dumps(meta, indent=2, ensure_ascii=False) + "\n", "")
+        meta_path = folders().set_meta(name)
+        with _writing(meta_path):
+            atomic_write_text(meta_path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+def write_jsonl(path: Path, rows: list[dict], what: str = "") -> None:
+    """``rows`` as a JSON Lines file, written atomically."""
+    with _writing(path, what):
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def store_raw(path: Path, data: bytes) -> None:
     """The downloaded file as its exact bytes: their sha256 is checked when the copy is reused."""
-    try:
+    with _writing(path):
         atomic_write_bytes(path, data)
-    except OSError as e:
-        raise PrepareError(f"cannot write {path} ({e.strerror or e})") from None
 
 
 def append_entry(path: Path, entry: dict) -> None:
-    try:
+    with _writing(path, verb="append to"):
         append_jsonl(path, entry)
-    except OSError as e:
-        raise PrepareError(f"cannot append to {path} ({e.strerror or e})") from None
 
 
-def _write(path: Path, text: str, what: str) -> None:
+@contextlib.contextmanager
+def _writing(path: Path, what: str = "", verb: str = "write"):
+    """An ``OSError`` inside the block as a :class:`PrepareError` naming the file."""
     try:
-        atomic_write_text(path, text)
+        yield
     except OSError as e:
-        raise PrepareError(f"cannot write {what}{path} ({e.strerror or e})") from None
+        raise PrepareError(f"cannot {verb} {what}{path} ({e.strerror or e})") from None

@@ -47,10 +47,7 @@ def read_user_source(path: str | Path) -> list[dict]:
 def _pick(keys, *names):
     """The first of ``names`` among ``keys``, compared without case or surrounding spaces."""
     low = {str(k).strip().lower(): k for k in keys}
-    for n in names:
-        if n in low:
-            return low[n]
-    return None
+    return next((low[n] for n in names if n in low), None)
 
 
 def _user_row(obj: dict, where: str, text_key, label_key, wrong_key) -> dict:

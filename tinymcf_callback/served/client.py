@@ -19,13 +19,8 @@ class ServerGone(ServedError):
 
 
 class ServerClient:
-    """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON.
-
-    ``retries``: how many times a request that may succeed later is sent again (each logged; ``api.retried``
-    counts them, ``api.requests`` the requests answered); ``timeout``: seconds per request. A request that cannot
-    succeed raises :class:`ServedError` with one line (the server, the route, what went wrong and what to do),
-    never the key.
-    """
+    """Requests to one server: ``post(route, body)`` and ``get(route)`` return the parsed JSON; a request that cannot
+    succeed raises :class:`ServedError` with one line (the server, the route, what went wrong and what to do)."""
 
     def __init__(self, url: str, *, timeout: float = 60.0, retries: int = 4):
         try:
@@ -36,10 +31,7 @@ class ServerClient:
         # a request that timed out is not sent again: the server is slow, and a second copy only adds to its queue
         self.api = ApiClient(f"{self.root}/v1", key, timeout=timeout, retries=retries, name=self.shown,
                              retry_timeouts=False)
-        self.timeout, self.retries = self.api.timeout, self.api.retries
-
-    def scrub(self, text) -> str:
-        return self.api.scrub(text)
+        self.timeout = self.api.timeout
 
     def post(self, route: str, body: dict, *, quiet: bool = False, retries: int | None = None):
         """POST ``body`` to ``route`` (``/v1/completions``, ``/completion``, ...); the parsed JSON answer. With
@@ -56,16 +48,12 @@ class ServerClient:
         except ApiError as e:
             if quiet and e.kind == "status" and e.status in QUIET:
                 return None
-            raise self.failure(e, route) from None
-
-    def failure(self, e: ApiError, route: str) -> ServedError:
-        """One line for a request that did not succeed: what happened, and what to do (``.status``: the HTTP status
-        the server answered, None when it did not answer)."""
-        error = self._failure(e, route)
-        error.status = e.status
-        return error
+            error = self._failure(e, route)
+            error.status = e.status  # the HTTP status the server answered, None when it did not answer
+            raise error from None
 
     def _failure(self, e: ApiError, route: str) -> ServedError:
+        """One line for a request that did not succeed: what happened, and what to do."""
         where = f"the server at {self.shown}"
         if e.kind == "connection":
             return ServerGone(f"{where} is not answering on {route} (connection refused or lost, {e.tries} tries); "

@@ -1,10 +1,6 @@
-"""One configuration of a served model, built once from the options and read by everything that scores through it.
-
-``tinymcf eval --endpoint``, ``tinymcf sweep/watch --endpoint``, ``MoralProbeCallback(endpoint=...)`` and
-``ServedModel(...)`` all hold a :class:`ServedConfig`: the server and the model it serves, how it is asked
-(the form, the requests in flight, the prompts per request, the timeout and retries), how its self-check is held
-(the prompts it checks, the tolerances, the seed of their rotation) and, for a followed run, how each checkpoint
-is loaded into it (``reload``). It is checked once, where it is made, and each bad value is named by its option.
+"""One configuration of a served model, built once from the options and read by everything that scores through it
+(``tinymcf eval/sweep/watch --endpoint``, ``MoralProbeCallback(endpoint=...)``, ``ServedModel(...)``). It is checked
+once, where it is made, and each bad value is named by its option.
 """
 
 from __future__ import annotations

@@ -3,12 +3,8 @@ payload/parse pair (no HTTP here: :mod:`~tinymcf_callback.served.transport` send
 and hands the answer to :meth:`Form.parse`).
 
 Every form sends the prompts as the token ids of the local tokenizer's chat template (the server never
-re-tokenizes) and returns one :class:`Reading` per prompt: the log-probability of each answer token it read,
-the top tokens when the form gives them, and, for a top-k form, the ``floor`` (the k-th token's
-log-probability, the most any token it did not list can have). A form whose server takes a list of prompts in
-one request (``batched``) is sent several at once, as lm-evaluation-harness batches its API requests.
-
-The forms, one class each (:data:`FORMS`), and which server takes which: docs/served.md ("How it asks").
+re-tokenizes) and returns one :class:`Reading` per prompt. The forms, one class each (:data:`FORMS`), and which server
+takes which: docs/served.md ("How it asks").
 
 The sampling settings each request pins (:data:`PINS`) are the ones that processed log-probabilities depend on,
 set to what leaves the model's own distribution unchanged (temperature 1, no top-k/top-p/min-p cut, no penalties),

@@ -298,8 +298,7 @@ class ServedModel:
     def reload_rotation(self, probe) -> Rotation:
         """Where the reload check draws its prompts when the self-check draws none: a rotation of its own."""
         if self._reload_rotation is None:
-            self._reload_rotation = Rotation(seed=self.config.seed if self.config.seed is not None else
-                                             probe.config.seed)
+            self._reload_rotation = Rotation(seed=probe.config.seed if self.config.seed is None else self.config.seed)
         return self._reload_rotation
 
     def form(self, name: str, tok, yes: list[int], no: list[int], server: Server, top: int | None = None):
@@ -361,8 +360,7 @@ def avoid(server: Server | None) -> str:
 
 def load(config: ServedConfig, form, server: Server) -> tuple[int, int]:
     """``(prompts per request, requests in flight)``: the options given, else the defaults above."""
-    size = config.batch or (DEFAULT_BATCH if form.batched and form.name != "echo" else 1)
-    size = size if form.batched else 1
+    size = (config.batch or (1 if form.name == "echo" else DEFAULT_BATCH)) if form.batched else 1
     sequences = size * (len(form.answers) if form.name == "echo" else 1)
     concurrency = config.concurrency or DEFAULT_CONCURRENCY.get(server.kind) or max(1, IN_FLIGHT // sequences)
     return size, concurrency

@@ -1,16 +1,10 @@
 """Loading a checkpoint into the server before it is scored (the sweep's and the watcher's ``--reload``).
 
-``--reload`` is a built-in that drives the server's own weight-update API (:data:`RELOADS`: ``vllm``, a vLLM in
-``VLLM_SERVER_DEV_MODE=1``, weights reloaded in place; ``sglang``, ``/update_weights_from_disk``; ``lora``, a
-vLLM's adapter loaded in place under the served name), or a shell command of the user's, run with ``{checkpoint}``
-and ``{step}`` filled in, that exits 0 once the server serves that checkpoint.
-
-What a reload is trusted with (docs/served.md, "What a reload verifies"): only whole checkpoints are sent (the
-follower reads the weight files first); one checkpoint is sent at most :data:`SENDS` times; a built-in's weight
-version is a receipt, not a proof (whether every weight went in is checked on the scores:
-:mod:`~tinymcf_callback.served.verify`); and a model a backend cannot reload exactly (on the CPU, vLLM keeps an
-output layer tied to the input embeddings as the server started with it) is refused before anything is scored
-(:meth:`Reloader.refuse_inexact`), naming the restart route (:data:`RESTART`).
+``--reload`` is a built-in that drives the server's own weight-update API (:data:`RELOADS`: ``vllm``, ``sglang``,
+``lora``), or a shell command of the user's, run with ``{checkpoint}`` and ``{step}`` filled in, that exits 0 once the
+server serves that checkpoint. What a reload is trusted with (at most :data:`SENDS` sends per checkpoint, the scores
+checked by :mod:`~tinymcf_callback.served.verify`, a model a backend cannot reload exactly refused first, naming
+:data:`RESTART`): docs/served.md, "What a reload verifies".
 """
 
 from __future__ import annotations
@@ -185,11 +179,7 @@ def ties_embeddings(folder: str) -> bool:
 
 def run_command(command: str, checkpoint: str | None, step: int, *, timeout: float = RELOAD_TIMEOUT_S) -> None:
     """Run ``command`` with ``{checkpoint}``/``{step}`` filled in (also ``$TINYMCF_CHECKPOINT``, ``$TINYMCF_STEP``,
-    ``$TINYMCF_PID``).
-
-    It must exit 0 once the server serves that checkpoint; any other status, or running past
-    ``timeout`` seconds, is an error naming the command's last output line.
-    """
+    ``$TINYMCF_PID``); another status than 0, or running past ``timeout`` seconds, is an error."""
     where = "" if checkpoint is None else str(checkpoint)
     filled = command.replace("{checkpoint}", shlex.quote(where)).replace("{step}", str(int(step)))
     env = {**os.environ, "TINYMCF_CHECKPOINT": where, "TINYMCF_STEP": str(int(step)), "TINYMCF_PID": str(os.getpid())}

@@ -5,11 +5,9 @@ checkpoint.
         --reload "python -m tinymcf_callback.served.restart --port 8000 --name policy -- \\
                   vllm serve {checkpoint} --port 8000 --served-model-name policy --dtype float32"
 
-``tinymcf`` runs this before scoring each step (the step-0 baseline too). It stops the server it started for the step
-before (its process group, kept in ``--state``), refuses a ``--port`` another process listens on, starts the command
-after ``--`` and exits 0 once that server, still running, lists ``--name`` from the checkpoint's folder; 1, with one
-line saying why, otherwise. The server is stopped when the follower ends (``$TINYMCF_PID``: a small guard process
-waits for it), or by ``--stop``. Standard library only; docs/served.md ("Following a run through a server").
+It exits 0 once the server it started, still running, lists ``--name`` from the checkpoint's folder; 1, with one
+line saying why, otherwise. Standard library only; what it does step by step: docs/served.md ("Following a run
+through a server").
 """
 
 from __future__ import annotations

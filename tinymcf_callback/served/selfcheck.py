@@ -1,12 +1,6 @@
-"""A served model's own self-check: what goes wrong with servers, measured at every probe.
-
-Which prompts: the probe's own :class:`~tinymcf_callback.scoring.selfcheck.Rotation` (its seed), as the local
-check draws them, a few per probe (``check_prompts``), so that over a run's probes the check covers every prompt.
-Each checked prompt is asked twice more among the probe's other requests: again in the same form, later in the
-queue (an order, batching or prompt-cache dependence shows there), and in a second form (another route through
-the server). Their largest P(Yes) and log-mass differences from the first reading are the resolution reached,
-held to the tolerance. With a ``reference`` (the same weights loaded locally), the checked prompts are also
-scored by the local forward pass and the difference recorded (``scored_diff``), optionally held to a bound.
+"""A served model's own self-check, at every probe: a few prompts drawn from the probe's own rotation, each asked twice
+more among the probe's other requests (in the same form later in the queue, and in a second form), their differences
+held to the tolerance; with a ``reference``, also scored by the local forward pass. What each catches: docs/served.md.
 """
 
 from __future__ import annotations
@@ -39,13 +33,8 @@ def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repe
           tolerance: float, n_prompts: int, requests: int, started: float, labels: list[str], shown: str,
           concurrency: int) -> SelfCheck:
     """The check's record; :class:`ServedError` when a checked prompt's readings differ by more than ``tolerance``."""
-    diffs, masses = [], []
-    for i in checked:
-        for other in (repeat[i], second[i]):
-            dp, dm = difference(main[i], other, yes, no)
-            diffs.append(dp)
-            masses.append(dm)
-    max_diff, max_mass = float(max(diffs)), float(max(masses))
+    pairs = [difference(main[i], other, yes, no) for i in checked for other in (repeat[i], second[i])]
+    max_diff, max_mass = (float(max(column)) for column in zip(*pairs, strict=True))
     rotation.note(checked)
     record = SelfCheck(strategy=form, checked=list(checked), max_diff=max_diff, max_mass_diff=max_mass,
                        tolerance=tolerance, precision="served",
@@ -53,7 +42,7 @@ def check(rotation: Rotation, checked: list[int], main: dict[int, Reading], repe
                        resolution=max(max_diff, 1e-7), coverage=rotation.coverage(n_prompts), n_forward=requests,
                        seconds=float(time.perf_counter() - started))
     if max_diff > tolerance or max_mass > tolerance:
-        apart = np.array([max(d, m) for d, m in zip(diffs, masses, strict=True)]).reshape(len(checked), 2)
+        apart = np.array([max(pair) for pair in pairs]).reshape(len(checked), 2)
         worst = checked[int(np.argmax(apart.max(axis=1)))]
         again, across = float(apart[:, 0].max()), float(apart[:, 1].max())
         if again <= tolerance:  # the same form agrees with itself: the two routes give two distributions

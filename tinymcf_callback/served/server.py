@@ -166,9 +166,8 @@ def change(a: Reading, b: Reading) -> float:
 @dataclass
 class LogprobsCheck:
     """What :func:`check_logprobs` found: ``mode`` is ``raw`` (the numbers do not move with the temperature) or
-    ``processed`` (they do: a server that applies sampling to the log-probabilities it returns); ``moved`` how
-    much they moved between temperature 1 and 0.5, ``noise`` between the two asks at temperature 1; ``pinned_diff``
-    (processed only) how far the reading at the pinned settings is from the prompt's own log-probabilities."""
+    ``processed`` (they do); ``moved`` how much they moved between temperature 1 and 0.5, ``noise`` between the two
+    asks at temperature 1."""
 
     mode: str
     moved: float

