@@ -1,11 +1,5 @@
-"""What a run's history already holds, and the guards that keep one curve one probe.
-
-A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with lines that compare with
-the ones there: the same vignettes (the subset the history records), the same answer format and the
-same precision (:class:`~tinymcf_callback.rundir.precision.Precision`). Each guard refuses in one line
-naming the options that reproduce the history's probe, or ``--restart``. The current run and its branch
-are the history's own rule (:func:`~tinymcf_callback.rundir.history.current_run`, read through
-:class:`~tinymcf_callback.rundir.curve.HistoryView`).
+"""The guards that keep one curve one probe: a sweep or a watcher only extends a history with lines of the same
+vignettes, answer format and precision; each refuses in one line naming the options that match, or ``--restart``.
 """
 
 from __future__ import annotations

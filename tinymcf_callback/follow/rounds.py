@@ -1,12 +1,8 @@
 """Scoring a plan: its checkpoints in rounds of one per process, their lines written in step order (main process).
 
-The sweep calls this once per look, the watcher at each look. Every line goes through the run's one curve writer
-(:class:`~tinymcf_callback.rundir.curve.Curve`): the resume line and the gap lines first (a gap once the step-0
-baseline's line has started the history's run), the step-0 baseline scored first and alone, each line to the
-trackers and then into the history. What the scoring saw is told to the planner (:meth:`~.planner.Planner.saw`),
-which decides. A checkpoint that cannot be read is tried again ``retries`` times with a doubling wait, then its step
-is a gap line with the cause (a weight file cut short: at once in a sweep, quietly again in a watch). A scored
-checkpoint's hand-off entry is marked as scored by this probe.
+Every line goes through the run's one curve writer (:class:`~tinymcf_callback.rundir.curve.Curve`); what the scoring
+saw is told to the planner (:meth:`~.planner.Planner.saw`), which decides. An unreadable checkpoint is tried again
+``retries`` times with a doubling wait, then its step is a gap line with the cause.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Scoring one checkpoint of a run into its history line, in the run's one precision (any process).
 
-The line records what was scored (``fingerprint``, read before the model loads and again after the probe: a
-checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights). A checkpoint whose weight files
-are cut short is never loaded nor sent to a server (:class:`~tinymcf_callback.errors.CheckpointIncomplete`). Through a
-server (``--endpoint``) the run has one :class:`~tinymcf_callback.served.ServedModel`: each checkpoint is loaded into
-it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`); a checkpoint the
-server did not take, or a failed check, is not tried again in this run
-(:class:`~tinymcf_callback.errors.CheckpointUnusable`).
+The weights' fingerprint is read before the model loads and again after the probe: a checkpoint rewritten meanwhile
+is a failure to retry, never a line of mixed weights. Through a server (``--endpoint``) each checkpoint is loaded
+into it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A Trainer output folder as a follower reads it: its ``checkpoint-<step>`` folders, what each holds, and what
-its weights are (a fingerprint).
+its weights are (a fingerprint, which reads kilobytes, not the weights: docs/formats.md).
 
-Each way a save holds its model (full weights, a PEFT adapter, FSDP's ``SHARDED_STATE_DICT``, DeepSpeed ZeRO; an RL
-trainer's layout brings its own: :mod:`~tinymcf_callback.rundir.layouts`) is one :class:`Format` record of
-:data:`FORMATS`: its weight files, what loading it needs and its loader, named lazily
-(``"tinymcf_callback.follow.sharded:load_fsdp"``) so that this folder never imports the follower. The fingerprint
-(:func:`fingerprint`) reads kilobytes, not the weights, and differs whenever training changed them
-(docs/formats.md says what it reads).
+Each way a save holds its model is one :class:`Format` record of :data:`FORMATS`, its loader named lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``) so that this folder never imports the follower.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The folders a training run saves its models in, by the trainer that wrote them: one rule for the sweep and the
 watcher of which folders there are, which are complete, and what each holds.
 
-Each trainer's layout (``trainer``, ``verl``, ``openrlhf``, ``nemo-rl``, ``torchtitan``, and ``plain``, the
-catch-all) is one :class:`Layout` record of :data:`LAYOUTS`, tried in order: how its saves are found (``find``),
-when one is complete and what it holds (``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or
-None) and the weight formats it brings. A save without a completion marker counts once it is "steady" (no file
-changed for ``settle`` seconds), one rule for a sweep after the fact and a watcher during the run. The layouts'
-table: docs/rl.md; adding one (:func:`register_layout`): docs/development.md.
+Each trainer's layout is one :class:`Layout` record of :data:`LAYOUTS`, tried in order. A save without a completion
+marker counts once no file of it changed for ``settle`` seconds. The layouts' table: docs/rl.md; adding one
+(:func:`register_layout`): docs/development.md.
 """
 
 from __future__ import annotations

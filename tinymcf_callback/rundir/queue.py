@@ -1,11 +1,8 @@
 """The hand-off queue: ``<output_dir>/.moral_probe_queue/``, checkpoints kept for their followers.
 
-With ``MoralProbeCallback(hand_off=True)`` the callback hard-links each checkpoint's model files (the top-level
-files but the optimizer, scheduler, RNG and scaler states, and a sharded checkpoint's model folders) into
-``.moral_probe_queue/checkpoint-<step>/`` at every save: no copy, and the Trainer's ``save_total_limit`` cannot
-delete a checkpoint before it is scored. Every probe that follows the run is a consumer; an entry goes once every
-registered consumer has marked it scored, so a second watcher never loses what the first scored
-(docs/formats.md, "The hand-off queue").
+With ``MoralProbeCallback(hand_off=True)`` each checkpoint's model files are hard-linked here at every save (no copy),
+so ``save_total_limit`` cannot delete one before it is scored; an entry goes once every registered consumer has
+scored it (docs/formats.md, "The hand-off queue").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The JSON report: one probe's report as a file (``eval_<name>_<tag>.json``, ``checkpoint-N/moral_probe_<name>.json``).
 
-This module owns the format: its schema version, the fields (:data:`REPORT_FIELDS`, from which
-the docs' schema table is made), turning a report dict into JSON (:func:`report_to_json`),
-writing it atomically (:func:`write_report`), reading one back (:func:`load_report`) and
-checking that a dict is one (:func:`check_report`).
+This module owns the format: its schema version, the fields (:data:`REPORT_FIELDS`, from which the docs' schema
+table is made), writing it atomically, reading one back and checking that a dict is one.
 """
 
 from __future__ import annotations
