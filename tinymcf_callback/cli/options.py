@@ -1,7 +1,5 @@
-"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once
-(the probe's, made from :class:`~tinymcf_callback.config.ProbeConfig`'s fields by transformers' ``HfArgumentParser``;
-a served model's; the dashboards'; the data home's), and the one mapping from what happened to the exit status
-(:func:`run`: done 0, bad input one ``error:`` line and 2, Ctrl-C 130, a bug its traceback and 1).
+"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once,
+and the one mapping from what happened to the exit status (:func:`run`).
 """
 
 from __future__ import annotations

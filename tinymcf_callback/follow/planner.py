@@ -383,14 +383,13 @@ class Planner:
             plan.life, plan.liveness = record.liveness(dead_after=self.dead_after or 900.0)
         if plan.pending:
             return
-        done = set(newest)
         if record is not None and record.ended:
             plan.ended = "the run ended (its moral_probe_run.json says so)"
             return
         for step, checkpoint in present.items():
             state = read_trainer_state(checkpoint.folder) or {}
             last = state.get("max_steps")
-            if isinstance(last, int) and 0 < last <= step and step in done:
+            if isinstance(last, int) and 0 < last <= step and step in newest:
                 plan.ended = f"checkpoint-{step} is the run's last step (max_steps {last})"
                 return
 

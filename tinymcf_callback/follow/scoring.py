@@ -103,9 +103,7 @@ class ProbeCache:
 
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
-    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (its record in
-    :data:`~tinymcf_callback.rundir.checkpoints.FORMATS`; its config from where the layout keeps it, or the run's
-    starting model)."""
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader."""
     return FORMATS[checkpoint.format].load(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto",
                                            device=device)
 
@@ -191,11 +189,9 @@ def score_bench(bench, model, tokenizer: str, checkpoint: Checkpoint, weights: s
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
                  plan: Plan, probes: ProbeCache, device: str) -> dict:
-    """The checkpoint scored through the run's server: loaded into it by ``--reload`` (a built-in sets the
-    checkpoint's fingerprint as the weight version and waits for it), that reload checked on the scores against the
-    checkpoint's own forward pass, loaded here in float32 (unless ``--no-reload-check``). A LoRA run's step 0, the
-    base model its adapters sit on, is not loaded but checked the same way: an adapter the server holds can change
-    its answers for the base."""
+    """The checkpoint scored through the run's server: loaded into it by ``--reload``, that reload checked on the
+    scores against the checkpoint's own forward pass in float32 (unless ``--no-reload-check``); a LoRA run's step 0
+    is the server's base model, checked the same way."""
     config = settings.served
     base = checkpoint.baseline and reloads_adapter(config.reload)  # an adapter's step 0: the server's base model
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)

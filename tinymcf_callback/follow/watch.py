@@ -169,9 +169,8 @@ class Follower:
 
 
 def what_is_missing(run_dir: Path, history: Path) -> str | None:
-    """None when ``run_dir`` holds something of a run (its record, a save of a layout tinymcf reads, the queue, the
-    history); else what is missing, said so a user sees a typo. A folder that holds runs instead of being one is a
-    :class:`SweepError` naming them."""
+    """None when ``run_dir`` holds something of a run; else what is missing, said so a user sees a typo. A folder
+    that holds runs instead of being one is a :class:`SweepError` naming them."""
     if not run_dir.exists():
         return "no such folder yet (the training creates it; a typo?)"
     if not run_dir.is_dir():

@@ -156,11 +156,8 @@ for _record in (
 
 # ---- what the weights are -------------------------------------------------------------------------------------
 def fingerprint(folder: Path, form: str | None = None) -> str | None:
-    """A digest of the weights ``folder`` holds (see the module; ``form``: its format, when not one a Trainer
-    checkpoint has), or None when it holds none it can read.
-
-    Raises ``OSError`` when a weight file disappears or cannot be read while it is read (the caller retries).
-    """
+    """A digest of the weights ``folder`` holds (``form``: its format), or None when it holds none it can read;
+    ``OSError`` when a weight file disappears or cannot be read meanwhile (the caller retries)."""
     files = weight_files(folder, form)
     if not files:
         return None
@@ -197,12 +194,8 @@ def _safetensors_samples(f, size: int, digest) -> None:
 
 
 def cut_short(folder: Path, form: str | None = None) -> str | None:
-    """Why a weight file of ``folder`` cannot be read whole, naming the file, or None when each one can.
-
-    Reads headers and sizes only (kilobytes): a safetensors file must hold every byte its header names, a zip-format
-    ``.bin`` its closing directory, an index every shard it lists. A save interrupted midway or still being written
-    fails here, before its weights are loaded or handed to a server that would load half of them.
-    """
+    """Why a weight file of ``folder`` cannot be read whole, naming the file, or None when each one can: reads
+    headers and sizes only, so a save cut short fails here, before it is loaded or handed to a server."""
     form = form or checkpoint_format(folder)
     if form not in (FULL, ADAPTER):
         return None  # sharded formats are read by the library that wrote them, which checks its own files

@@ -160,9 +160,8 @@ def find_saves(run_dir: Path) -> Found:
 
 def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
               expect_state: bool = True) -> Checkpoint | None:
-    """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete (see the
-    module) or holds no model. ``expect_state`` (the trainer layout): the run's checkpoints carry
-    ``trainer_state.json``, which marks each complete; without it their files must be steady."""
+    """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete or holds no
+    model (``expect_state``: see :class:`Save`)."""
     return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, time.time()))
 
 

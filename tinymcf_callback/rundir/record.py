@@ -1,10 +1,5 @@
-"""What a training run tells a follower in another process: ``moral_probe_run.json``, as one typed object.
-
-``MoralProbeCallback`` keeps the file on the main process from the start of training, atomically and under a lock
-(:func:`updating`: two callbacks of one run, one per answer format, never undo each other's update): the trackers'
-open runs, the model the run started from, its saves and its end, each attempt with its process and heartbeat (how a
-follower tells a live training from a dead one: :meth:`Attempt.liveness`), and the saves that could not be handed
-off. Its fields: docs/formats.md, "The run's record for a follower".
+"""What a training run tells a follower in another process: ``moral_probe_run.json``, as one typed object, kept by
+``MoralProbeCallback`` under a lock (:func:`updating`). Its fields: docs/formats.md, "The run's record for a follower".
 """
 
 from __future__ import annotations
