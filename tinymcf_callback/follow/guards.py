@@ -25,10 +25,8 @@ def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> 
                              f"like, or --restart to start the history again")
     n_vignettes = len(config.vignettes())
     # a probe with a precision target asks a prefix of its candidates: its count says how far it went, not which
-    seen = {line["info"].get("n_vignettes") for line in lines
-            if isinstance(line.get("info"), dict) and not line["info"].get("adaptive")}
-    if config.until is not None:
-        seen = set()
+    seen = {line["info"].get("n_vignettes") for line in lines if config.until is None
+            and isinstance(line.get("info"), dict) and not line["info"].get("adaptive")}
     other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
     if other:
         raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "

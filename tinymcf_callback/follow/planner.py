@@ -360,8 +360,7 @@ class Planner:
     def _gaps(self, record: RunRecord | None, present: dict[int, Checkpoint], newest: dict[int, dict],
               hold: Collection[int]) -> list[Gap]:
         known = set(self.seen) | saved_steps(record, present)
-        run_dir = self.settings.run_dir
-        there = set(self.saves.saves) | set(checkpoint_folders(queue_dir(run_dir)))  # incomplete: not gone
+        there = set(self.saves.saves) | set(checkpoint_folders(queue_dir(self.settings.run_dir)))  # partial: not gone
         gone = sorted(known - set(present) - there - set(newest) - set(hold))
         return [Gap(step, self.seen.get(step), self._why_gone(step, record)) for step in gone if step > 0]
 
@@ -427,8 +426,7 @@ def saved_steps(record: RunRecord | None, present: dict[int, Checkpoint]) -> set
     every, last = state.get("save_steps"), state.get("max_steps")
     if not isinstance(every, int) or every <= 0:
         return set()
-    fits = lambda step: step % every == 0 or step == last  # noqa: E731
-    if not all(fits(step) for step in present):
+    if not all(step % every == 0 or step == last for step in present):
         return set()  # saved by epoch, or by hand: no pattern to infer missed saves from
     return set(range(every, newest.step + 1, every)) | set(present)
 

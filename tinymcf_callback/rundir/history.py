@@ -133,16 +133,14 @@ def probe_line(name: str, report: dict, *, baseline: dict | None = None, target:
 
 
 def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str, event: str = DELETED_EVENT) -> dict:
-    """A saved checkpoint that was not scored: deleted (by ``save_total_limit``) before it could be, or unreadable
-    after every try. Recorded, so that a plot shows the gap (no number at that step) and says why; a follower scores
-    the step after all if its checkpoint is there again."""
+    """A saved checkpoint that was not scored (deleted before it could be, or unreadable after every try): a plot
+    shows the gap and says why."""
     return _mark(name, answer_format, step, epoch, event, {event: why})
 
 
 def resume_line(name: str, answer_format: str, *, step: int, started: float | None, superseded: list[int]) -> dict:
-    """The training resumed from ``checkpoint-<step>``: the lines of later steps written before this one belong to
-    the branch it abandoned, and readers set them aside (:func:`current_run`). ``started`` names the attempt (its
-    start time in the run's record), so that it is marked once."""
+    """The training resumed from ``checkpoint-<step>``: readers set the earlier lines of later steps aside
+    (:func:`current_run`); ``started`` names the attempt, so that it is marked once."""
     return _mark(name, answer_format, step, None, RESUMED_EVENT,
                  {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}})
 
@@ -381,11 +379,8 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
 
 
 def current_run(path: Path, lines: list[tuple[int, dict]], warn: bool = True) -> list[tuple[int, dict]]:
-    """The lines of the newest run, on its current branch, resume lines left out.
-
-    A ``train_begin`` line after others starts a new run in the same folder; a ``resumed`` line at step K sets
-    aside the lines of steps after K written before it (the branch the resumed training abandoned).
-    """
+    """The lines of the newest run (from its last ``train_begin`` line), on its current branch (a ``resumed`` line
+    at step K sets aside the earlier lines of steps after K), resume lines left out."""
     starts = [i for i, (_, line) in enumerate(lines) if line.get("event") == BASELINE_EVENT]
     first = starts[-1] if starts else 0
     if first and warn:
@@ -411,11 +406,8 @@ def resume_marks(lines: list[tuple[int, dict]]) -> list[dict]:
 
 
 def last_line_per_step(path: Path, lines: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
-    """One line per step, in step order: when a step was logged more than once, the last line in the file wins.
-
-    A line that ``replaces`` another (its checkpoint was saved again with other weights) is said apart from a
-    step simply logged twice.
-    """
+    """One line per step, in step order: when a step was logged more than once, the last line in the file wins (a
+    line that ``replaces`` another is said apart from a step simply logged twice)."""
     by_step: dict[int, tuple[int, dict]] = {}
     repeated, replaced = [], []
     for lineno, line in lines:

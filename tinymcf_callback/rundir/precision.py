@@ -23,10 +23,8 @@ class Precision:
 
     @classmethod
     def of(cls, record: dict) -> Precision | None:
-        """The precision of a report or a history line, or None when it does not say.
-
-        Records without ``compute`` (older ones) give the autocast dtype, else the weights' dtype.
-        """
+        """The precision of a report or a history line, or None when it does not say (older records, without
+        ``compute``: the autocast dtype, else the weights' dtype)."""
         dtype, autocast, compute = record.get("dtype"), record.get("autocast"), record.get("compute")
         autocast = autocast if isinstance(autocast, str) else None
         compute = compute if isinstance(compute, str) else autocast or dtype

@@ -43,11 +43,9 @@ class HandOffQueue:
         return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
     def link(self, step: int, checkpoint: str | os.PathLike) -> Path:
-        """Hard-link the checkpoint's model files into its entry, whole or not at all: built beside it, then put in
-        its place, under the entry's lock, so that two processes that both hand off one save (two callbacks, one per
-        answer format) leave one whole entry. An entry of the same files is kept as it is; one of other files (a
-        resumed run saves a step again) is replaced. OSError (links impossible: another filesystem) leaves no
-        entry behind."""
+        """Hard-link the checkpoint's model files into its entry, whole or not at all (built beside it, then renamed,
+        under the entry's lock: two callbacks handing off one save leave one whole entry). An entry of the same files
+        is kept; one of other files (a resumed run saves a step again) is replaced."""
         target = self.entry(step)
         self.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.folder / f".{target.name}.lock"), timeout=300):

@@ -47,10 +47,8 @@ class Attempt:
         return cls(from_step, now, socket.gethostname(), os.getpid(), boot_id(), process_start(os.getpid()), now)
 
     def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[str, str]:
-        """``(life, why)``: ``alive``; ``gone`` (known: on the machine that trains, its process is gone or its id
-        belongs to another process now); ``quiet`` (on another machine sharing the folder, no heartbeat for more than
-        ``dead_after`` seconds: paused, slow, or gone, which cannot be told from here); ``unknown`` (no heartbeat
-        recorded). ``why`` says what was seen, and where."""
+        """``(life, why)``: ``alive``, ``gone`` (its process is known gone), ``quiet`` (on another machine, no
+        heartbeat for more than ``dead_after`` seconds) or ``unknown``; ``why`` says what was seen, and where."""
         now = time.time() if now is None else now
         where = f"process {self.pid} on {self.host}"
         if self.host == socket.gethostname() and self.pid is not None and self.boot_id == boot_id():
