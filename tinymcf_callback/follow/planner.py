@@ -275,9 +275,8 @@ class Planner:
 
     # ---- what the scoring saw ------------------------------------------------------------------------------
     def saw(self, plan: Plan, outcomes) -> None:
-        """What the scoring of a round found, told to the planner (on every process): the step-0 baseline's scores
-        (every later line's change is measured from them) and, when the run named no precision, the first line's
-        (every later line is held to it). The planner decides; the scoring only reports."""
+        """What the scoring of a round found (on every process): the step-0 baseline's scores and, when the run named
+        no precision, the first line's, which every later line is held to."""
         for o in outcomes:
             if o.baseline is not None:
                 self.baseline = plan.baseline = o.baseline

@@ -178,8 +178,7 @@ class Curve:
         return gap_line(self.name, self.answer_format, step=step, epoch=epoch, why=why, event=event)
 
     def _keep_baseline_report(self, report: dict, step: int, epoch) -> None:
-        """The report of the line that starts the current run, beside the history; one already there is set aside
-        (renamed, kept). ``OSError`` when it cannot be written (the file is then as it was)."""
+        """The report of the line that starts the current run, beside the history (one already there set aside)."""
         path = self.baseline_path
         for target in set_aside(path):
             logger.info("moral probe [%s]: %s, the baseline report of an earlier scoring, is set aside as %s",

@@ -246,9 +246,8 @@ class CurrentRun:
 
 
 def set_aside(*paths: Path) -> list[Path]:
-    """Rename each of ``paths`` that exists ``<file>.set-aside-<time>`` (``-<n>`` added when a name is taken; all of
-    one call share the suffix when they can), never replacing a file: a name taken meanwhile by another process
-    moves on to the next number. Returns the new names."""
+    """Rename each of ``paths`` that exists ``<file>.set-aside-<time>`` (``-<n>`` added when a name is taken), never
+    replacing a file; the new names."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     moving = [Path(p) for p in paths if Path(p).exists()]
     moved, n = [], 1

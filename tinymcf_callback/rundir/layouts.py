@@ -110,9 +110,8 @@ LAYOUTS: Registry[Layout] = Registry("run folder layout")  # name -> record, in 
 
 
 def register_layout(layout: Layout, *, last: bool = False) -> Layout:
-    """Add ``layout`` to :data:`LAYOUTS` with its formats (a format two layouts share registered once): tried before
-    ``plain`` (whose folder names would take many others' saves), or after every other with ``last``. A name already
-    there, or another record under a format's name, is refused (:class:`~tinymcf_callback.errors.RegistryError`)."""
+    """Add ``layout`` to :data:`LAYOUTS` with its formats: tried before ``plain`` (whose folder names would take many
+    others' saves), or after every other with ``last``; a clash is a :class:`~tinymcf_callback.errors.RegistryError`."""
     for form in layout.formats:
         if form.name in FORMATS and FORMATS[form.name] != form:
             raise RegistryError(f"the layout {layout.name!r} brings a weight format {form.name!r} other than the one "
@@ -126,8 +125,7 @@ def register_layout(layout: Layout, *, last: bool = False) -> Layout:
 
 @dataclass(frozen=True)
 class Found:
-    """What a run folder holds: its layout (None: no save of a known layout yet) and its saves by step, complete or
-    not (the folder a save's model is read from)."""
+    """What a run folder holds: its layout (None: none known yet) and its saves by step, complete or not."""
 
     layout: str | None
     saves: dict[int, Path]
@@ -138,8 +136,7 @@ class Found:
 
 
 def find_saves(run_dir: Path) -> Found:
-    """The layout of ``run_dir`` and its saves (see the module): each subfolder is the save of the first layout whose
-    ``find`` takes it, and the run folder's layout the first, in the table's order, that has any."""
+    """The layout of ``run_dir`` (the first in the table's order that has saves there) and its saves."""
     try:
         entries = sorted(p for p in run_dir.iterdir() if p.is_dir())
     except OSError:
