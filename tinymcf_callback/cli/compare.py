@@ -1,8 +1,6 @@
 """``tinymcf compare A.json B.json`` or ``tinymcf compare RUN --steps A B``: the paired change B - A of every metric.
 
-Two reports (:func:`tinymcf_callback.views.comparison.compare`), or two steps of a run's history, whoever wrote it
-(:func:`tinymcf_callback.benchmark.steps.compare_steps`): the probe's change and, where the benchmark scored both
-steps (``--prefs``, ``--lm-eval``), its changes and whether they agree in sign with the probe's. No model is loaded.
+Two reports, or two steps of a run's history, the benchmark's changes beside the probe's. No model is loaded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """``tinymcf eval --model PATH_OR_ID``: score one model, print what it says, write its JSON report.
 
-Loads a causal LM (a local folder or a Hub id; with ``HF_HUB_OFFLINE=1`` only local), scores it
-on a vignette set, prints the sanity lines and the per-foundation table, and writes the report
-(``eval_<name>_<tag>.json``, ``eval_<name>_json_<tag>.json`` with ``--answer-format json``, or ``--json FILE``)
-atomically into ``--out``. Every probe setting is an option (:func:`~.options.add_probe_options`). With ``--prefs``
-and ``--lm-eval`` the slow benchmark runs on the same loaded model (:mod:`tinymcf_callback.benchmark`) and the report
-holds its ``prefs`` and ``lm_eval`` blocks beside the probe's numbers.
+With ``--prefs`` and ``--lm-eval`` the slow benchmark runs on the same loaded model and the report holds its blocks.
 """
 
 from __future__ import annotations

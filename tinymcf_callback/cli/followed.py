@@ -1,9 +1,6 @@
-"""A followed run on the command line: what ``tinymcf sweep`` and ``tinymcf watch`` share.
-
-The options of a run, in groups so that ``--help`` reads (the run, the model and its precision, the probe, a served
-model, the slow benchmark, the dashboards), the :class:`~tinymcf_callback.follow.settings.RunSettings` built from
-them, the command run on every process of a launch, and what it left undone as its exit status (the first that
-applies: 1 > 3 > 5 > 4).
+"""A followed run on the command line: what ``tinymcf sweep`` and ``tinymcf watch`` share: the options, the
+:class:`~tinymcf_callback.follow.settings.RunSettings` built from them, the command run on every process of a launch,
+and what it left undone as its exit status.
 """
 
 from __future__ import annotations
@@ -142,10 +139,8 @@ def in_processes(args, score):
 
 
 def said_failures(result) -> int:
-    """What did not get done, on stderr, then the exit status that says it, the first that applies (the same in the
-    sweep and the watcher): checkpoints that could not be scored or points a dashboard did not get (1); a training
-    gone without ending (3, the watcher); a training gone quiet (5, the watcher); saved steps that are gaps in the
-    curve (4); else 0. The last line names the status the command exits with."""
+    """What did not get done, on stderr, then the exit status that says it: the first of ``problems`` that applies
+    (docs/cli.md), else 0."""
     unread = {o.step for o in result.failures}
     gaps = [step for step in result.gaps if step not in unread]
     shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")

@@ -1,9 +1,7 @@
 """``tinymcf``: one command, one subcommand per job (``tinymcf --help`` lists them; docs/cli.md).
 
 Each subcommand is a module of this package with ``NAME``, ``SUMMARY``, ``add_arguments(parser)`` and ``run(args)``
-(and ``USAGE``, a short usage line, where its options are many and come in groups); the outcome maps to the exit
-status in one place (:func:`.options.run`). ``python -m tinymcf_callback`` is the same command, and ``python -m
-tinymcf_callback.prepare`` its ``prepare`` subcommand (the name the project's design gives the offline step).
+(and ``USAGE`` where its options come in groups); the outcome maps to the exit status in :func:`.options.run`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once
-(the probe's, made from :class:`~tinymcf_callback.config.ProbeConfig`'s fields by transformers' ``HfArgumentParser``;
-a served model's; the dashboards'; the data home's), and the one mapping from what happened to the exit status
-(:func:`run`: done 0, bad input one ``error:`` line and 2, Ctrl-C 130, a bug its traceback and 1).
+"""What every subcommand shares: the parser that refuses in one line (:class:`Parser`), the options defined once,
+and the one mapping from what happened to the exit status (:func:`run`).
 """
 
 from __future__ import annotations
@@ -93,11 +91,8 @@ def add_loading(parser, *, device_help: str | None = None, dtypes: tuple[str, ..
 
 
 def add_served(parser, *, run: bool = False) -> None:
-    """``--endpoint`` and what goes with it: score through an inference server instead of loading the weights.
-
-    ``run``: the sweep's and the watcher's form (``--served-model`` names the model and ``--reload`` loads each
-    checkpoint into the server); else ``tinymcf eval``'s (``--model`` names it, ``--tokenizer`` gives its tokenizer).
-    """
+    """``--endpoint`` and what goes with it (``run``: the sweep's and the watcher's form, with ``--served-model`` and
+    ``--reload``; else ``tinymcf eval``'s)."""
     g = parser.add_argument_group("served model (--endpoint)")
     key = "(API key, if any: $TINYMCF_API_KEY or $OPENAI_API_KEY)"
     if run:
@@ -155,10 +150,8 @@ def add_served(parser, *, run: bool = False) -> None:
 
 
 def served_config(args: argparse.Namespace, config: ProbeConfig | None = None, *, run: bool = False):
-    """The one :class:`~tinymcf_callback.served.ServedConfig` the ``--endpoint`` options describe (``run``: the
-    sweep's and the watcher's, with ``--served-model`` and ``--reload``), carrying the probe's seed and self-check
-    tolerance. None without ``--endpoint``; a served option given without it is refused, as is a followed run
-    without ``--reload``."""
+    """The :class:`~tinymcf_callback.served.ServedConfig` the ``--endpoint`` options describe (``run``: as in
+    :func:`add_served`); None without ``--endpoint``, where a served option given is refused."""
     options = ("--served-model", "--reload", "--reference-tolerance") if run else (
         "--reference", "--reference-tolerance")
     if not getattr(args, "endpoint", None):

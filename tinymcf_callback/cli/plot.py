@@ -1,10 +1,6 @@
 """``tinymcf plot HISTORY [HISTORY ...]``: draw the probe's curves from one or more histories of the same set.
 
-See :mod:`tinymcf_callback.figures.plot`. Needs matplotlib, the ``[plot]`` extra. Without options it
-draws the dashboard (every panel); ``--panels`` (other than dashboard) or ``--metrics`` draws a paper
-figure one journal column wide (``--width``), one column of panels per run (``--overlay``: on one
-axis). ``--x coefficient`` draws a dose-response history (``moral_probe_<name>_dose.jsonl``) against
-the steering coefficient.
+See :mod:`tinymcf_callback.figures.plot`. Needs matplotlib, the ``[plot]`` extra.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """``tinymcf prepare --name NAME``: make a vignette set ready for the probe (once; offline after).
 
-``--name clifford`` downloads and checks the Clifford et al. (2015) CSV (or reads ``--source``);
-its rewrites are shipped, so no API key is needed and no extra is. ``--name myset --source
-my.csv`` registers your own set in the home and has its three rewrites per vignette made by an
-LLM through any OpenAI-compatible API (the ``[prepare]`` extra). See
-:mod:`tinymcf_callback.prepare.pipeline`. The options of the LLM (``--base-url``, ``--model``,
-``--concurrency``, ...) are shared with ``tinymcf validate`` (:func:`add_llm_options`). Exit status:
-docs/cli.md. No message ever shows an API key.
+See :mod:`tinymcf_callback.prepare.pipeline`; the LLM options are shared with ``tinymcf validate``
+(:func:`add_llm_options`). No message ever shows an API key.
 """
 
 from __future__ import annotations

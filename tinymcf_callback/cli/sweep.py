@@ -1,7 +1,6 @@
 """``tinymcf sweep RUN_DIR``: score every checkpoint of a Trainer output folder into its history.
 
-See :mod:`tinymcf_callback.follow.sweep`. Its exit status says what it left undone (:func:`.followed.said_failures`,
-docs/cli.md).
+See :mod:`tinymcf_callback.follow.sweep`. Its exit status says what it left undone (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``tinymcf watch RUN_DIR``: score each checkpoint of a run as it is saved, beside the training, into its dashboards.
 
-See :mod:`tinymcf_callback.follow.watch`. Stops by itself when the run is over; killed and started again, it picks
-up where the history says it was. Its exit status says what it left undone (:func:`.followed.said_failures`,
-docs/cli.md).
+See :mod:`tinymcf_callback.follow.watch`. Its exit status says what it left undone (docs/cli.md).
 """
 
 from __future__ import annotations

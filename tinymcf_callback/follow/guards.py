@@ -1,11 +1,5 @@
-"""What a run's history already holds, and the guards that keep one curve one probe.
-
-A sweep or a watcher only extends a history (``moral_probe_<name>.jsonl``) with lines that compare with
-the ones there: the same vignettes (the subset the history records), the same answer format and the
-same precision (:class:`~tinymcf_callback.rundir.precision.Precision`). Each guard refuses in one line
-naming the options that reproduce the history's probe, or ``--restart``. The current run and its branch
-are the history's own rule (:func:`~tinymcf_callback.rundir.history.current_run`, read through
-:class:`~tinymcf_callback.rundir.curve.HistoryView`).
+"""The guards that keep one curve one probe: a sweep or a watcher only extends a history with lines of the same
+vignettes, answer format and precision; each refuses in one line naming the options that match, or ``--restart``.
 """
 
 from __future__ import annotations
@@ -31,10 +25,8 @@ def check_same_vignettes(lines: list[dict], config: ProbeConfig, path: Path) -> 
                              f"like, or --restart to start the history again")
     n_vignettes = len(config.vignettes())
     # a probe with a precision target asks a prefix of its candidates: its count says how far it went, not which
-    seen = {line["info"].get("n_vignettes") for line in lines
-            if isinstance(line.get("info"), dict) and not line["info"].get("adaptive")}
-    if config.until is not None:
-        seen = set()
+    seen = {line["info"].get("n_vignettes") for line in lines if config.until is None
+            and isinstance(line.get("info"), dict) and not line["info"].get("adaptive")}
     other = sorted(n for n in seen - {None, n_vignettes} if isinstance(n, int))
     if other:
         raise SweepError(f"{path} holds probes of {', '.join(map(str, other))} vignettes per step, this sweep "

@@ -1,17 +1,7 @@
 """One planner of a run's state: what is done, what is pending, the baseline, the precision, the fingerprints.
 
 A sweep is one look with no waiting; a watcher is the same look repeated (:class:`Planner`, kept between looks,
-remembers what only time shows: the steps it has seen, the fingerprints it has read, the starting model and the
-precision it settled on). Every decision about a run is made here, once, and read by both:
-
-- **what is there**: the complete saves of the run folder and of the hand-off queue, the branch a resumed training
-  abandoned left out (a resume line sets its lines aside, written before anything else);
-- **what is done**: a step whose newest line scored the weights its checkpoint holds now (equal fingerprints);
-- **the starting model**: ``--base-model``, else the one the run's record names, else the one the adapters name
-  (one that disagrees with the others is refused before anything is scored);
-- **the precision**: ``--dtype``/``--autocast``, else what the run trains in, else what its checkpoints were saved
-  in, else the history's own (a history scored in another one refused with the options that extend it);
-- **what is missing**: saved steps no longer there, each with its cause, and whether the run is over.
+remembers what only time shows). Every decision about a run is made here, once, and read by both.
 """
 
 from __future__ import annotations
@@ -139,7 +129,10 @@ class Planner:
         event = WATCH_EVENT if self.following else SWEEP_EVENT
         plan = Plan(s.history, [], [], [], event=event, by="watch" if self.following else "sweep",
                     baseline_event=BASELINE_EVENT if not view.lines else event)
-        plan.resume = self._resume_mark(view, record)
+        attempt = record.attempt if record else None
+        if attempt is not None:  # a resume line for an attempt that resumed before steps the history holds
+            plan.resume = view.resume_line(s.name, s.probe.answer_format, from_step=attempt.from_step,
+                                           started=attempt.started)
         if plan.resume is not None:
             view.lines = [line for line in view.lines if line["step"] <= plan.resume["step"]]
         present = self._present(record, plan)
@@ -220,21 +213,12 @@ class Planner:
         except OSError:
             return None  # being written or deleted: not known at this look
 
-    def _resume_mark(self, view: HistoryView, record: RunRecord | None) -> dict | None:
-        """A resume line for the newest attempt, when it resumed before steps the history holds and none marks it."""
-        attempt = record.attempt if record else None
-        if attempt is None:
-            return None
-        s = self.settings
-        return view.resume_line(s.name, s.probe.answer_format, from_step=attempt.from_step, started=attempt.started)
-
     # ---- the starting model --------------------------------------------------------------------------------
     def _starting_model(self, plan: Plan, record: RunRecord | None, present: dict[int, Checkpoint]) -> None:
         """The run's starting model, checked against every place that names it, before anything is scored."""
         s = self.settings
-        named = {c.folder.name: adapter_base_name(c.folder) for c in present.values() if c.adapter}
-        named = {k: v for k, v in named.items() if v}
-        sources = [(f"{k}/{ADAPTER_CONFIG}", v) for k, v in named.items()]
+        named = ((c.folder.name, adapter_base_name(c.folder)) for c in present.values() if c.adapter)
+        sources = [(f"{k}/{ADAPTER_CONFIG}", v) for k, v in named if v]
         if record is not None and record.base_model:
             sources.insert(0, ("the run's moral_probe_run.json", record.base_model))
         if s.base_model:
@@ -266,7 +250,9 @@ class Planner:
         newest = view.newest()
         if 0 in newest and is_point(newest[0]):
             if self.baseline is None:
-                self.baseline = self._saved_baseline(plan)
+                self.baseline, why = self.curve.baseline_record()
+                if self.baseline is None:
+                    plan.notes.append(f"step 0 is in the history but {why}")
             plan.baseline = self.baseline
             return
         plan.baseline = self.baseline
@@ -285,22 +271,12 @@ class Planner:
                               "MoralProbeCallback(hand_off=True) records them)")
             return
         plan.notes.append(f"step 0: the starting weights {source} ({how}) are scored as the baseline")
-        folder = Path(source)
-        plan.pending.insert(0, Task(Checkpoint(0, folder, 0.0, FULL, baseline=True)))
-
-    def _saved_baseline(self, plan: Plan) -> dict | None:
-        """The baseline record from the run's ``moral_probe_<name>_baseline.json``, or None (with a note). Whether it
-        asked the prompts a checkpoint is scored with is checked at each line (its prompt digest)."""
-        record, why = self.curve.baseline_record()
-        if record is None:
-            plan.notes.append(f"step 0 is in the history but {why}")
-        return record
+        plan.pending.insert(0, Task(Checkpoint(0, Path(source), 0.0, FULL, baseline=True)))
 
     # ---- what the scoring saw ------------------------------------------------------------------------------
     def saw(self, plan: Plan, outcomes) -> None:
-        """What the scoring of a round found, told to the planner (on every process): the step-0 baseline's scores
-        (every later line's change is measured from them) and, when the run named no precision, the first line's
-        (every later line is held to it). The planner decides; the scoring only reports."""
+        """What the scoring of a round found (on every process): the step-0 baseline's scores and, when the run named
+        no precision, the first line's, which every later line is held to."""
         for o in outcomes:
             if o.baseline is not None:
                 self.baseline = plan.baseline = o.baseline
@@ -362,9 +338,8 @@ class Planner:
             form = FORMATS[c.format]
             if (form.needs_base or c.needs_base) and not plan.base_model:
                 named = adapter_base_name(c.folder) if c.adapter else None
-                what = form.what
                 hint = f"; its {ADAPTER_CONFIG} names {named!r}, which is not here" if named else ""
-                raise SweepError(f"{c.folder.name} is {what}{hint}: pass --base-model PATH, the model the run "
+                raise SweepError(f"{c.folder.name} is {form.what}{hint}: pass --base-model PATH, the model the run "
                                  f"started from")
             if c.baseline and not c.folder.is_dir():
                 try:
@@ -384,8 +359,7 @@ class Planner:
     def _gaps(self, record: RunRecord | None, present: dict[int, Checkpoint], newest: dict[int, dict],
               hold: Collection[int]) -> list[Gap]:
         known = set(self.seen) | saved_steps(record, present)
-        run_dir = self.settings.run_dir
-        there = set(self.saves.saves) | set(checkpoint_folders(queue_dir(run_dir)))  # incomplete: not gone
+        there = set(self.saves.saves) | set(checkpoint_folders(queue_dir(self.settings.run_dir)))  # partial: not gone
         gone = sorted(known - set(present) - there - set(newest) - set(hold))
         return [Gap(step, self.seen.get(step), self._why_gone(step, record)) for step in gone if step > 0]
 
@@ -407,14 +381,13 @@ class Planner:
             plan.life, plan.liveness = record.liveness(dead_after=self.dead_after or 900.0)
         if plan.pending:
             return
-        done = set(newest)
         if record is not None and record.ended:
             plan.ended = "the run ended (its moral_probe_run.json says so)"
             return
         for step, checkpoint in present.items():
             state = read_trainer_state(checkpoint.folder) or {}
             last = state.get("max_steps")
-            if isinstance(last, int) and 0 < last <= step and step in done:
+            if isinstance(last, int) and 0 < last <= step and step in newest:
                 plan.ended = f"checkpoint-{step} is the run's last step (max_steps {last})"
                 return
 
@@ -452,8 +425,7 @@ def saved_steps(record: RunRecord | None, present: dict[int, Checkpoint]) -> set
     every, last = state.get("save_steps"), state.get("max_steps")
     if not isinstance(every, int) or every <= 0:
         return set()
-    fits = lambda step: step % every == 0 or step == last  # noqa: E731
-    if not all(fits(step) for step in present):
+    if not all(step % every == 0 or step == last for step in present):
         return set()  # saved by epoch, or by hand: no pattern to infer missed saves from
     return set(range(every, newest.step + 1, every)) | set(present)
 

@@ -12,11 +12,8 @@ from accelerate.utils import broadcast_object_list, parse_flag_from_env
 
 
 def process_state(device: str | None) -> PartialState:
-    """accelerate's view of the processes this sweep runs in (one, or all of a torchrun / accelerate launch).
-
-    Without an accelerator (or with ``--device cpu``) accelerate must be told ``cpu=True``, or under
-    torchrun each process would see itself alone and sweep every checkpoint.
-    """
+    """accelerate's view of the processes this sweep runs in; without an accelerator (or with ``--device cpu``) it
+    must be told ``cpu=True``, or under torchrun each process would see itself alone and sweep every checkpoint."""
     # torch >= 2.6 knows every accelerator (CUDA, ROCm, XPU, MPS, ...); before it, CUDA
     accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     cpu = (device or "").startswith("cpu") or parse_flag_from_env("ACCELERATE_USE_CPU") or not accelerator

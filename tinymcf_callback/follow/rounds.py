@@ -1,12 +1,8 @@
 """Scoring a plan: its checkpoints in rounds of one per process, their lines written in step order (main process).
 
-The sweep calls this once per look, the watcher at each look. Every line goes through the run's one curve writer
-(:class:`~tinymcf_callback.rundir.curve.Curve`): the resume line and the gap lines first (a gap once the step-0
-baseline's line has started the history's run), the step-0 baseline scored first and alone, each line to the
-trackers and then into the history. What the scoring saw is told to the planner (:meth:`~.planner.Planner.saw`),
-which decides. A checkpoint that cannot be read is tried again ``retries`` times with a doubling wait, then its step
-is a gap line with the cause (a weight file cut short: at once in a sweep, quietly again in a watch). A scored
-checkpoint's hand-off entry is marked as scored by this probe.
+Every line goes through the run's one curve writer (:class:`~tinymcf_callback.rundir.curve.Curve`); what the scoring
+saw is told to the planner (:meth:`~.planner.Planner.saw`), which decides. An unreadable checkpoint is tried again
+``retries`` times with a doubling wait, then its step is a gap line with the cause.
 """
 
 from __future__ import annotations
@@ -177,9 +173,6 @@ class Rounds:
             self.trackers.seed(self.curve.read().lines)  # the figures draw the branch the training took
         if plan.pending and plan.pending[0].checkpoint.baseline:
             return  # step 0's line starts the history's run: gaps after it
-        self._gaps(plan)
-
-    def _gaps(self, plan: Plan) -> None:
         for gap in plan.gaps:
             self._gap(plan, gap)
 
@@ -239,8 +232,9 @@ class Rounds:
             self._write_benchmark(o)
             if not by_step[o.step].checkpoint.baseline:
                 self.planner.queue().scored(o.step, self.planner.settings.consumer)
-        if outcomes and outcomes[0].report is not None:
-            self._gaps(plan)  # step 0's line is in (it starts the history's run): the gaps follow
+        if outcomes and outcomes[0].report is not None:  # step 0's line is in (it starts the history's run)
+            for gap in plan.gaps:
+                self._gap(plan, gap)
         return None
 
     def _write_benchmark(self, o: Outcome) -> None:
@@ -294,9 +288,8 @@ def summary(line: dict) -> str:
                                 bool(line.get("level")))
     warnings = len(line["info"].get("warnings") or [])
     note = f" ({warnings} warning{'s' * (warnings != 1)} in the history's info.warnings)" if warnings else ""
-    change = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change")), ""))
-    p = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change_p")), ""))
-    run = line["metrics"].get(next((k for k in line["metrics"] if k.endswith("/score_change_p_run")), ""))
+    change, p, run = (next((v for k, v in line["metrics"].items() if k.endswith(end)), None)
+                      for end in ("/score_change", "/score_change_p", "/score_change_p_run"))
     since = "" if change is None or line["step"] == 0 else (
         f" change since step 0={change:+.3f}" + ("" if p is None else f" (p={p:.3f}")
         + ("" if run is None else f", run-level p={run:.3f}") + ("" if p is None else ")"))

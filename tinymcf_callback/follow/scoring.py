@@ -1,12 +1,8 @@
 """Scoring one checkpoint of a run into its history line, in the run's one precision (any process).
 
-The line records what was scored (``fingerprint``, read before the model loads and again after the probe: a
-checkpoint rewritten meanwhile is a failure to retry, never a line of mixed weights). A checkpoint whose weight files
-are cut short is never loaded nor sent to a server (:class:`~tinymcf_callback.errors.CheckpointIncomplete`). Through a
-server (``--endpoint``) the run has one :class:`~tinymcf_callback.served.ServedModel`: each checkpoint is loaded into
-it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`); a checkpoint the
-server did not take, or a failed check, is not tried again in this run
-(:class:`~tinymcf_callback.errors.CheckpointUnusable`).
+The weights' fingerprint is read before the model loads and again after the probe: a checkpoint rewritten meanwhile
+is a failure to retry, never a line of mixed weights. Through a server (``--endpoint``) each checkpoint is loaded
+into it by ``--reload`` and that reload checked on the scores (:mod:`~tinymcf_callback.served.verify`).
 """
 
 from __future__ import annotations
@@ -107,9 +103,7 @@ class ProbeCache:
 
 
 def load_checkpoint(checkpoint: Checkpoint, plan: Plan, device: str, dtype: str | None = None):
-    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader (its record in
-    :data:`~tinymcf_callback.rundir.checkpoints.FORMATS`; its config from where the layout keeps it, or the run's
-    starting model)."""
+    """The checkpoint's model on ``device`` in the run's dtype (or ``dtype``), by its format's loader."""
     return FORMATS[checkpoint.format].load(checkpoint, plan.base_model, dtype=dtype or plan.dtype or "auto",
                                            device=device)
 
@@ -195,11 +189,9 @@ def score_bench(bench, model, tokenizer: str, checkpoint: Checkpoint, weights: s
 
 def score_served(checkpoint: Checkpoint, fingerprint_: str | None, probe: Probe, baseline, settings: RunSettings,
                  plan: Plan, probes: ProbeCache, device: str) -> dict:
-    """The checkpoint scored through the run's server: loaded into it by ``--reload`` (a built-in sets the
-    checkpoint's fingerprint as the weight version and waits for it), that reload checked on the scores against the
-    checkpoint's own forward pass, loaded here in float32 (unless ``--no-reload-check``). A LoRA run's step 0, the
-    base model its adapters sit on, is not loaded but checked the same way: an adapter the server holds can change
-    its answers for the base."""
+    """The checkpoint scored through the run's server: loaded into it by ``--reload``, that reload checked on the
+    scores against the checkpoint's own forward pass in float32 (unless ``--no-reload-check``); a LoRA run's step 0
+    is the server's base model, checked the same way."""
     config = settings.served
     base = checkpoint.baseline and reloads_adapter(config.reload)  # an adapter's step 0: the server's base model
     where = plan.base_model if checkpoint.baseline else str(checkpoint.folder)

@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 def open_run_trackers(settings: RunSettings) -> Trackers:
     """The trackers ``--report-to`` names, opened on the main process, first sent the lines an earlier sweep or watch
-    wrote that they do not hold yet (a follower killed before its trackers flushed, a tracker that failed then); a
-    point a tracker holds is not sent again (it would be drawn twice). The history's lines start each figure's curve."""
+    wrote that they do not hold yet (a point a tracker holds is not sent again: it would be drawn twice)."""
     if not settings.report_to:
         return Trackers()
     history = settings.history
@@ -85,9 +84,8 @@ def take_history(settings: RunSettings, held: contextlib.ExitStack, command: str
 
 
 def restart_history(settings: RunSettings) -> list:
-    """With ``restart``: the history and its baseline report set aside (:func:`~tinymcf_callback.rundir.history.
-    set_aside`: renamed ``<file>.set-aside-<time>``, never deleted nor replacing an earlier set-aside),
-    so that the run's curve starts again (a baseline scored in the wrong precision, say); what was renamed."""
+    """With ``restart``: the history and its baseline report set aside (renamed ``<file>.set-aside-<time>``), so that
+    the run's curve starts again; what was renamed."""
     if not settings.restart:
         return []
     paths = (settings.history, Path(baseline_path(str(settings.run_dir), settings.name, settings.probe.answer_format)))

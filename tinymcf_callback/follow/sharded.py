@@ -1,18 +1,9 @@
-"""Checkpoints whose model is not one ``save_pretrained`` folder, read in this one process: sharded across files of the
-training's ranks, or written without a config.
-
-- **FSDP** ``SHARDED_STATE_DICT`` (``pytorch_model_fsdp_0/``) and **a torch distributed checkpoint of a whole model**
-  (NeMo-RL's ``policy/weights``, torchtitan's ``step-<N>``: the model's own names, or torchtitan's,
-  :data:`TITAN_NAMES`): read by ``torch.distributed.checkpoint.load`` into the model of the run's starting model's
-  config, no process group needed;
-- **DeepSpeed ZeRO** (``global_step<N>/``): its float32 weights gathered by DeepSpeed's own ``zero_to_fp32``;
-- **verl** (``actor/model_world_size_<W>_rank_<R>.pt``): each rank's DTensor shards concatenated along their
-  placement's dimension, into the model of ``actor/huggingface/``;
-- **weights without a config** (torchtitan's HF export): the safetensors read into the starting model's config.
+"""Checkpoints whose model is not one ``save_pretrained`` folder, read in this one process: FSDP's and torch
+distributed checkpoints, DeepSpeed ZeRO, verl's rank shards, and weights without a config (docs/rl.md).
 
 Every weight is checked to have come from the checkpoint (ties excepted); the model is returned in eval mode on the
-device. Each loader is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names lazily
-(``"tinymcf_callback.follow.sharded:load_fsdp"``): ``loader(checkpoint, base_model, *, dtype, device)``. docs/rl.md.
+device. Each loader is the one a :class:`~tinymcf_callback.rundir.checkpoints.Format` record names lazily:
+``loader(checkpoint, base_model, *, dtype, device)``.
 """
 
 from __future__ import annotations
@@ -46,24 +37,18 @@ def empty_model(config_source: str, dtype: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        from transformers.modeling_utils import no_init_weights
+    try:
         config = AutoConfig.from_pretrained(config_source)
     except (OSError, ValueError) as e:
         raise LoadError(f"cannot read the model config of {config_source}: {' '.join(str(e).split())}") from None
     dtype = torch_dtype(dtype)
-    with _no_init():
+    with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else dtype)
     model.tie_weights()  # an output layer tied to the embedding shares it from the start (a checkpoint may omit it)
     return model
-
-
-@contextlib.contextmanager
-def _no_init():
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # older transformers
-        from transformers.modeling_utils import no_init_weights
-    with no_init_weights():
-        yield
 
 
 def load_fsdp(checkpoint: Checkpoint, config_source: str, *, dtype: str, device: str):

@@ -2,10 +2,7 @@
 
     tinymcf sweep OUT --name scifi [--base-model BASE] [--answer-format json]
 
-Scores every checkpoint of a run folder (and of its hand-off queue) that the history does not hold yet, in step
-order, into the file ``MoralProbeCallback`` writes (``OUT/moral_probe_<name>.jsonl``, each line with ``event:
-"sweep"``), the step-0 baseline first. What to score is the planner's (:mod:`~tinymcf_callback.follow.planner`), the
-same as the watcher's; under several processes the checkpoints go in rounds of one per process (docs/cli.md).
+What to score is the planner's (:mod:`~tinymcf_callback.follow.planner`), the same as the watcher's (docs/cli.md).
 """
 
 from __future__ import annotations

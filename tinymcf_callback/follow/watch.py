@@ -1,11 +1,5 @@
-"""Follow a run as it trains: score each checkpoint once it is complete, from another process or device.
-
-    tinymcf watch OUT --device cuda:1 [--base-model BASE] [--report-to auto]
-
-The sweep's look, repeated (:mod:`~tinymcf_callback.follow.planner`): every ``--poll`` seconds the watcher looks at
-the run folder and its hand-off queue, scores what is complete and not yet in the history (the step-0 baseline
-first), appends the lines (event ``watch``) and sends them to the run's dashboards, until the run ends or its
-training dies. What it does through a run's whole life, and when it stops: docs/watch.md.
+"""Follow a run as it trains: the sweep's look (:mod:`~tinymcf_callback.follow.planner`), repeated every ``--poll``
+seconds until the run ends or its training dies (docs/watch.md).
 """
 
 from __future__ import annotations
@@ -175,9 +169,8 @@ class Follower:
 
 
 def what_is_missing(run_dir: Path, history: Path) -> str | None:
-    """None when ``run_dir`` holds something of a run (its record, a save of a layout tinymcf reads, the queue, the
-    history); else what is missing, said so a user sees a typo. A folder that holds runs instead of being one is a
-    :class:`SweepError` naming them."""
+    """None when ``run_dir`` holds something of a run; else what is missing, said so a user sees a typo. A folder
+    that holds runs instead of being one is a :class:`SweepError` naming them."""
     if not run_dir.exists():
         return "no such folder yet (the training creates it; a typo?)"
     if not run_dir.is_dir():

@@ -1,12 +1,8 @@
 """A Trainer output folder as a follower reads it: its ``checkpoint-<step>`` folders, what each holds, and what
-its weights are (a fingerprint).
+its weights are (a fingerprint, which reads kilobytes, not the weights: docs/formats.md).
 
-Each way a save holds its model (full weights, a PEFT adapter, FSDP's ``SHARDED_STATE_DICT``, DeepSpeed ZeRO; an RL
-trainer's layout brings its own: :mod:`~tinymcf_callback.rundir.layouts`) is one :class:`Format` record of
-:data:`FORMATS`: its weight files, what loading it needs and its loader, named lazily
-(``"tinymcf_callback.follow.sharded:load_fsdp"``) so that this folder never imports the follower. The fingerprint
-(:func:`fingerprint`) reads kilobytes, not the weights, and differs whenever training changed them
-(docs/formats.md says what it reads).
+Each way a save holds its model is one :class:`Format` record of :data:`FORMATS`, its loader named lazily
+(``"tinymcf_callback.follow.sharded:load_fsdp"``) so that this folder never imports the follower.
 """
 
 from __future__ import annotations
@@ -160,11 +156,8 @@ for _record in (
 
 # ---- what the weights are -------------------------------------------------------------------------------------
 def fingerprint(folder: Path, form: str | None = None) -> str | None:
-    """A digest of the weights ``folder`` holds (see the module; ``form``: its format, when not one a Trainer
-    checkpoint has), or None when it holds none it can read.
-
-    Raises ``OSError`` when a weight file disappears or cannot be read while it is read (the caller retries).
-    """
+    """A digest of the weights ``folder`` holds (``form``: its format), or None when it holds none it can read;
+    ``OSError`` when a weight file disappears or cannot be read meanwhile (the caller retries)."""
     files = weight_files(folder, form)
     if not files:
         return None
@@ -201,12 +194,8 @@ def _safetensors_samples(f, size: int, digest) -> None:
 
 
 def cut_short(folder: Path, form: str | None = None) -> str | None:
-    """Why a weight file of ``folder`` cannot be read whole, naming the file, or None when each one can.
-
-    Reads headers and sizes only (kilobytes): a safetensors file must hold every byte its header names, a zip-format
-    ``.bin`` its closing directory, an index every shard it lists. A save interrupted midway or still being written
-    fails here, before its weights are loaded or handed to a server that would load half of them.
-    """
+    """Why a weight file of ``folder`` cannot be read whole, naming the file, or None when each one can: reads
+    headers and sizes only, so a save cut short fails here, before it is loaded or handed to a server."""
     form = form or checkpoint_format(folder)
     if form not in (FULL, ADAPTER):
         return None  # sharded formats are read by the library that wrote them, which checks its own files

@@ -1,15 +1,9 @@
 """One probe's curve in a run folder: the history file and the baseline report beside it, written one way by all.
 
 The callback and :class:`~tinymcf_callback.training.logger.ProbeLogger` (inside the training), the sweep and the
-watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here, once:
-what the history holds (:meth:`Curve.read`: the current run's lines on its current branch, and its resume marks);
-the saved baseline, used for the change since step 0 only when it asked this probe's prompts, else the reason why
-(:meth:`Curve.saved_baseline`); the baseline report, written before every baseline line, one already there set aside,
-never overwritten; the resume marks (:meth:`HistoryView.resume_line`); a line's run-level change p, counted by the
-history's :class:`~tinymcf_callback.rundir.history.CurrentRun` (:meth:`Curve.number`); and appending
-(:meth:`Curve.append`). Neither numbering nor appending re-reads the history, so a line costs the same at line
-10,000 as at line 10. A line that cannot be written is kept and written first at the next append; the caller hears of
-it (:class:`Unwritten`) and decides: the training goes on with a warning, a sweep stops with an error.
+watcher (outside it) all write a run's curve through a :class:`Curve`, so each decision about it is made here, once.
+Neither numbering nor appending re-reads the history, so a line costs the same at line 10,000 as at line 10. A line
+that cannot be written is kept and written first at the next append; the caller hears of it (:class:`Unwritten`).
 """
 
 from __future__ import annotations
@@ -106,8 +100,7 @@ class Curve:
 
     def baseline_record(self) -> tuple[dict | None, str | None]:
         """``(record, None)``: the per-vignette scores of the baseline report beside the history (its prompts not yet
-        checked: :func:`~tinymcf_callback.stats.metrics.why_unpaired`); else ``(None, why)``, why no change since
-        step 0 can be logged."""
+        checked); else ``(None, why)``, why no change since step 0 can be logged."""
         path = self.baseline_path
         if not path.exists():
             return None, f"{path.name} is not beside the history: no change since the baseline is logged"
@@ -118,15 +111,12 @@ class Curve:
 
     def number(self, line: dict) -> dict:
         """Give a line its run-level change p (``score_change_p_run``): its change test is the next of the current
-        run's (:func:`~tinymcf_callback.stats.metrics.run_level_p`), counted from the history as it is now (only
-        the lines appended since the last count are read), the tests of steps a resume set aside included: each test
-        spends its own share of alpha, once."""
+        run's, the tests of steps a resume set aside included (each spends its own share of alpha, once)."""
         with_run_level(line, self.name, self.answer_format, self.tests())
         return line
 
     def tests(self) -> int:
-        """How many change tests the history's current run holds now (:func:`~tinymcf_callback.stats.metrics.
-        count_tests`); :class:`HistoryError` for a malformed line."""
+        """How many change tests the history's current run holds now; :class:`HistoryError` for a malformed line."""
         try:
             return self.run.catch_up().tests
         except HistoryError as e:
@@ -142,9 +132,8 @@ class Curve:
     # ---- writing -------------------------------------------------------------------------------------------
     def append(self, line: dict, *, once: bool = False, baseline: tuple | None = None) -> bool:
         """Write what earlier appends kept back, then ``line`` (with ``baseline``, ``(report, step, epoch)``: its
-        baseline report first). False when ``once`` found the step's newest line already recording the same thing
-        (:func:`~tinymcf_callback.rundir.history.append_line`); :class:`Unwritten` when something could not be
-        written (kept for the next append)."""
+        baseline report first); False as :func:`~tinymcf_callback.rundir.history.append_line` says, :class:`Unwritten`
+        when something could not be written (kept for the next append)."""
         self.pending.append((line, baseline))
         return self._write(once_for=line if once else None)
 
@@ -189,8 +178,7 @@ class Curve:
         return gap_line(self.name, self.answer_format, step=step, epoch=epoch, why=why, event=event)
 
     def _keep_baseline_report(self, report: dict, step: int, epoch) -> None:
-        """The report of the line that starts the current run, beside the history; one already there is set aside
-        (renamed, kept). ``OSError`` when it cannot be written (the file is then as it was)."""
+        """The report of the line that starts the current run, beside the history (one already there set aside)."""
         path = self.baseline_path
         for target in set_aside(path):
             logger.info("moral probe [%s]: %s, the baseline report of an earlier scoring, is set aside as %s",

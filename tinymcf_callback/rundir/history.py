@@ -1,12 +1,7 @@
 """The history file: ``<output_dir>/moral_probe_<name>.jsonl``, one line per probe, the run's whole curve.
 
-This module owns the format, and every writer (the callback, the sweep, the watcher) and reader (the plot, the
-sweep) goes through it: where the file is (:func:`history_path`, and the step-0 report beside it,
-:func:`baseline_path`), what a line holds (:func:`history_line`, checked when read: :func:`check_line`), appending one
-line under a file lock so two writers never tear it (:func:`append_line`), which lines are the current run
-(:func:`current_run`, and :class:`CurrentRun`, kept up to date by reading only what was appended), the last line of a
-step logged twice (:func:`last_line_per_step`) and setting a history aside, never replacing a file
-(:func:`set_aside`). The fields and every reader's rules: docs/formats.md, "The history".
+This module owns the format; every writer (the callback, the sweep, the watcher) and reader (the plot, the sweep)
+goes through it. The fields and every reader's rules: docs/formats.md, "The history".
 """
 
 from __future__ import annotations
@@ -131,29 +126,21 @@ def vignette_s(report: dict) -> dict:
 
 def probe_line(name: str, report: dict, *, baseline: dict | None = None, target: str | None = None, step: int,
                epoch, event: str) -> dict:
-    """A probe's history line with its metrics: the report's own and the change since ``baseline``.
-
-    The one recipe from a report to what is logged and written, for the callback, :class:`ProbeLogger`,
-    the sweep and the dose-response alike: ``line["metrics"]`` holds the logged names
-    (:func:`~tinymcf_callback.stats.metrics.report_metrics`, then
-    :func:`~tinymcf_callback.stats.metrics.change_metrics` against ``baseline``, a
-    :func:`~tinymcf_callback.stats.metrics.baseline_record`; with a ``target`` foundation its selectivity).
-    """
+    """A probe's history line with its metrics: the report's own and the change since ``baseline`` (with a
+    ``target`` foundation, its selectivity); the one recipe for the callback, the sweep and the dose-response."""
     metrics = {**report_metrics(name, report), **change_metrics(name, baseline, report, target)}
     return history_line(name, report, metrics, step=step, epoch=epoch, event=event)
 
 
 def gap_line(name: str, answer_format: str, *, step: int, epoch, why: str, event: str = DELETED_EVENT) -> dict:
-    """A saved checkpoint that was not scored: deleted (by ``save_total_limit``) before it could be, or unreadable
-    after every try. Recorded, so that a plot shows the gap (no number at that step) and says why; a follower scores
-    the step after all if its checkpoint is there again."""
+    """A saved checkpoint that was not scored (deleted before it could be, or unreadable after every try): a plot
+    shows the gap and says why."""
     return _mark(name, answer_format, step, epoch, event, {event: why})
 
 
 def resume_line(name: str, answer_format: str, *, step: int, started: float | None, superseded: list[int]) -> dict:
-    """The training resumed from ``checkpoint-<step>``: the lines of later steps written before this one belong to
-    the branch it abandoned, and readers set them aside (:func:`current_run`). ``started`` names the attempt (its
-    start time in the run's record), so that it is marked once."""
+    """The training resumed from ``checkpoint-<step>``: readers set the earlier lines of later steps aside
+    (:func:`current_run`); ``started`` names the attempt, so that it is marked once."""
     return _mark(name, answer_format, step, None, RESUMED_EVENT,
                  {"resumed": {"from_step": step, "attempt_started": started, "superseded": superseded}})
 
@@ -170,16 +157,10 @@ def is_point(line: dict) -> bool:
 
 
 def append_line(path: str | os.PathLike, line: dict, *, once: bool = False, run: CurrentRun | None = None) -> bool:
-    """Append one line to the history at ``path``, under a file lock, so that two writers cannot tear it.
+    """Append one line to the history at ``path`` under ``.<file name>.lock``, so that two writers cannot tear it.
 
-    The lock is ``.<file name>.lock`` beside the history (held for one write); the line itself is one
-    ``write`` on an ``O_APPEND`` descriptor (:func:`tinymcf_callback._io.append_jsonl`), which also
-    starts a new line after a torn last one and leaves the file as it was when the disk cuts the
-    write short. ``once``: under the same lock, append nothing when the current run's newest line of
-    the line's step already records the same thing (a score of the same weights, or a gap: :func:`same_record`)
-    and return False: a step scored twice by two writers is written once, a checkpoint saved again with other
-    weights is written again. ``run``: the history's :class:`CurrentRun`, which reads only the lines appended
-    since its last look (else the whole history is read for ``once``).
+    ``once``: append nothing and return False when the current run's newest line of the step already records the
+    same thing (:func:`same_record`); ``run``: the history's :class:`CurrentRun` (else the whole history is read).
     Raises ``OSError`` naming the file when it cannot be written whole.
     """
     path = Path(path)
@@ -194,12 +175,8 @@ def append_line(path: str | os.PathLike, line: dict, *, once: bool = False, run:
 
 
 class CurrentRun:
-    """The current run of the history at ``path`` (:func:`current_run`'s lines, its resume marks, the newest line of
-    each step, its change tests), kept up to date by reading only the bytes appended since the last look.
-
-    A history that shrank or was replaced (set aside, or a torn last line dropped) is read again from its start. The
-    lines are checked as :func:`read_lines` checks them; a torn last line is left for the next look.
-    """
+    """The current run of the history at ``path`` (:func:`current_run`'s rules), kept up to date by reading only the
+    bytes appended since the last look; a history that shrank or was replaced is read again from its start."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -269,9 +246,8 @@ class CurrentRun:
 
 
 def set_aside(*paths: Path) -> list[Path]:
-    """Rename each of ``paths`` that exists ``<file>.set-aside-<time>`` (``-<n>`` added when a name is taken; all of
-    one call share the suffix when they can), never replacing a file: a name taken meanwhile by another process
-    moves on to the next number. Returns the new names."""
+    """Rename each of ``paths`` that exists ``<file>.set-aside-<time>`` (``-<n>`` added when a name is taken), never
+    replacing a file; the new names."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     moving = [Path(p) for p in paths if Path(p).exists()]
     moved, n = [], 1
@@ -313,11 +289,8 @@ def same_record(old: dict | None, new: dict) -> bool:
 
 @contextlib.contextmanager
 def sole_writer(path: str | os.PathLike, command: str):
-    """Hold ``.<file name>.writer.lock`` beside the history for a whole sweep or watch: one such writer per history.
-
-    Two sweeps of one run folder would both plan the same steps and write each twice; the second is refused
-    at once (:class:`HistoryError`), naming the history, and a rerun after the first picks up what is missing.
-    """
+    """Hold ``.<file name>.writer.lock`` beside the history for a whole sweep or watch: a second writer (which would
+    write each step twice) is refused at once (:class:`HistoryError`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path.with_name(f".{path.name}.writer.lock")))
@@ -361,11 +334,7 @@ def resolve_history_path(path: str | Path) -> Path:
 
 def read_lines(path: Path) -> list[tuple[int, dict]]:
     """The history's ``(line number, line)`` pairs, every line checked (:func:`check_line`); refuses what is not one.
-
-    Every reader (the plot, the sweep, the watcher) reads through here, so a history is refused the same way,
-    naming the file and the line, before anything is drawn or appended. A torn last line (an append cut
-    short) is skipped with a warning: the next append removes it.
-    """
+    A torn last line (an append cut short) is skipped with a warning: the next append removes it."""
     try:
         lines = read_jsonl(path, torn_tail=True)
     except ValueError as e:
@@ -409,11 +378,8 @@ def check_line(path: Path, lineno: int, line: dict) -> None:
 
 
 def current_run(path: Path, lines: list[tuple[int, dict]], warn: bool = True) -> list[tuple[int, dict]]:
-    """The lines of the newest run, on its current branch, resume lines left out.
-
-    A ``train_begin`` line after others starts a new run in the same folder; a ``resumed`` line at step K sets
-    aside the lines of steps after K written before it (the branch the resumed training abandoned).
-    """
+    """The lines of the newest run (from its last ``train_begin`` line), on its current branch (a ``resumed`` line
+    at step K sets aside the earlier lines of steps after K), resume lines left out."""
     starts = [i for i, (_, line) in enumerate(lines) if line.get("event") == BASELINE_EVENT]
     first = starts[-1] if starts else 0
     if first and warn:
@@ -439,11 +405,8 @@ def resume_marks(lines: list[tuple[int, dict]]) -> list[dict]:
 
 
 def last_line_per_step(path: Path, lines: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
-    """One line per step, in step order: when a step was logged more than once, the last line in the file wins.
-
-    A line that ``replaces`` another (its checkpoint was saved again with other weights) is said apart from a
-    step simply logged twice.
-    """
+    """One line per step, in step order: when a step was logged more than once, the last line in the file wins (a
+    line that ``replaces`` another is said apart from a step simply logged twice)."""
     by_step: dict[int, tuple[int, dict]] = {}
     repeated, replaced = [], []
     for lineno, line in lines:

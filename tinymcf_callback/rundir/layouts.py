@@ -1,12 +1,9 @@
 """The folders a training run saves its models in, by the trainer that wrote them: one rule for the sweep and the
 watcher of which folders there are, which are complete, and what each holds.
 
-Each trainer's layout (``trainer``, ``verl``, ``openrlhf``, ``nemo-rl``, ``torchtitan``, and ``plain``, the
-catch-all) is one :class:`Layout` record of :data:`LAYOUTS`, tried in order: how its saves are found (``find``),
-when one is complete and what it holds (``read``: a :class:`~tinymcf_callback.rundir.checkpoints.Checkpoint`, or
-None) and the weight formats it brings. A save without a completion marker counts once it is "steady" (no file
-changed for ``settle`` seconds), one rule for a sweep after the fact and a watcher during the run. The layouts'
-table: docs/rl.md; adding one (:func:`register_layout`): docs/development.md.
+Each trainer's layout is one :class:`Layout` record of :data:`LAYOUTS`, tried in order. A save without a completion
+marker counts once no file of it changed for ``settle`` seconds. The layouts' table: docs/rl.md; adding one
+(:func:`register_layout`): docs/development.md.
 """
 
 from __future__ import annotations
@@ -113,9 +110,8 @@ LAYOUTS: Registry[Layout] = Registry("run folder layout")  # name -> record, in 
 
 
 def register_layout(layout: Layout, *, last: bool = False) -> Layout:
-    """Add ``layout`` to :data:`LAYOUTS` with its formats (a format two layouts share registered once): tried before
-    ``plain`` (whose folder names would take many others' saves), or after every other with ``last``. A name already
-    there, or another record under a format's name, is refused (:class:`~tinymcf_callback.errors.RegistryError`)."""
+    """Add ``layout`` to :data:`LAYOUTS` with its formats: tried before ``plain`` (whose folder names would take many
+    others' saves), or after every other with ``last``; a clash is a :class:`~tinymcf_callback.errors.RegistryError`."""
     for form in layout.formats:
         if form.name in FORMATS and FORMATS[form.name] != form:
             raise RegistryError(f"the layout {layout.name!r} brings a weight format {form.name!r} other than the one "
@@ -129,8 +125,7 @@ def register_layout(layout: Layout, *, last: bool = False) -> Layout:
 
 @dataclass(frozen=True)
 class Found:
-    """What a run folder holds: its layout (None: no save of a known layout yet) and its saves by step, complete or
-    not (the folder a save's model is read from)."""
+    """What a run folder holds: its layout (None: none known yet) and its saves by step, complete or not."""
 
     layout: str | None
     saves: dict[int, Path]
@@ -141,8 +136,7 @@ class Found:
 
 
 def find_saves(run_dir: Path) -> Found:
-    """The layout of ``run_dir`` and its saves (see the module): each subfolder is the save of the first layout whose
-    ``find`` takes it, and the run folder's layout the first, in the table's order, that has any."""
+    """The layout of ``run_dir`` (the first in the table's order that has saves there) and its saves."""
     try:
         entries = sorted(p for p in run_dir.iterdir() if p.is_dir())
     except OSError:
@@ -163,9 +157,8 @@ def find_saves(run_dir: Path) -> Found:
 
 def read_save(layout: str, step: int, folder: Path, run_dir: Path, *, settle: float = SETTLE_S,
               expect_state: bool = True) -> Checkpoint | None:
-    """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete (see the
-    module) or holds no model. ``expect_state`` (the trainer layout): the run's checkpoints carry
-    ``trainer_state.json``, which marks each complete; without it their files must be steady."""
+    """The save of ``step`` in ``folder``, read by ``layout``'s record: None while it is not complete or holds no
+    model (``expect_state``: see :class:`Save`)."""
     return LAYOUTS[layout].read(Save(step, folder, run_dir, settle, expect_state, time.time()))
 
 

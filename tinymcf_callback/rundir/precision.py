@@ -1,16 +1,9 @@
 """One precision type, with one rule for "the same curve", for every report, history line, sweep and watcher.
 
-A probe's numbers depend on what its matrix products ran in, not on what the weights were stored in:
-float32 shards gathered in bfloat16 by FSDP compute as bfloat16 weights do, and float32 weights under
-TF32 matmuls (``TrainingArguments(tf32=True)``, ``torch.set_float32_matmul_precision("high")``) compute
-in TF32. So :class:`Precision` is the compute precision (``float32``, ``tf32``, ``bfloat16``,
-``float16``) and the autocast dtype the forward calls ran under, if any (autocast keeps some operations
-in float32, so a bfloat16 autocast curve is not a bfloat16-weights curve). Two records are on the same
-curve when their precisions are equal; the storage dtype is a field of the record, never compared.
-
-The commands name a precision with ``--dtype`` (``float32``, ``tf32``: float32 weights with TF32 matmuls,
-``bfloat16``, ``float16``) and ``--autocast`` (``bfloat16``, ``float16``); :meth:`Precision.options` gives
-the options that reproduce a precision, so every refusal's advice is a command that works.
+A probe's numbers depend on what its matrix products ran in, not on what the weights were stored in (float32 shards
+gathered in bfloat16 by FSDP compute as bfloat16; float32 weights under TF32 matmuls compute in TF32), and autocast
+keeps some operations in float32. So :class:`Precision` is the compute precision and the autocast dtype, if any; the
+storage dtype is never compared.
 """
 
 from __future__ import annotations
@@ -30,10 +23,8 @@ class Precision:
 
     @classmethod
     def of(cls, record: dict) -> Precision | None:
-        """The precision of a report or a history line, or None when it does not say.
-
-        Records without ``compute`` (older ones) give the autocast dtype, else the weights' dtype.
-        """
+        """The precision of a report or a history line, or None when it does not say (older records, without
+        ``compute``: the autocast dtype, else the weights' dtype)."""
         dtype, autocast, compute = record.get("dtype"), record.get("autocast"), record.get("compute")
         autocast = autocast if isinstance(autocast, str) else None
         compute = compute if isinstance(compute, str) else autocast or dtype

@@ -1,11 +1,8 @@
 """The hand-off queue: ``<output_dir>/.moral_probe_queue/``, checkpoints kept for their followers.
 
-With ``MoralProbeCallback(hand_off=True)`` the callback hard-links each checkpoint's model files (the top-level
-files but the optimizer, scheduler, RNG and scaler states, and a sharded checkpoint's model folders) into
-``.moral_probe_queue/checkpoint-<step>/`` at every save: no copy, and the Trainer's ``save_total_limit`` cannot
-delete a checkpoint before it is scored. Every probe that follows the run is a consumer; an entry goes once every
-registered consumer has marked it scored, so a second watcher never loses what the first scored
-(docs/formats.md, "The hand-off queue").
+With ``MoralProbeCallback(hand_off=True)`` each checkpoint's model files are hard-linked here at every save (no copy),
+so ``save_total_limit`` cannot delete one before it is scored; an entry goes once every registered consumer has
+scored it (docs/formats.md, "The hand-off queue").
 """
 
 from __future__ import annotations
@@ -46,11 +43,9 @@ class HandOffQueue:
         return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
     def link(self, step: int, checkpoint: str | os.PathLike) -> Path:
-        """Hard-link the checkpoint's model files into its entry, whole or not at all: built beside it, then put in
-        its place, under the entry's lock, so that two processes that both hand off one save (two callbacks, one per
-        answer format) leave one whole entry. An entry of the same files is kept as it is; one of other files (a
-        resumed run saves a step again) is replaced. OSError (links impossible: another filesystem) leaves no
-        entry behind."""
+        """Hard-link the checkpoint's model files into its entry, whole or not at all (built beside it, then renamed,
+        under the entry's lock: two callbacks handing off one save leave one whole entry). An entry of the same files
+        is kept; one of other files (a resumed run saves a step again) is replaced."""
         target = self.entry(step)
         self.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.folder / f".{target.name}.lock"), timeout=300):

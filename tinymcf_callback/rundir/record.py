@@ -1,10 +1,5 @@
-"""What a training run tells a follower in another process: ``moral_probe_run.json``, as one typed object.
-
-``MoralProbeCallback`` keeps the file on the main process from the start of training, atomically and under a lock
-(:func:`updating`: two callbacks of one run, one per answer format, never undo each other's update): the trackers'
-open runs, the model the run started from, its saves and its end, each attempt with its process and heartbeat (how a
-follower tells a live training from a dead one: :meth:`Attempt.liveness`), and the saves that could not be handed
-off. Its fields: docs/formats.md, "The run's record for a follower".
+"""What a training run tells a follower in another process: ``moral_probe_run.json``, as one typed object, kept by
+``MoralProbeCallback`` under a lock (:func:`updating`). Its fields: docs/formats.md, "The run's record for a follower".
 """
 
 from __future__ import annotations
@@ -52,10 +47,8 @@ class Attempt:
         return cls(from_step, now, socket.gethostname(), os.getpid(), boot_id(), process_start(os.getpid()), now)
 
     def liveness(self, now: float | None = None, dead_after: float = DEAD_AFTER_S) -> tuple[str, str]:
-        """``(life, why)``: ``alive``; ``gone`` (known: on the machine that trains, its process is gone or its id
-        belongs to another process now); ``quiet`` (on another machine sharing the folder, no heartbeat for more than
-        ``dead_after`` seconds: paused, slow, or gone, which cannot be told from here); ``unknown`` (no heartbeat
-        recorded). ``why`` says what was seen, and where."""
+        """``(life, why)``: ``alive``, ``gone`` (its process is known gone), ``quiet`` (on another machine, no
+        heartbeat for more than ``dead_after`` seconds) or ``unknown``; ``why`` says what was seen, and where."""
         now = time.time() if now is None else now
         where = f"process {self.pid} on {self.host}"
         if self.host == socket.gethostname() and self.pid is not None and self.boot_id == boot_id():

@@ -1,9 +1,7 @@
 """The JSON report: one probe's report as a file (``eval_<name>_<tag>.json``, ``checkpoint-N/moral_probe_<name>.json``).
 
-This module owns the format: its schema version, the fields (:data:`REPORT_FIELDS`, from which
-the docs' schema table is made), turning a report dict into JSON (:func:`report_to_json`),
-writing it atomically (:func:`write_report`), reading one back (:func:`load_report`) and
-checking that a dict is one (:func:`check_report`).
+This module owns the format: its schema version, the fields (:data:`REPORT_FIELDS`, from which the docs' schema
+table is made), writing it atomically, reading one back and checking that a dict is one.
 """
 
 from __future__ import annotations
@@ -203,7 +201,6 @@ def schema_markdown(part: str | dict) -> str:
 def report_to_json(report: dict, **extra) -> dict:
     """A JSON-ready copy of a report (its fields: :data:`REPORT_FIELDS`), undefined numbers ``None``; ``extra``
     fields (:data:`EXTRA_FIELDS`: ``tag``, ``step``, ``epoch``, or a ``model`` path) are added or override them."""
-    table = report["table"].reset_index()
     answer_format = report.get("answer_format", DEFAULT_ANSWER_FORMAT)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -215,7 +212,7 @@ def report_to_json(report: dict, **extra) -> dict:
         "prompt_digest": report["prompt_digest"],
         "info": report["info"],
         "frames": answer_format_of(answer_format).questions,
-        "table": json_records(table),
+        "table": json_records(report["table"].reset_index()),
         "scenarios": json_records(report["scenarios"]),
         "prompts": json_records(report["raw"]),
     }
@@ -256,11 +253,8 @@ def load_report(path: str | Path) -> dict:
 
 
 def check_report(report, label: str) -> dict:
-    """``report`` when it is one (the fields :func:`compare` reads, each of its documented type); else refuse.
-
-    Every field the report has is held to its type in :data:`SCHEMA` (a hand-edited ``"score": "abc"`` or
-    ``"table": null`` is named with its file), and so is every row of its scenarios and table.
-    """
+    """``report`` when it is one: every field it has, and every row of its scenarios and table, of the type
+    :data:`SCHEMA` documents; else :class:`CompareError` naming the field."""
     hint = "not a probe report (evaluate's dict, or the JSON of tinymcf eval or MoralProbeCallback)"
     if not isinstance(report, dict):
         raise CompareError(f"{label} is {hint}: got {type(report).__name__}")
